@@ -1,0 +1,108 @@
+"""Masked multi-query lambda layer for 1-D sequences (LambdaNetworks appendix C.2, Fig. 6).
+
+Query ``n`` only sees its sub-context ``C_n = {m : mask[n, m]}`` (causal by default: ``m <= n``)::
+
+    lambda_n = sum_{m in C_n} (softmax_{m in C_n}(k)_m + e_nm) v_m^T ,   y_n = concat_h(lambda_n^T q_n^h)
+
+Keys are normalised over each query's own context only ("Keys should be normalized by only
+considering the elements in their contexts", Fig. 6). The mask is shared over the batch, so no
+per-example ``n x m`` map is built: contributions ``k_m v_m^T`` are summed under the mask with a
+cumulative sum (causal) or a mask contraction (general mask).
+
+Choice: no batch norm on queries and values here (unlike the 2-D layer). Batch statistics over
+the sequence would let future positions influence the present in training mode.
+"""
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .lambda_layer import _check_int, _check_choice
+
+__all__ = ['MaskedLambdaLayer1d']
+
+
+class MaskedLambdaLayer1d(nn.Module):
+    """Masked (causal by default) multi-query lambda layer on ``[B, N, dim]`` sequences.
+
+    Args:
+        dim: input width; dim_out: output width (default dim); |v| = dim_out / heads.
+        dim_k: query/key depth |k|. heads: number of queries |h|.
+        max_len: longest sequence; the relative embedding table covers offsets
+            ``[-(max_len - 1), max_len - 1]``.
+        scope: None for the whole (masked) context, or an odd local scope for position lambdas.
+        causal: default mask ``m <= n`` when ``forward`` is given no mask.
+        key_norm: 'softmax' (over each query's context) or 'none'.
+    """
+
+    def __init__(self, dim: int, dim_out: Optional[int] = None, dim_k: int = 16, heads: int = 4,
+                 max_len: int = 512, scope: Optional[int] = None, causal: bool = True,
+                 key_norm: str = 'softmax'):
+        super().__init__()
+        self.dim = _check_int(dim, 'dim')
+        self.dim_out = _check_int(dim if dim_out is None else dim_out, 'dim_out')
+        self.dim_k, self.heads = _check_int(dim_k, 'dim_k'), _check_int(heads, 'heads')
+        if self.dim_out % heads:
+            raise ValueError(f'heads={heads} must divide the output width dim_out={self.dim_out}')
+        self.dim_v = self.dim_out // heads
+        self.max_len = _check_int(max_len, 'max_len')
+        if scope is not None and (isinstance(scope, bool) or not isinstance(scope, int) or scope < 1 or scope % 2 == 0):
+            raise ValueError(f'scope must be None (whole context) or an odd int >= 1, got {scope!r}')
+        self.scope, self.causal = scope, causal
+        self.key_norm = _check_choice(key_norm, 'key_norm', ('softmax', 'none'))
+        self.to_q = nn.Linear(self.dim, heads * dim_k, bias=False)
+        self.to_k = nn.Linear(self.dim, dim_k, bias=False)
+        self.to_v = nn.Linear(self.dim, self.dim_v, bias=False)
+        self.rel_emb = nn.Parameter(torch.randn(2 * max_len - 1, dim_k))  # R[offset + max_len - 1]
+        nn.init.normal_(self.to_k.weight, std=self.dim ** -0.5)
+        nn.init.normal_(self.to_v.weight, std=self.dim ** -0.5)
+        nn.init.normal_(self.to_q.weight, std=(dim_k * self.dim) ** -0.5)
+
+    def _default_mask(self, n: int, device) -> torch.Tensor:
+        idx = torch.arange(n, device=device)
+        if self.causal:
+            return idx[None, :] <= idx[:, None]
+        return torch.ones(n, n, dtype=torch.bool, device=device)
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f'x must have shape [B, N, {self.dim}], got {tuple(x.shape)}')
+        B, N, _ = x.shape
+        if N > self.max_len:
+            raise ValueError(f'sequence length {N} exceeds max_len={self.max_len}')
+        use_cumsum = mask is None and self.causal
+        if mask is None:
+            mask = self._default_mask(N, x.device)
+        elif mask.shape != (N, N):
+            raise ValueError(f'mask must have shape [N, N] = [{N}, {N}], got {tuple(mask.shape)}')
+        mask = mask.to(torch.bool)
+        q = self.to_q(x).reshape(B, N, self.heads, self.dim_k)
+        k = self.to_k(x).float()
+        v = self.to_v(x)
+
+        # content lambdas: sum_{m in C_n} w_nm k_m v_m^T with keys normalised within C_n
+        if self.key_norm == 'softmax':
+            # the shift cancels in the ratio below; detached so no gradient flows through it
+            k = (k - k.amax(dim=1, keepdim=True).detach()).exp()
+        mu = torch.einsum('bmk,bmv->bmkv', k, v.float())  # per-context-element contributions
+        if use_cumsum:
+            num, den = mu.cumsum(1), k.cumsum(1)
+        else:
+            maskf = mask.to(mu.dtype)
+            num = torch.einsum('nm,bmkv->bnkv', maskf, mu)
+            den = torch.einsum('nm,bmk->bnk', maskf, k)
+        if self.key_norm == 'softmax':
+            num = num / den.clamp_min(torch.finfo(den.dtype).tiny).unsqueeze(-1)
+        content_lambdas = num.to(v.dtype)
+
+        # position lambdas: e_nm = R[m - n], zero outside the mask (and the scope)
+        idx = torch.arange(N, device=x.device)
+        offset = idx[None, :] - idx[:, None]  # [n, m] = m - n
+        keep = mask
+        if self.scope is not None:
+            keep = keep & (offset.abs() <= self.scope // 2)
+        emb = self.rel_emb[offset + self.max_len - 1] * keep.unsqueeze(-1).to(self.rel_emb.dtype)  # [n, m, k]
+        position_lambdas = torch.einsum('nmk,bmv->bnkv', emb.to(v.dtype), v)
+        lambdas = content_lambdas + position_lambdas
+        y = torch.einsum('bnhk,bnkv->bnhv', q, lambdas.to(q.dtype))
+        return y.reshape(B, N, self.heads * self.dim_v)
