@@ -1,0 +1,9 @@
+"""timm-lambda: LambdaNetworks (Bello, ICLR 2021) for timm.
+
+Importing this package registers the LambdaResNet family in timm's model registry
+(``timm.create_model('lambdaresnet101')``).
+"""
+from .layers import LambdaLayer, MaskedLambdaLayer1d, MultiHeadLambdaLayer, RelativePositionEmbedding
+from .models import LambdaResNet
+
+__version__ = '0.1.0'

@@ -1,0 +1,3 @@
+"""LambdaNetworks models registered in timm's model registry."""
+from .lambda_resnet import LambdaResNet, LAMBDA_BLOCKS, STAGE_DEPTHS
+from .lambda_mobilenetv2 import LambdaMobileNetV2

@@ -1,0 +1,81 @@
+"""MobileNet-v2 with two lightweight lambda blocks (LambdaNetworks appendix E.4.2, Table 17).
+
+Lightweight lambda block: an inverted bottleneck whose first pointwise convolution does not
+expand the width and whose depthwise convolution is replaced by a lambda convolution with a
+5x5 scope, |k|=32, |h|=4. The 10th and 16th inverted bottlenecks of MobileNet-v2 (counting
+the first, non-expanding block as the 1st) are replaced. Built on timm's EfficientNet and
+InvertedResidual; 3.21M parameters in the paper, 3.24M here (see README).
+"""
+from functools import partial
+from typing import Sequence
+
+from torch import nn
+
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._efficientnet_blocks import InvertedResidual
+from timm.models._efficientnet_builder import decode_arch_def, round_channels
+from timm.models.efficientnet import EfficientNet
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+from ..layers import LambdaLayer
+
+__all__ = ['LambdaMobileNetV2', 'lightweight_lambda_block']
+
+# timm's MobileNet-v2 arch definition (Sandler et al. 2018, Table 2).
+_MOBILENETV2_ARCH = [
+    ['ds_r1_k3_s1_c16'], ['ir_r2_k3_s2_e6_c24'], ['ir_r3_k3_s2_e6_c32'], ['ir_r4_k3_s2_e6_c64'],
+    ['ir_r3_k3_s1_e6_c96'], ['ir_r3_k3_s2_e6_c160'], ['ir_r1_k3_s1_e6_c320'],
+]
+
+
+def lightweight_lambda_block(chs: int, dim_k: int = 32, heads: int = 4, scope: int = 5,
+                             drop_path_rate: float = 0.) -> InvertedResidual:
+    """Non-expanding inverted bottleneck with a lambda convolution in place of the depthwise conv."""
+    blk = InvertedResidual(chs, chs, exp_ratio=1.0, act_layer=nn.ReLU6, drop_path_rate=drop_path_rate)
+    blk.conv_dw = LambdaLayer(chs, chs, dim_k=dim_k, heads=heads, scope=scope, impl='conv')
+    return blk
+
+
+class LambdaMobileNetV2(EfficientNet):
+    """timm EfficientNet (MobileNet-v2 config) with lightweight lambda blocks.
+
+    Args:
+        lambda_blocks: 1-based numbers of the inverted bottlenecks to replace (default 10, 16).
+        dim_k, heads, scope: lambda convolution options (E.4.2 defaults).
+    """
+
+    def __init__(self, lambda_blocks: Sequence[int] = (10, 16), dim_k: int = 32, heads: int = 4,
+                 scope: int = 5, drop_path_rate: float = 0., **kwargs):
+        super().__init__(drop_path_rate=drop_path_rate, **kwargs)
+        flat = [(s, i) for s, stage in enumerate(self.blocks) for i in range(len(stage))]
+        for number in lambda_blocks:
+            if not 1 <= number <= len(flat):
+                raise ValueError(f'lambda_blocks holds {number}; blocks are numbered 1..{len(flat)}')
+            s, i = flat[number - 1]
+            old = self.blocks[s][i]
+            if not getattr(old, 'has_skip', False):
+                raise ValueError(f'block {number} changes width or stride; lightweight lambda blocks '
+                                 f'replace residual (same width, stride 1) blocks only')
+            new = lightweight_lambda_block(old.conv_pwl.out_channels, dim_k, heads, scope)
+            new.drop_path = old.drop_path
+            self.blocks[s][i] = new
+
+
+default_cfgs = generate_default_cfgs({
+    'mobilenetv2_100_lambda.r224': {
+        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': (7, 7), 'crop_pct': 0.875,
+        'interpolation': 'bicubic', 'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
+        'first_conv': 'conv_stem', 'classifier': 'classifier', 'paper_ids': 'arXiv:2102.08602',
+    },
+})
+
+
+@register_model
+def mobilenetv2_100_lambda(pretrained: bool = False, **kwargs) -> LambdaMobileNetV2:
+    """MobileNet-v2 with the 10th and 16th inverted bottlenecks replaced by lightweight lambda blocks."""
+    model_args = dict(
+        block_args=decode_arch_def(_MOBILENETV2_ARCH), num_features=1280, stem_size=32,
+        round_chs_fn=partial(round_channels, multiplier=1.0), act_layer=nn.ReLU6,
+    )
+    return build_model_with_cfg(LambdaMobileNetV2, 'mobilenetv2_100_lambda', pretrained,
+                                feature_cfg=dict(flatten_sequential=True), **dict(model_args, **kwargs))
