@@ -1,0 +1,354 @@
+"""Tests of the multi-query LambdaLayer (NCHW) against the paper, via a naive float64 reference."""
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+import timm_lambda.layers.lambda_layer as lambda_layer_mod
+from timm_lambda.layers import LambdaLayer, RelativePositionEmbedding
+
+from reference import lambda_layer_reference
+
+IMPLS = ['einsum', 'conv']
+
+
+def _randomize_(layer: nn.Module, seed: int = 0, emb_scale: float = 0.3) -> nn.Module:
+    """Non-trivial BN statistics/affine and a shrunken embedding table so outputs are O(1).
+
+    With O(1) outputs, ``assert_close(rtol=1e-5, atol=1e-5)`` is a meaningful float32 check.
+    """
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in layer.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.copy_(torch.rand(m.num_features, generator=g) - 0.5)
+                m.running_var.copy_(torch.rand(m.num_features, generator=g) * 1.5 + 0.5)
+                m.weight.copy_(torch.rand(m.num_features, generator=g) * 0.5 + 0.5)
+                m.bias.copy_(torch.rand(m.num_features, generator=g) * 0.4 - 0.2)
+            if isinstance(m, RelativePositionEmbedding):
+                m.weight.mul_(emb_scale)
+    return layer
+
+
+def _make(seed=0, emb_scale=0.3, **kw) -> LambdaLayer:
+    torch.manual_seed(seed)
+    kw.setdefault('dim', 8)
+    kw.setdefault('dim_k', 4)
+    kw.setdefault('heads', 2)
+    return _randomize_(LambdaLayer(**kw), seed, emb_scale).eval()
+
+
+# (name, layer kwargs, input shape [B, C, H, W]); every case runs with both implementations.
+REF_CASES = [
+    ('local_u1_nonsquare', dict(scope=3), (2, 8, 5, 7)),
+    ('local_u2_nonsquare', dict(scope=5, dim_u=2), (2, 8, 6, 4)),
+    ('local_nonsquare_scope', dict(scope=(3, 5)), (2, 8, 6, 7)),
+    ('global_u1', dict(scope='global', max_size=(6, 7)), (2, 8, 5, 7)),
+    ('global_u3_small_input', dict(scope='global', max_size=(6, 7), dim_u=3), (2, 8, 3, 2)),
+    ('smaller_than_scope', dict(scope=23), (2, 8, 4, 5)),
+    ('smaller_than_scope_u2', dict(scope=7, dim_u=2), (2, 8, 2, 3)),
+    ('one_by_one', dict(scope=3), (2, 8, 1, 1)),
+    ('one_row', dict(scope=5), (2, 8, 1, 6)),
+    ('stride2_odd', dict(scope=3, stride=2), (2, 8, 5, 7)),
+    ('stride2_odd_u2_global', dict(scope='global', max_size=(7, 7), stride=2, dim_u=2), (2, 8, 7, 3)),
+    ('stride2_one_by_one', dict(scope=3, stride=2), (2, 8, 1, 1)),
+    ('batch1', dict(scope=5), (1, 8, 4, 6)),
+    ('content_only', dict(scope=3, position=False), (2, 8, 4, 5)),
+    ('position_only', dict(scope=3, content=False), (2, 8, 4, 5)),
+    ('key_norm_l2', dict(scope=3, key_norm='l2'), (2, 8, 4, 5)),
+    ('key_norm_none', dict(scope=3, key_norm='none'), (2, 8, 4, 5)),
+    ('qv_norm_false', dict(scope=3, qv_norm=False), (2, 8, 4, 5)),
+    ('dim_out_heads', dict(scope=3, dim_out=12, heads=3, dim_k=2), (2, 8, 4, 3)),
+]
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('name,kw,shape', REF_CASES, ids=[c[0] for c in REF_CASES])
+def test_matches_naive_reference(name, kw, shape, impl):
+    layer = _make(impl=impl, **kw)
+    assert layer.choose_impl(*shape[2:]) == impl
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
+    y = layer(x)
+    ref = lambda_layer_reference(layer, x)
+    assert y.dtype == torch.float32 and y.shape == ref.shape
+    assert ref.abs().max() > 0.05, 'reference output is trivially small; the comparison would be vacuous'
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_detects_wrong_embedding_offset():
+    """The reference comparison can fail: a transposed (n - m instead of m - n) table is caught."""
+    layer = _make(impl='conv', scope=3, content=False)
+    x = torch.randn(1, 8, 4, 5, generator=torch.Generator().manual_seed(2))
+    ref = lambda_layer_reference(layer, x)
+    with torch.no_grad():
+        layer.pos_embedding.weight.copy_(layer.pos_embedding.weight.flip(-1, -2))
+    assert not torch.allclose(layer(x).double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+def test_impls_agree_at_lambdaresnet_defaults(impl):
+    """Default |k|=16, |h|=4, scope 23 on an input larger than the scope: both match the reference."""
+    layer = _make(dim=16, dim_k=16, heads=4, impl=impl, emb_scale=0.05)
+    x = torch.randn(1, 16, 12, 9, generator=torch.Generator().manual_seed(3)) * 0.5
+    ref = lambda_layer_reference(layer, x)
+    assert ref.abs().max() > 0.05
+    torch.testing.assert_close(layer(x).double(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('kw', [dict(scope=3, dim_u=2, stride=2), dict(scope='global', max_size=(3, 4))],
+                         ids=['local_u2_stride2', 'global'])
+def test_gradcheck_float64(impl, kw):
+    torch.manual_seed(0)
+    layer = LambdaLayer(4, dim_k=2, heads=2, impl=impl, **kw).double().train()  # BN batch stats
+    x = torch.randn(2, 4, 3, 4, dtype=torch.float64, requires_grad=True)
+    names = ['qkv.weight', 'pos_embedding.weight', 'norm_q.weight', 'norm_v.bias']
+    params = {n: p.detach().clone().requires_grad_(True) for n, p in layer.named_parameters() if n in names}
+    assert len(params) == len(names)
+
+    def fn(x, *ps):
+        return torch.func.functional_call(layer, dict(zip(params, ps)), (x,))
+
+    assert torch.autograd.gradcheck(fn, (x, *params.values()), eps=1e-6, atol=1e-6, rtol=1e-5, fast_mode=True)
+
+
+def _shift_zero(x, sy, sx):
+    out = torch.zeros_like(x)
+    out[..., sy:, sx:] = x[..., :x.shape[-2] - sy, :x.shape[-1] - sx]
+    return out
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('mode', ['circular', 'zero'])
+def test_position_term_translation_equivariant(impl, mode):
+    """content=False: shifting the input shifts the output away from the borders (section 3.3)."""
+    scope, (sy, sx) = 5, (2, 3)
+    r = scope // 2
+    layer = _make(impl=impl, scope=scope, content=False)
+    x = torch.randn(2, 8, 12, 13, generator=torch.Generator().manual_seed(4))
+    xs = torch.roll(x, (sy, sx), dims=(-2, -1)) if mode == 'circular' else _shift_zero(x, sy, sx)
+    y, ys = layer(x), layer(xs)
+    H, W = x.shape[-2:]
+    # query i in the shifted image only sees rows i-r..i+r >= sy (un-wrapped content) and
+    # query i - sy in the original sees rows inside the image: margin r + shift on each side
+    rows, cols = slice(sy + r, H - r), slice(sx + r, W - r)
+    rows0, cols0 = slice(r, H - r - sy), slice(r, W - r - sx)
+    assert rows.stop - rows.start >= 3 and cols.stop - cols.start >= 3
+    torch.testing.assert_close(ys[..., rows, cols], y[..., rows0, cols0], rtol=1e-5, atol=1e-5)
+    # and the check is not vacuous: without the shift the interiors differ
+    assert not torch.allclose(ys[..., rows, cols], y[..., rows, cols], atol=1e-3)
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('hw,stride', [((1, 1), 1), ((1, 7), 1), ((9, 2), 1), ((3, 30), 1),
+                                       ((7, 5), 2), ((5, 5), 2), ((1, 1), 2), ((2, 9), 2)])
+def test_any_size_shapes(impl, hw, stride):
+    layer = _make(impl=impl, scope=23, stride=stride, dim_out=12, heads=3)
+    x = torch.randn(1, 8, *hw, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (1, 12, math.ceil(hw[0] / stride), math.ceil(hw[1] / stride))
+    assert torch.isfinite(y).all()
+    y.sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16], ids=['bf16', 'fp16'])
+def test_cpu_autocast(impl, dtype):
+    layer = _make(impl=impl, scope=5, dim_u=2, stride=2)
+    x = torch.randn(2, 8, 7, 6, generator=torch.Generator().manual_seed(5))
+    ref = layer(x)
+    with torch.autocast('cpu', dtype=dtype):
+        y = layer(x)
+    assert y.dtype == dtype
+    assert torch.isfinite(y).all()
+    # low-precision result is close to the float32 one (half/bfloat16 round-off only)
+    err = (y.float() - ref).abs().max() / ref.abs().max()
+    assert err < (0.05 if dtype == torch.bfloat16 else 0.01), err
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+def test_channels_last_same_output(impl):
+    layer = _make(impl=impl, scope=3, dim_u=2)
+    x = torch.randn(2, 8, 6, 5)
+    y = layer(x)
+    y_cl = layer(x.contiguous(memory_format=torch.channels_last))
+    torch.testing.assert_close(y_cl, y, rtol=1e-5, atol=1e-5)
+    layer_cl = layer.to(memory_format=torch.channels_last)
+    torch.testing.assert_close(layer_cl(x.contiguous(memory_format=torch.channels_last)), y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+def test_torch_compile_matches_eager(impl):
+    torch._dynamo.reset()
+    layer = _make(impl=impl, scope=3, dim_u=2).train()
+    x = torch.randn(2, 8, 5, 6, requires_grad=True)
+    y = layer(x)
+    (gx,) = torch.autograd.grad(y.square().sum(), x)
+    compiled = torch.compile(layer, backend='aot_eager', fullgraph=True)
+    xc = x.detach().clone().requires_grad_(True)
+    yc = compiled(xc)
+    (gxc,) = torch.autograd.grad(yc.square().sum(), xc)
+    torch.testing.assert_close(yc, y, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gxc, gx, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+def test_torchscript_trace(impl):
+    """torch.jit.script cannot compile LambdaLayer.forward as written (f-string with
+    tuple(x.shape), Optional submodule, helper dispatch), so tracing is the supported path;
+    the trace fixes the implementation chosen for the traced input size."""
+    layer = _make(impl=impl, scope=3)
+    x = torch.randn(2, 8, 5, 6)
+    traced = torch.jit.trace(layer, (x,), check_trace=False)
+    x2 = torch.randn(2, 8, 5, 6)
+    torch.testing.assert_close(traced(x2), layer(x2), rtol=1e-5, atol=1e-5)
+
+
+def test_global_scope_larger_than_max_size_raises():
+    layer = LambdaLayer(8, dim_k=4, heads=2, scope='global', max_size=(4, 6))
+    layer(torch.randn(1, 8, 4, 6))  # at max_size: fine
+    for hw in [(5, 6), (4, 7)]:
+        for impl in IMPLS:
+            layer.impl = impl
+            with pytest.raises(ValueError, match='max_size'):
+                layer(torch.randn(1, 8, *hw))
+
+
+def test_global_scope_requires_max_size():
+    with pytest.raises(ValueError, match='max_size'):
+        LambdaLayer(8, dim_k=4, heads=2, scope='global')
+
+
+def test_initialisation_appendix_f2():
+    """Embeddings N(0, 1); W_K, W_V std d^-1/2; W_Q std (|k| d)^-1/2 (appendix F.2)."""
+    torch.manual_seed(0)
+    d, k, h, u = 1024, 16, 4, 1
+    layer = LambdaLayer(d, dim_out=512, dim_k=k, heads=h, dim_u=u, scope=23)
+    w = layer.qkv.weight.detach()[:, :, 0, 0]
+    v = layer.dim_v
+    w_q, w_k, w_v = w[:h * k], w[h * k:h * k + k * u], w[h * k + k * u:]
+    assert w_v.shape[0] == v * u
+    for name, t, std in [('W_Q', w_q, (k * d) ** -0.5), ('W_K', w_k, d ** -0.5), ('W_V', w_v, d ** -0.5),
+                         ('E', layer.pos_embedding.weight.detach(), 1.0)]:
+        assert abs(t.std().item() / std - 1) < 0.03, (name, t.std().item(), std)
+        assert abs(t.mean().item()) < 0.03 * std, (name, t.mean().item())
+
+
+class _NumelTracker(TorchDispatchMode):
+    """Records the numel of every tensor produced by an aten op (forward and backward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.max_numel, self.max_op = 0, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.numel() > self.max_numel:
+                self.max_numel, self.max_op = t.numel(), str(func)
+        return out
+
+
+def _largest_intermediate(impl, device, B=2, H=64, W=64):
+    torch.manual_seed(0)
+    layer = LambdaLayer(16, dim_k=16, heads=4, scope=23, impl=impl).to(device)  # |v| = 4
+    x = torch.randn(B, 16, H, W, device=device, requires_grad=True)
+    with _NumelTracker() as tr:
+        layer(x).square().sum().backward()
+    assert x.grad is not None and layer.pos_embedding.weight.grad is not None
+    return tr
+
+
+def test_conv_impl_never_materialises_n_by_m():
+    """Lambda convolution (section 3.4): no b x n x m (not even n x m) tensor in forward/backward."""
+    B, n = 2, 64 * 64
+    tr = _largest_intermediate('conv', 'cpu', B)
+    assert tr.max_numel < n * n <= B * n * n, (tr.max_numel, tr.max_op)
+
+
+def test_einsum_impl_does_materialise_n_by_m():
+    """The same tracker flags the einsum implementation ([k, u, n, m] embeddings), so the check above
+    can fail. Run on the meta device: identical dispatch, no 1 GiB allocation."""
+    B, n = 2, 64 * 64
+    tr = _largest_intermediate('einsum', 'meta', B)
+    assert tr.max_numel >= 16 * n * n > B * n * n, (tr.max_numel, tr.max_op)
+
+
+def test_auto_impl_follows_embedding_size_threshold(monkeypatch):
+    layer = LambdaLayer(8, dim_k=4, heads=2, dim_u=2, scope=23)
+    emb_bytes = lambda h, w: 4 * 2 * (h * w) ** 2 * 4  # |k| |u| |n|^2 float32
+    monkeypatch.setattr(lambda_layer_mod, 'EINSUM_MAX_EMBEDDING_BYTES', emb_bytes(10, 10))
+    assert layer.choose_impl(10, 10) == 'einsum'
+    assert layer.choose_impl(10, 11) == 'conv'
+    layer.impl = 'conv'
+    assert layer.choose_impl(1, 1) == 'conv'
+
+
+def test_bad_arguments_raise_value_error_naming_parameter():
+    cases = [
+        (dict(dim=8, heads=3), 'heads'),
+        (dict(dim=8, dim_out=10, heads=4), 'heads'),
+        (dict(dim=8, scope=4), 'scope'),
+        (dict(dim=8, scope=0), 'scope'),
+        (dict(dim=8, scope=-3), 'scope'),
+        (dict(dim=8, scope=(3, 2)), 'scope'),
+        (dict(dim=8, impl='fft'), 'impl'),
+        (dict(dim=8, key_norm='sigmoid'), 'key_norm'),
+        (dict(dim=8, stride=3), 'stride'),
+        (dict(dim=8, dim_k=4, pos_embedding=RelativePositionEmbedding(8, 1, 23)), 'pos_embedding'),
+        (dict(dim=8, dim_k=4, dim_u=2, pos_embedding=RelativePositionEmbedding(4, 1, 23)), 'pos_embedding'),
+        (dict(dim=8, dim_k=4, scope=5, pos_embedding=RelativePositionEmbedding(4, 1, 3)), 'pos_embedding'),
+    ]
+    for kw, name in cases:
+        with pytest.raises(ValueError, match=name):
+            LambdaLayer(**kw)
+    layer = LambdaLayer(8, dim_k=4, heads=2, scope=3)
+    with pytest.raises(ValueError, match=r'x of shape \[B, 8, H, W\]'):
+        layer(torch.randn(1, 6, 4, 4))
+    with pytest.raises(ValueError, match='x of shape'):
+        layer(torch.randn(8, 4, 4))
+
+
+def _emb(layer):
+    emb = getattr(layer, 'embedding', None)
+    return emb if emb is not None else layer.pos_embedding
+
+
+def test_shared_embedding_counted_once_and_grads_accumulate():
+    """Table 4: layers given one RelativePositionEmbedding share its parameter."""
+    torch.manual_seed(0)
+    emb = RelativePositionEmbedding(4, 2, 5)
+    kw = dict(dim=8, dim_k=4, heads=2, dim_u=2, scope=5)
+    l1 = LambdaLayer(**kw, pos_embedding=emb, impl='einsum')
+    l2 = LambdaLayer(**kw, pos_embedding=emb, impl='conv')
+    model = nn.Sequential(l1, nn.ReLU(), l2).train()
+    params = list(model.parameters())
+    assert sum(p is emb.weight for p in params) == 1
+    assert _emb(l1) is emb and _emb(l2) is emb
+    # an unshared twin: each layer owns a copy of the same table; all other weights equal
+    u1, u2 = LambdaLayer(**kw, impl='einsum'), LambdaLayer(**kw, impl='conv')
+    twin = nn.Sequential(u1, nn.ReLU(), u2).train()
+    with torch.no_grad():
+        for src, dst in ((l1, u1), (l2, u2)):
+            for (name, p), (name2, q) in zip(
+                    [(n, p) for n, p in src.named_parameters() if 'pos_embedding' not in n],
+                    [(n, q) for n, q in dst.named_parameters() if 'pos_embedding' not in n]):
+                assert name == name2
+                q.copy_(p)
+            _emb(dst).weight.copy_(emb.weight)
+    n_twin = sum(p.numel() for p in twin.parameters())
+    assert sum(p.numel() for p in params) == n_twin - emb.weight.numel()
+
+    x = torch.randn(2, 8, 6, 5)
+    y = model(x)
+    torch.testing.assert_close(y, twin(x), rtol=1e-5, atol=1e-5)
+    y.square().sum().backward()
+    twin(x).square().sum().backward()
+    g1, g2 = _emb(u1).weight.grad, _emb(u2).weight.grad
+    assert g1.abs().sum() > 0 and g2.abs().sum() > 0
+    # the shared parameter receives the sum of both layers' gradients
+    torch.testing.assert_close(emb.weight.grad, g1 + g2, rtol=1e-5, atol=1e-6)
