@@ -77,14 +77,15 @@ class MaskedLambdaLayer1d(nn.Module):
             raise ValueError(f'mask must have shape [N, N] = [{N}, {N}], got {tuple(mask.shape)}')
         mask = mask.to(torch.bool)
         q = self.to_q(x).reshape(B, N, self.heads, self.dim_k)
-        k = self.to_k(x).float()
+        k = self.to_k(x)
+        k = k.to(torch.promote_types(k.dtype, torch.float32))  # >= float32, keeps float64
         v = self.to_v(x)
 
         # content lambdas: sum_{m in C_n} w_nm k_m v_m^T with keys normalised within C_n
         if self.key_norm == 'softmax':
             # the shift cancels in the ratio below; detached so no gradient flows through it
             k = (k - k.amax(dim=1, keepdim=True).detach()).exp()
-        mu = torch.einsum('bmk,bmv->bmkv', k, v.float())  # per-context-element contributions
+        mu = torch.einsum('bmk,bmv->bmkv', k, v.to(k.dtype))  # per-context-element contributions
         if use_cumsum:
             num, den = mu.cumsum(1), k.cumsum(1)
         else:
