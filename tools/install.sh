@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Install timm-lambda with the detection and test extras, at the tested
+# versions pinned in constraints.txt.  Idempotent; a second run is fast.
+#
+#   bash tools/install.sh            # into ./.venv (created if missing)
+#   VENV=/path/to/venv bash tools/install.sh
+#   (or run it with a virtualenv activated: it installs into $VIRTUAL_ENV)
+#
+# Steps:
+#   1. virtualenv: $VENV, else the active $VIRTUAL_ENV, else <repo>/.venv
+#      (created with ${PYTHON:-python3}, which must be >= 3.9);
+#   2. torch + torchvision (+ setuptools<81, wheel), pinned by constraints.txt;
+#   3. mmcv with compiled ops, first usable source wins:
+#        a. the installed mmcv, if its ops load against the installed torch;
+#        b. the wheel cache ${TIMM_LAMBDA_WHEEL_CACHE:-${XDG_CACHE_HOME:-~/.cache}/timm-lambda/wheels}/torch-<version>/;
+#        c. a wheel offered by pip's find-links (PIP_FIND_LINKS / pip config);
+#        d. a source build (tools/build_mmcv_wheel.sh, ~17+ min on 2 cores),
+#           whose wheel is stored in the cache for the next install;
+#   4. pip install -c constraints.txt ".[det,test]" and an import check.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+CONSTRAINTS="$ROOT/constraints.txt"
+
+log() { printf '[install] %s\n' "$*" >&2; }
+die() { printf '[install] ERROR: %s\n' "$*" >&2; exit 1; }
+[[ -f "$CONSTRAINTS" ]] || die "missing $CONSTRAINTS"
+
+# 1. virtualenv ---------------------------------------------------------------
+if [[ -n "${VENV:-}" ]]; then
+    VENV_DIR="$VENV"
+elif [[ -n "${VIRTUAL_ENV:-}" ]]; then
+    VENV_DIR="$VIRTUAL_ENV"
+else
+    VENV_DIR="$ROOT/.venv"
+fi
+if [[ ! -x "$VENV_DIR/bin/python" ]]; then
+    BASE_PY="${PYTHON:-python3}"
+    command -v "$BASE_PY" >/dev/null 2>&1 || die "$BASE_PY not found; set PYTHON=/path/to/python3.9+"
+    "$BASE_PY" -c 'import sys; sys.exit(sys.version_info < (3, 9))' \
+        || die "$BASE_PY is older than Python 3.9"
+    log "creating virtualenv $VENV_DIR with $("$BASE_PY" -V 2>&1)"
+    "$BASE_PY" -m venv "$VENV_DIR"
+fi
+PY="$VENV_DIR/bin/python"
+log "using $PY ($("$PY" -V 2>&1))"
+
+pip_() { "$PY" -m pip --disable-pip-version-check "$@"; }
+PIP_QUIET=(--progress-bar off)
+[[ -n "${CI:-}" ]] && PIP_QUIET+=(-q)
+
+# 2. torch --------------------------------------------------------------------
+log "installing torch, torchvision and build tooling (constraints.txt)"
+pip_ install "${PIP_QUIET[@]}" -c "$CONSTRAINTS" "setuptools<81" wheel torch torchvision
+
+# 3. mmcv with compiled ops -----------------------------------------------------
+MMCV_VERSION="$(sed -n 's/^mmcv==\([^ ;#]*\).*/\1/p' "$CONSTRAINTS" | head -n1)"
+[[ -n "$MMCV_VERSION" ]] || die "no mmcv==X pin in $CONSTRAINTS"
+TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')"
+CACHE_DIR="${TIMM_LAMBDA_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/timm-lambda/wheels}/torch-${TORCH_VERSION//+/_}"
+WHEEL_NAME="mmcv-$MMCV_VERSION-$("$PY" -c 'import sys; t = "cp%d%d" % sys.version_info[:2]; print(t + "-" + t)')-linux_$(uname -m).whl"
+
+# True if mmcv==$MMCV_VERSION is installed and its compiled ops (mmcv/_ext*.so)
+# load against the installed torch.  Loads the extension file directly, so it
+# works before mmcv's own dependencies (mmengine, cv2) are installed.
+mmcv_ops_ok() {
+    "$PY" - "$MMCV_VERSION" <<'EOF'
+import importlib.metadata as md, importlib.util, sys
+want = sys.argv[1]
+try:
+    have = md.version("mmcv")
+except md.PackageNotFoundError:
+    sys.exit("mmcv is not installed")
+if have != want:
+    sys.exit(f"mmcv {have} is installed, want {want}")
+exts = [f for f in (md.distribution("mmcv").files or [])
+        if f.parts[:1] == ("mmcv",) and f.name.startswith("_ext.") and f.name.endswith(".so")]
+if not exts:
+    sys.exit("the installed mmcv has no compiled ops (no mmcv/_ext*.so)")
+import torch  # noqa: F401  (loads libtorch for the extension's symbols)
+spec = importlib.util.spec_from_file_location("mmcv._ext", str(exts[0].locate()))
+try:
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+except ImportError as e:
+    sys.exit(f"mmcv's compiled ops do not load against torch {torch.__version__}: {e}")
+if not hasattr(mod, "nms") or not hasattr(mod, "roi_align_forward"):
+    sys.exit("mmcv._ext lacks nms/roi_align_forward")
+EOF
+}
+
+MMCV_SOURCE=""
+if mmcv_ops_ok 2>/dev/null; then
+    MMCV_SOURCE="already installed"
+fi
+if [[ -z "$MMCV_SOURCE" && -f "$CACHE_DIR/$WHEEL_NAME" ]]; then
+    log "installing mmcv from the wheel cache: $CACHE_DIR/$WHEEL_NAME"
+    pip_ install "${PIP_QUIET[@]}" --no-deps --force-reinstall "$CACHE_DIR/$WHEEL_NAME"
+    if mmcv_ops_ok; then
+        MMCV_SOURCE="cache $CACHE_DIR/$WHEEL_NAME"
+    else
+        log "the cached wheel is unusable; removing it"
+        rm -f "$CACHE_DIR/$WHEEL_NAME"
+    fi
+fi
+if [[ -z "$MMCV_SOURCE" ]]; then
+    # Only pip's find-links (PIP_FIND_LINKS or pip config), never the index:
+    # the index has only the sdist, which needs the patched build below.
+    if pip_ install "${PIP_QUIET[@]}" --no-deps --force-reinstall --no-index --only-binary mmcv \
+            "mmcv==$MMCV_VERSION" 2>/dev/null; then
+        if mmcv_ops_ok; then
+            MMCV_SOURCE="find-links wheel"
+        else
+            log "the find-links mmcv wheel does not fit torch $TORCH_VERSION; building from source"
+        fi
+    else
+        log "no mmcv $MMCV_VERSION wheel in find-links (PIP_FIND_LINKS='${PIP_FIND_LINKS:-}') or cache"
+    fi
+fi
+if [[ -z "$MMCV_SOURCE" ]]; then
+    log "building mmcv $MMCV_VERSION from source into $CACHE_DIR (takes ~17+ minutes on 2 cores)"
+    bash "$ROOT/tools/build_mmcv_wheel.sh" --python "$PY" --out "$CACHE_DIR" >/dev/null
+    [[ -f "$CACHE_DIR/$WHEEL_NAME" ]] || die "the build did not produce $CACHE_DIR/$WHEEL_NAME"
+    pip_ install "${PIP_QUIET[@]}" --no-deps --force-reinstall "$CACHE_DIR/$WHEEL_NAME"
+    mmcv_ops_ok || die "the freshly built mmcv wheel does not load; see $CACHE_DIR/mmcv-$MMCV_VERSION-build.log"
+    MMCV_SOURCE="source build (cached as $CACHE_DIR/$WHEEL_NAME)"
+fi
+log "mmcv $MMCV_VERSION with ops: $MMCV_SOURCE"
+
+# 4. the package itself ----------------------------------------------------------
+log "installing timm-lambda[det,test] (constraints.txt)"
+pip_ install "${PIP_QUIET[@]}" -c "$CONSTRAINTS" ".[det,test]"
+
+"$PY" - <<'EOF' || die "post-install import check failed (see above)"
+import importlib.metadata as md
+from mmcv.ops import RoIAlign, batched_nms  # noqa: F401  (compiled ops)
+import mmdet  # noqa: F401  (runs mmdet's mmcv/mmengine version checks)
+print("[install] OK: " + ", ".join(f"{d} {md.version(d)}" for d in
+      ("timm-lambda", "torch", "torchvision", "timm", "mmcv", "mmengine", "mmdet")))
+EOF
+log "done; run the tests with: $PY -m pytest tests"
