@@ -80,7 +80,9 @@ class LambdaLayer(nn.Module):
         qv_norm: batch norm on queries and values (default True, section 3.1 "Normalization").
         impl: 'auto', 'einsum' or 'conv' implementation of the position lambdas.
         pos_embedding: a :class:`RelativePositionEmbedding` to share between layers (Table 4);
-            it must have the same |k|, |u| and scope.
+            it must have the same |k|, |u| and scope. The first layer given it registers it
+            (owns it); later layers reference it without registering, so it is counted and
+            saved once. Keep the owning layer in the model.
 
     Shapes: input ``[B, dim, H, W]``, output ``[B, dim_out, ceil(H/stride), ceil(W/stride)]``.
     """
@@ -140,10 +142,20 @@ class LambdaLayer(nn.Module):
                                  f'the layer needs |k|={dim_k}, |u|={dim_u}')
             if pos_embedding.scope != scope:
                 raise ValueError(f'pos_embedding has scope={pos_embedding.scope}, the layer scope={scope}')
-            self.pos_embedding = pos_embedding
+            if getattr(pos_embedding, 'has_owner', False):
+                # Already registered by another layer: keep an unregistered reference, so the
+                # table appears once in parameters() and state_dict() (safetensors rejects
+                # aliased tensors, e.g. in timm's save_for_hf).
+                self.pos_embedding = None
+                self._shared_embedding = (pos_embedding,)
+            else:
+                pos_embedding.has_owner = True
+                self.pos_embedding = pos_embedding
         else:
             self.pos_embedding = RelativePositionEmbedding(dim_k, dim_u, scope, max_size)
         self.scope = scope
+        if not hasattr(self, '_shared_embedding'):
+            self._shared_embedding = ()
         self.pool = nn.AvgPool2d(3, 2, padding=1) if stride == 2 else nn.Identity()
         self.reset_parameters()
 
@@ -154,6 +166,12 @@ class LambdaLayer(nn.Module):
         with torch.no_grad():
             nn.init.normal_(w, std=self.dim ** -0.5)
             nn.init.normal_(w[:nq], std=(self.dim_k * self.dim) ** -0.5)
+
+    @property
+    def embedding(self) -> Optional[RelativePositionEmbedding]:
+        """The position embedding used by this layer (own or shared), None if position=False."""
+        return self.pos_embedding if self.pos_embedding is not None or not self._shared_embedding \
+            else self._shared_embedding[0]
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, dim_out={self.dim_out}, dim_k={self.dim_k}, heads={self.heads}, '
@@ -183,11 +201,11 @@ class LambdaLayer(nn.Module):
             out = torch.einsum('bhkn,bkv->bhvn', q, content_lambda)  # eq. 2
         if self.position:
             if self.choose_impl(H, W) == 'einsum':
-                emb = self.pos_embedding.dense(H, W)  # [k, u, n, m]
+                emb = self.embedding.dense(H, W)  # [k, u, n, m]
                 position_lambdas = torch.einsum('kunm,buvm->bnkv', emb, v)  # lambda^p_n, eq. 1
                 pos_out = torch.einsum('bhkn,bnkv->bhvn', q, position_lambdas)
             else:
-                kern = self.pos_embedding.kernel(H, W)  # [k, u, kh, kw]
+                kern = self.embedding.kernel(H, W)  # [k, u, kh, kw]
                 pad = ((kern.shape[-2] - 1) // 2, (kern.shape[-1] - 1) // 2)
                 # lambda convolution: [B, u, v, H, W] * [k, u, 1, kh, kw] -> [B, k, v, H, W]
                 position_lambdas = F.conv3d(
