@@ -1,0 +1,5 @@
+# Table 14 row "ResNet-101": Mask R-CNN FPN, ResNet-101 (ResNet-RS-101 without squeeze-excitation) backbone,
+# trained from scratch at 1024x1024 (LambdaNetworks appendix F.3).
+_base_ = './_base_/mask-rcnn_timm-fpn_syncbn_lsj-130k_coco.py'
+
+model = dict(backbone=dict(model_name='resnetrs101_nose'))
