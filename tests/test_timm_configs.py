@@ -156,7 +156,7 @@ def test_90_epoch_vanilla_recipe(name):
     cfg = load(name)
     _assert_subset(cfg, dict(
         COMMON_SGD, model=name.replace('_90ep.yaml', '.r224'), img_size=224, epochs=90,
-        weight_decay=1e-4, drop=0.0, drop_path=0.0, color_jitter=0.0,
+        weight_decay=1e-4, drop=0.0, drop_path=0.0, color_jitter=0.0, bn_momentum=1e-4,
     ), name)
     assert 'aa' not in cfg, 'F.3 90-epoch setup: random crops and flips only'
     _no_fixed_lr(cfg, name)

@@ -7,7 +7,7 @@ the first, non-expanding block as the 1st) are replaced. Built on timm's Efficie
 InvertedResidual; 3.21M parameters in the paper, 3.24M here (see README).
 """
 from functools import partial
-from typing import Sequence
+from typing import Optional, Sequence
 
 from torch import nn
 
@@ -18,6 +18,7 @@ from timm.models.efficientnet import EfficientNet
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..layers import LambdaLayer
+from .lambda_resnet import set_bn_args
 
 __all__ = ['LambdaMobileNetV2', 'lightweight_lambda_block']
 
@@ -45,7 +46,8 @@ class LambdaMobileNetV2(EfficientNet):
     """
 
     def __init__(self, lambda_blocks: Sequence[int] = (10, 16), dim_k: int = 32, heads: int = 4,
-                 scope: int = 5, drop_path_rate: float = 0., **kwargs):
+                 scope: int = 5, drop_path_rate: float = 0., bn_momentum: Optional[float] = None,
+                 bn_eps: Optional[float] = None, **kwargs):
         super().__init__(drop_path_rate=drop_path_rate, **kwargs)
         flat = [(s, i) for s, stage in enumerate(self.blocks) for i in range(len(stage))]
         for number in lambda_blocks:
@@ -59,6 +61,7 @@ class LambdaMobileNetV2(EfficientNet):
             new = lightweight_lambda_block(old.conv_pwl.out_channels, dim_k, heads, scope)
             new.drop_path = old.drop_path
             self.blocks[s][i] = new
+        set_bn_args(self, bn_momentum, bn_eps)
 
 
 default_cfgs = generate_default_cfgs({

@@ -28,7 +28,7 @@ from timm.models.resnet import Bottleneck, ResNet
 
 from ..layers import LambdaLayer, RelativePositionEmbedding
 
-__all__ = ['LambdaResNet', 'LAMBDA_BLOCKS', 'STAGE_DEPTHS']
+__all__ = ['LambdaResNet', 'LAMBDA_BLOCKS', 'STAGE_DEPTHS', 'set_bn_args']
 
 # Table 19: block configuration per depth (He et al. 2016; Bello et al. 2021 / ResNet-RS).
 STAGE_DEPTHS = {
@@ -52,6 +52,20 @@ LAMBDA_BLOCKS = {
 }
 
 StageSpec = Union[None, str, Sequence[int]]
+
+
+def set_bn_args(model: nn.Module, bn_momentum: Optional[float] = None, bn_eps: Optional[float] = None) -> None:
+    """Apply timm's ``bn_momentum``/``bn_eps`` (train.py ``--bn-momentum``) to every batch norm,
+    those inside lambda layers included. PyTorch momentum = 1 - TF decay (F.3: 0.9999 -> 1e-4)."""
+    for name, value in (('bn_momentum', bn_momentum), ('bn_eps', bn_eps)):
+        if value is not None and not 0 < value < 1:
+            raise ValueError(f'{name} must be in (0, 1), got {value!r}')
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            if bn_momentum is not None:
+                m.momentum = bn_momentum
+            if bn_eps is not None:
+                m.eps = bn_eps
 
 
 def _stage_blocks(spec: StageSpec, depth: int, stage: int) -> Tuple[int, ...]:
@@ -80,6 +94,7 @@ class LambdaResNet(ResNet):
             options (see :class:`~timm_lambda.layers.LambdaLayer`).
         shared_embeddings: one position-embedding table for every lambda layer (Table 4).
         img_size: input size; required with ``scope='global'`` to size the embedding tables.
+        bn_momentum, bn_eps: batch-norm settings for every BN layer (timm train.py arguments).
         **kwargs: timm ResNet arguments (stem_type, avg_down, drop_rate, drop_path_rate, ...).
     """
 
@@ -100,6 +115,8 @@ class LambdaResNet(ResNet):
             position: bool = True,
             shared_embeddings: bool = False,
             img_size: Optional[int] = None,
+            bn_momentum: Optional[float] = None,
+            bn_eps: Optional[float] = None,
             block: Any = Bottleneck,
             block_args: Optional[Dict[str, Any]] = None,
             **kwargs,
@@ -131,6 +148,7 @@ class LambdaResNet(ResNet):
                     self._to_lambda_block(blk, lambda_args, max_size, shared)
                 elif stage_idx not in se_stages:
                     blk.se = None
+        set_bn_args(self, bn_momentum, bn_eps)
 
     @staticmethod
     def _to_lambda_block(blk: Bottleneck, lambda_args: dict, max_size, shared) -> None:
