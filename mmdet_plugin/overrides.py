@@ -15,7 +15,8 @@ def small_run_overrides(data_root, image_size=128, max_iters=4,
                         val_ann=None, train_img='train/', val_img='val/',
                         classes=None, num_classes=None,
                         checkpoint_interval=None,
-                        filter_empty_gt=True, log_interval=1):
+                        filter_empty_gt=True, log_interval=1,
+                        light_heads=True, validate=True):
     """Overrides for a short run on a generated dataset (see
     ``tools/make_coco_dataset.py``) at ``image_size`` x ``image_size``."""
     if image_size % 32:
@@ -33,6 +34,8 @@ def small_run_overrides(data_root, image_size=128, max_iters=4,
         'test_dataloader.dataset.pipeline.1.scale': size,
         'train_cfg.max_iters': max_iters,
         'train_cfg.val_interval': max_iters,
+        # validate=False: no evaluation at the end of training (use test)
+        'train_cfg.val_begin': 1 if validate else max_iters + 1,
         'default_hooks.checkpoint.interval':
         checkpoint_interval or max_iters,
         'default_hooks.logger.interval': log_interval,
@@ -51,6 +54,17 @@ def small_run_overrides(data_root, image_size=128, max_iters=4,
         o[f'{key}.dataset.data_prefix.img'] = img
         if classes is not None:
             o[f'{key}.dataset.metainfo.classes'] = tuple(classes)
+    if light_heads:
+        # Fewer proposals / sampled RoIs: the 4conv1fc box head runs on
+        # every RoI, and 1000 test proposals take ~20 s per image on a CPU.
+        o.update({
+            'model.train_cfg.rpn_proposal.nms_pre': 400,
+            'model.train_cfg.rpn_proposal.max_per_img': 200,
+            'model.train_cfg.rcnn.sampler.num': 64,
+            'model.test_cfg.rpn.nms_pre': 200,
+            'model.test_cfg.rpn.max_per_img': 100,
+            'model.test_cfg.rcnn.max_per_img': 50,
+        })
     if num_classes is not None:
         o['model.roi_head.bbox_head.num_classes'] = num_classes
         o['model.roi_head.mask_head.num_classes'] = num_classes

@@ -1,0 +1,182 @@
+"""TimmLambdaResNet: features, norms, freezing, checkpointing, weights."""
+import subprocess
+import sys
+
+import pytest
+import timm
+import torch
+import torch.nn as nn
+from mmengine.model import revert_sync_batchnorm
+from torch.nn.modules.batchnorm import _BatchNorm
+
+import mmdet_plugin  # noqa: F401  (registers the backbone)
+from mmdet.registry import MODELS
+from mmdet_plugin import TimmLambdaResNet
+
+from _mmdet_helpers import REPO
+
+
+def build(**kw):
+    cfg = dict(type='TimmLambdaResNet', model_name='lambdaresnet50')
+    cfg.update(kw)
+    return MODELS.build(cfg)
+
+
+def test_import_without_mmdet_names_the_extra():
+    code = ("import sys\n"
+            "sys.modules['mmdet'] = None\n"
+            "try:\n"
+            "    import mmdet_plugin\n"
+            "except ImportError as e:\n"
+            "    print('MSG', e)\n"
+            "else:\n"
+            "    print('NO ERROR')\n")
+    out = subprocess.run([sys.executable, '-c', code], cwd=REPO,
+                         capture_output=True, text=True, timeout=120).stdout
+    assert 'MSG' in out, out
+    assert 'pip install "timm-lambda[det]"' in out
+    assert 'mmdet' in out
+
+
+@pytest.mark.parametrize('name', ['lambdaresnet50', 'resnetrs50_nose'])
+def test_features_c2_to_c5(name):
+    b = build(model_name=name).eval()
+    with torch.no_grad():
+        outs = b(torch.randn(1, 3, 64, 96))
+    assert [tuple(o.shape) for o in outs] == [
+        (1, 256, 16, 24), (1, 512, 8, 12), (1, 1024, 4, 6), (1, 2048, 2, 3)]
+    b2 = build(model_name=name, out_indices=(1, 3)).eval()
+    with torch.no_grad():
+        outs = b2(torch.randn(1, 3, 64, 64))
+    assert [o.shape[1] for o in outs] == [512, 2048]
+
+
+def test_bad_arguments_name_the_parameter():
+    with pytest.raises(ValueError, match='model_name'):
+        build(model_name='lambdaresnet_does_not_exist')
+    with pytest.raises(ValueError, match='out_indices'):
+        build(out_indices=(1, 4))
+    with pytest.raises(ValueError, match='frozen_stages'):
+        build(frozen_stages=7)
+    with pytest.raises(ValueError, match='init_cfg'):
+        build(init_cfg=dict(type='Kaiming'))
+
+
+def test_input_not_divisible_by_32_raises_naming_pad_size_divisor():
+    b = build().eval()
+    with pytest.raises(ValueError, match='pad_size_divisor=32'):
+        b(torch.randn(1, 3, 100, 64))
+
+
+def _lambda_modules(model):
+    return [m for m in model.modules() if 'lambda' in type(m).__name__.lower()]
+
+
+@pytest.mark.parametrize('norm_cfg,expected', [
+    (dict(type='GN', num_groups=16), nn.GroupNorm),
+    (dict(type='SyncBN'), nn.SyncBatchNorm),
+    (dict(type='BN'), nn.BatchNorm2d),
+])
+def test_norm_cfg_converts_every_batchnorm(norm_cfg, expected):
+    ref = timm.create_model('lambdaresnet50', features_only=True)
+    n_bn = sum(isinstance(m, nn.BatchNorm2d) for m in ref.modules())
+    b = build(norm_cfg=norm_cfg)
+    norms = [m for m in b.modules() if isinstance(m, expected)]
+    assert len(norms) == n_bn
+    if expected is not nn.BatchNorm2d:
+        assert not any(type(m) is nn.BatchNorm2d for m in b.modules())
+    # the lambda layers' own query/value norms are converted too
+    lambdas = _lambda_modules(b.body)
+    assert lambdas, 'lambdaresnet50 has no lambda layer?'
+    assert any(isinstance(m, expected) for l in lambdas for m in l.modules())
+    b.train()
+    out = b(torch.randn(2, 3, 64, 64))
+    out[-1].mean().backward()
+
+
+def test_requires_grad_false_in_norm_cfg():
+    b = build(norm_cfg=dict(type='BN', requires_grad=False))
+    bn_params = [p for m in b.modules() if isinstance(m, _BatchNorm)
+                 for p in m.parameters()]
+    assert bn_params and not any(p.requires_grad for p in bn_params)
+
+
+def test_frozen_stages_and_norm_eval_survive_syncbn_revert():
+    b = build(frozen_stages=1, norm_cfg=dict(type='SyncBN'))
+    # what mmengine's Runner does without a process group
+    b = revert_sync_batchnorm(b)
+    assert not any(isinstance(m, nn.SyncBatchNorm) for m in b.modules())
+    b.train()
+    for name in ('conv1', 'bn1', 'layer1'):
+        mod = b.body[name]
+        assert all(not p.requires_grad for p in mod.parameters())
+        assert all(not m.training for m in mod.modules()), name
+    assert all(p.requires_grad for p in b.body['layer2'].parameters())
+    assert b.body['layer2'].training
+    before = b.body['layer1'][0].bn1.running_mean.clone()
+    b(torch.randn(2, 3, 64, 64))
+    assert torch.equal(before, b.body['layer1'][0].bn1.running_mean)
+
+    b = build(norm_eval=True)
+    b.train()
+    assert all(not m.training for m in b.modules()
+               if isinstance(m, _BatchNorm))
+    assert b.body['layer3'].training  # only norms are put in eval mode
+
+
+def test_with_cp_uses_timm_checkpointing_and_matches_gradients():
+    torch.manual_seed(0)
+    a = build(model_name='resnetrs50_nose', norm_cfg=None).eval()
+    c = build(model_name='resnetrs50_nose', norm_cfg=None,
+              with_cp=True).eval()
+    c.load_state_dict(a.state_dict())
+    assert c.body.grad_checkpointing and not a.body.grad_checkpointing
+    x = torch.randn(1, 3, 64, 64)
+    for m in (a, c):
+        sum(o.sum() for o in m(x)).backward()
+    ga = a.body['layer2'][0].conv1.weight.grad
+    gc = c.body['layer2'][0].conv1.weight.grad
+    torch.testing.assert_close(ga, gc, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize('wrap', ['plain', 'state_dict', 'model'])
+def test_pretrained_timm_checkpoint(tmp_path, wrap):
+    full = timm.create_model('lambdaresnet50', num_classes=1000)
+    sd = {f'module.{k}' if wrap == 'model' else k: v
+          for k, v in full.state_dict().items()}
+    assert any(k.endswith('fc.weight') for k in sd)
+    path = tmp_path / 'timm.pth'
+    torch.save(sd if wrap == 'plain' else {wrap: sd}, path)
+    b = build(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    b.init_weights()
+    ref = full.state_dict()
+    for k, v in b.body.state_dict().items():
+        torch.testing.assert_close(v, ref[k], msg=k)
+
+
+def test_pretrained_checkpoint_errors(tmp_path):
+    b = build(init_cfg=dict(type='Pretrained',
+                            checkpoint=str(tmp_path / 'missing.pth')))
+    with pytest.raises(FileNotFoundError, match='missing.pth'):
+        b.init_weights()
+    # a checkpoint of another architecture: shapes differ
+    other = timm.create_model('resnet18').state_dict()
+    torch.save(other, tmp_path / 'r18.pth')
+    b = build(init_cfg=dict(type='Pretrained',
+                            checkpoint=str(tmp_path / 'r18.pth')))
+    with pytest.raises(ValueError, match='init_cfg.checkpoint'):
+        b.init_weights()
+
+
+def test_backbone_1024_lambdaresnet101_cpu():
+    """The paper's detection input size: 1024x1024, batch 1, eval."""
+    b = build(model_name='lambdaresnet101').eval()
+    with torch.no_grad():
+        outs = b(torch.randn(1, 3, 1024, 1024))
+    assert [tuple(o.shape[-2:]) for o in outs] == [(256, 256), (128, 128),
+                                                   (64, 64), (32, 32)]
+    assert all(torch.isfinite(o).all() for o in outs)
+
+
+def test_is_registered_class():
+    assert MODELS.get('TimmLambdaResNet') is TimmLambdaResNet

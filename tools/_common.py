@@ -1,0 +1,55 @@
+"""Helpers shared by tools/train.py, tools/test.py and tools/quickstart.py."""
+import os
+import os.path as osp
+import sys
+
+REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+
+def ensure_repo_on_path():
+    """Let ``custom_imports=['mmdet_plugin']`` resolve from a source checkout
+    (also for worker processes, through PYTHONPATH) when the package is not
+    installed."""
+    if REPO_ROOT not in sys.path:
+        sys.path.insert(0, REPO_ROOT)
+    pp = os.environ.get('PYTHONPATH', '')
+    if REPO_ROOT not in pp.split(os.pathsep):
+        os.environ['PYTHONPATH'] = os.pathsep.join(
+            [REPO_ROOT] + ([pp] if pp else []))
+
+
+def _ann_path(dataset):
+    """Annotation file path of a (possibly wrapped) dataset config."""
+    while 'dataset' in dataset and 'ann_file' not in dataset:
+        dataset = dataset['dataset']
+    ann = dataset.get('ann_file')
+    if not ann:
+        return None
+    root = dataset.get('data_root') or ''
+    if '://' in ann or osp.isabs(ann):
+        return ann
+    return osp.join(root, ann)
+
+
+def check_annotation_files(cfg, splits=('train', 'val', 'test')):
+    """Fail early, naming the config key, if an annotation file is missing
+    (instead of a traceback from deep inside the dataloader build)."""
+    for split in splits:
+        loader = cfg.get(f'{split}_dataloader')
+        if loader:
+            path = _ann_path(loader['dataset'])
+            if path and '://' not in path and not osp.isfile(path):
+                raise FileNotFoundError(
+                    f'{split}_dataloader.dataset.ann_file: annotation file '
+                    f"'{path}' does not exist (data_root + ann_file); point "
+                    f'it at your COCO json with --cfg-options '
+                    f'{split}_dataloader.dataset.data_root=... '
+                    f'{split}_dataloader.dataset.ann_file=...')
+        evaluator = cfg.get(f'{split}_evaluator')
+        if split != 'train' and isinstance(evaluator, dict):
+            path = evaluator.get('ann_file')
+            if path and '://' not in path and not osp.isfile(path):
+                raise FileNotFoundError(
+                    f"{split}_evaluator.ann_file: annotation file '{path}' "
+                    'does not exist; set it with --cfg-options '
+                    f'{split}_evaluator.ann_file=...')

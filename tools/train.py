@@ -1,0 +1,78 @@
+#!/usr/bin/env python
+"""Train a detector from an mmdet config with mmengine's Runner.
+
+A thin stand-in for MMDetection's ``tools/train.py`` (which works with the
+same configs, unchanged) for users who installed mmdet from a wheel without
+its scripts. Distributed::
+
+    torchrun --nproc-per-node 8 tools/train.py CONFIG --launcher pytorch
+"""
+import argparse
+import os
+import os.path as osp
+
+from _common import check_annotation_files, ensure_repo_on_path
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description='Train a detector')
+    p.add_argument('config', help='config file path')
+    p.add_argument('--work-dir', help='where to save logs and checkpoints')
+    p.add_argument('--amp', action='store_true',
+                   help='mixed precision (AmpOptimWrapper, needs a GPU)')
+    p.add_argument('--resume', nargs='?', type=str, const='auto',
+                   help='resume from CHECKPOINT, or from the latest '
+                   'checkpoint in the work dir if no path is given')
+    p.add_argument('--cfg-options', nargs='+', default=None,
+                   help='override config keys, e.g. '
+                   'train_cfg.max_iters=100 (mmengine DictAction syntax)')
+    p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                   default='none', help='job launcher')
+    p.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = p.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def main(argv=None):
+    ensure_repo_on_path()
+    args = parse_args(argv)
+    from mmengine.config import Config, DictAction
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(_parse_options(args.cfg_options, DictAction))
+    cfg.launcher = args.launcher
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs',
+                                osp.splitext(osp.basename(args.config))[0])
+    if args.amp:
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+    if args.resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        cfg.resume = True
+        cfg.load_from = args.resume
+    check_annotation_files(cfg)
+    runner = (Runner.from_cfg(cfg) if 'runner_type' not in cfg else
+              RUNNERS.build(cfg))
+    runner.train()
+
+
+def _parse_options(options, dict_action):
+    """Parse ``key=value`` strings with mmengine's DictAction rules."""
+    ns = argparse.Namespace()
+    dict_action(option_strings=['--cfg-options'], dest='o')(
+        None, ns, options)
+    return ns.o
+
+
+if __name__ == '__main__':
+    main()
