@@ -1,0 +1,130 @@
+"""Table 14 configs: parse, build, forward + loss at a small size."""
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.model import revert_sync_batchnorm
+
+import mmdet_plugin  # noqa: F401
+from mmdet.registry import MODELS
+from mmdet.structures import DetDataSample
+from mmdet.testing import demo_mm_inputs
+from mmdet.utils import register_all_modules
+from mmdet_plugin.overrides import small_run_overrides
+
+from _mmdet_helpers import CONFIG_DIR, TABLE14
+
+register_all_modules()
+
+
+def load(name, size=64):
+    cfg = Config.fromfile(osp.join(CONFIG_DIR, name))
+    cfg.merge_from_dict(
+        small_run_overrides('data/unused', image_size=size, num_classes=4),
+        allow_list_keys=True)
+    return cfg
+
+
+def test_schedule_matches_paper_appendix_f3():
+    cfg = Config.fromfile(osp.join(CONFIG_DIR, list(TABLE14)[2]))
+    assert cfg.custom_imports == dict(imports=['mmdet_plugin'],
+                                      allow_failed_imports=False)
+    assert cfg.train_cfg.max_iters == 130000
+    opt = cfg.optim_wrapper.optimizer
+    assert (opt.type, opt.lr, opt.momentum, opt.weight_decay) == (
+        'SGD', 0.32, 0.9, 4e-5)
+    warm, steps = cfg.param_scheduler
+    assert warm.type == 'LinearLR' and warm.end == 1000
+    assert warm.start_factor <= 1e-3 and not warm.by_epoch
+    assert steps.milestones == [117000, 123500, 126750]
+    assert steps.gamma == 0.1 and not steps.by_epoch
+    assert cfg.auto_scale_lr == dict(enable=True, base_batch_size=256)
+    # LSJ: 1024 crop, scale jitter [0.1, 2.0], fixed-size padding
+    pipe = cfg.train_dataloader.dataset.pipeline
+    assert pipe[2].type == 'RandomResize' and pipe[2].ratio_range == (0.1,
+                                                                      2.0)
+    assert pipe[2].scale == (1024, 1024)
+    assert pipe[3].type == 'RandomCrop' and pipe[3].crop_size == (1024, 1024)
+    pad = cfg.model.data_preprocessor.batch_augments[0]
+    assert pad.type == 'BatchFixedSizePad' and pad.size == (1024, 1024)
+    assert cfg.model.data_preprocessor.pad_size_divisor == 32
+    # synchronized BN everywhere, from scratch
+    assert cfg.model.backbone.norm_cfg.type == 'SyncBN'
+    assert cfg.model.neck.norm_cfg.type == 'SyncBN'
+    assert cfg.model.roi_head.bbox_head.norm_cfg.type == 'SyncBN'
+    assert cfg.model.roi_head.mask_head.norm_cfg.type == 'SyncBN'
+    assert cfg.model.backbone.init_cfg is None
+    assert cfg.val_evaluator.metric == ['bbox', 'segm']
+    assert cfg.model_wrapper_cfg.type == 'CPUCompatibleDDP'
+
+
+@pytest.mark.parametrize('name', sorted(TABLE14))
+def test_amp_variant(name):
+    amp = name.replace('_lsj-', '_amp-lsj-')
+    cfg = Config.fromfile(osp.join(CONFIG_DIR, amp))
+    assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+    assert cfg.optim_wrapper.optimizer.lr == 0.32
+    assert cfg.model.backbone.model_name == TABLE14[name]
+
+
+def _loss(model, packed):
+    data = model.data_preprocessor(packed, True)
+    losses = model.loss(data['inputs'], data['data_samples'])
+    total = 0
+    for k, v in losses.items():
+        if 'loss' in k:
+            v = sum(v) if isinstance(v, (list, tuple)) else v
+            assert torch.isfinite(v).all(), (k, v)
+            total = total + v
+    return total, losses
+
+
+@pytest.mark.parametrize('name', list(TABLE14))
+def test_build_forward_loss(name):
+    cfg = load(name)
+    assert cfg.model.backbone.model_name == TABLE14[name]
+    torch.manual_seed(0)
+    model = revert_sync_batchnorm(MODELS.build(cfg.model))
+    model.init_weights()
+    model.train()
+    packed = demo_mm_inputs(1, [[3, 64, 64]], num_items=[3], num_classes=4,
+                            with_mask=True)
+    total, _ = _loss(model, packed)
+    total.backward()
+    assert model.backbone.body['layer4'][0].conv1.weight.grad is not None
+
+
+def test_images_without_objects_and_odd_sizes():
+    """Empty ground truth trains with a finite loss; image sizes that are
+    not multiples of 32 are padded by the data preprocessor
+    (pad_size_divisor=32) -- the backbone alone refuses them."""
+    cfg = load('mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco.py')
+    cfg.model.backbone.model_name = 'lambdaresnet50'
+    cfg.model.data_preprocessor.batch_augments = None  # test-time padding
+    torch.manual_seed(0)
+    model = revert_sync_batchnorm(MODELS.build(cfg.model))
+    model.train()
+    packed = demo_mm_inputs(2, [[3, 70, 90], [3, 61, 75]], num_items=[0, 2],
+                            num_classes=4, with_mask=True)
+    assert len(packed['data_samples'][0].gt_instances) == 0
+    data = model.data_preprocessor(packed, True)
+    assert tuple(data['inputs'].shape[-2:]) == (96, 96)
+    total, losses = _loss(model, packed)
+    total.backward()
+    # a batch with no object at all
+    packed = demo_mm_inputs(1, [[3, 64, 64]], num_items=[0], num_classes=4,
+                            with_mask=True)
+    total, losses = _loss(model, packed)
+    assert float(losses['loss_bbox'].detach()) == 0.0
+    total.backward()
+    # inference on an odd size
+    model.eval()
+    packed = demo_mm_inputs(1, [[3, 70, 90]], num_classes=4, with_mask=True)
+    with torch.no_grad():
+        data = model.data_preprocessor(packed, False)
+        res = model.predict(data['inputs'], data['data_samples'])
+    assert isinstance(res[0], DetDataSample)
+    assert res[0].pred_instances.masks.shape[-2:] == (70, 90)
+    with pytest.raises(ValueError, match='pad_size_divisor'):
+        model.backbone(torch.zeros(1, 3, 70, 90))

@@ -1,0 +1,189 @@
+"""End to end: generated COCO data -> mmdet's own tools/train.py (resume)
+-> tools/test.py with COCO metrics; torchrun with 2 CPU processes (gloo);
+weights_only loading of Runner checkpoints; bad inputs."""
+import glob
+import io
+import json
+import os
+import os.path as osp
+import pickle
+import sys
+
+import numpy as np
+import pytest
+import torch
+from pycocotools import mask as mask_utils
+from pycocotools.coco import COCO
+
+import mmdet_plugin  # noqa: F401  (allow-lists mmengine checkpoint globals)
+from mmdet_plugin.overrides import small_run_overrides, to_cli_options
+
+from _mmdet_helpers import CLASSES, CONFIG_DIR, MMDET_TOOLS, REPO, load_tool, run
+
+CONFIG = osp.join(CONFIG_DIR,
+                  'mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco.py')
+METRIC_KEYS = [f'coco/{t}_{k}' for t in ('bbox', 'segm')
+               for k in ('mAP', 'mAP_50', 'mAP_75', 'mAP_s', 'mAP_m',
+                         'mAP_l')]
+
+
+@pytest.fixture(scope='module')
+def dataset(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp('coco'))
+    gen = load_tool('make_coco_dataset')
+    gen.make_coco_dataset(root, num_train=8, num_val=2, image_size=96,
+                          seed=3)
+    return root
+
+
+def options(root, **kw):
+    kw.setdefault('image_size', 64)
+    kw.setdefault('classes', CLASSES)
+    kw.setdefault('num_classes', len(CLASSES))
+    kw.setdefault('validate', False)
+    return to_cli_options(small_run_overrides(root, **kw))
+
+
+def test_generator_valid_and_deterministic(tmp_path):
+    gen = load_tool('make_coco_dataset')
+    a = gen.make_coco_dataset(str(tmp_path / 'a'), num_train=10, num_val=3,
+                              image_size=120, seed=7)
+    b = gen.make_coco_dataset(str(tmp_path / 'b'), num_train=10, num_val=3,
+                              image_size=120, seed=7)
+    c = gen.make_coco_dataset(str(tmp_path / 'c'), num_train=10, num_val=3,
+                              image_size=120, seed=8)
+    for split in ('train', 'val'):
+        with open(a[split], 'rb') as f1, open(b[split], 'rb') as f2:
+            assert f1.read() == f2.read()
+    with open(a['train'], 'rb') as f1, open(c['train'], 'rb') as f3:
+        assert f1.read() != f3.read()
+    coco = COCO(a['train'])
+    assert [c['name'] for c in coco.loadCats(coco.getCatIds())] == list(
+        CLASSES)
+    anns = coco.loadAnns(coco.getAnnIds())
+    crowd = [x for x in anns if x['iscrowd']]
+    assert crowd and all(isinstance(x['segmentation'], dict) for x in crowd)
+    polys = [x for x in anns if not x['iscrowd']]
+    assert polys and all(isinstance(x['segmentation'], list) for x in polys)
+    empty = [i for i in coco.getImgIds() if not coco.getAnnIds(imgIds=i)]
+    assert empty, 'expected images without objects'
+    assert any(im['width'] % 32 or im['height'] % 32
+               for im in coco.loadImgs(coco.getImgIds()))
+    for x in anns:
+        img = coco.loadImgs(x['image_id'])[0]
+        m = coco.annToMask(x)
+        assert m.shape == (img['height'], img['width'])
+        assert m.sum() > 0
+        x0, y0, w, h = x['bbox']
+        assert 0 <= x0 and 0 <= y0 and x0 + w <= img['width'] + 1e-6
+        assert abs(m.sum() - x['area']) <= 0.25 * x['area'] + 20
+        if x['iscrowd']:  # the RLE decodes to exactly its area
+            rle = mask_utils.frPyObjects(x['segmentation'], img['height'],
+                                         img['width'])
+            assert int(mask_utils.area(rle)) == x['area']
+        assert osp.isfile(osp.join(osp.dirname(osp.dirname(a['train'])),
+                                   'train', img['file_name']))
+    # pycocotools accepts the ground truth as detections (AP = 1)
+    from pycocotools.cocoeval import COCOeval
+    dets = coco.loadRes([dict(x, score=1.0) for x in polys])
+    ev = COCOeval(coco, dets, 'segm')
+    ev.evaluate(), ev.accumulate(), ev.summarize()
+    assert ev.stats[0] > 0.99
+
+
+def _metrics_from_json(work_dir):
+    """The scalar json mmengine writes for a test run."""
+    files = sorted(glob.glob(osp.join(work_dir, '*', '*.json')))
+    for path in files:
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                if 'coco/bbox_mAP' in rec:
+                    return rec
+    raise AssertionError(f'no COCO metrics in {files}')
+
+
+def test_mmdet_train_resume_test(dataset, tmp_path):
+    work = str(tmp_path / 'work')
+    train = osp.join(MMDET_TOOLS, 'train.py')
+    rc, out = run([sys.executable, train, CONFIG, '--work-dir', work,
+                   '--cfg-options'] + options(dataset, max_iters=2))
+    assert rc == 0, out[-4000:]
+    assert osp.isfile(osp.join(work, 'iter_2.pth')), out[-2000:]
+    # the checkpoint loads with torch's safe (weights_only) unpickler
+    ckpt = torch.load(osp.join(work, 'iter_2.pth'), weights_only=True,
+                      map_location='cpu')
+    assert ckpt['meta']['iter'] == 2 and 'message_hub' in ckpt
+
+    rc, out = run([sys.executable, train, CONFIG, '--work-dir', work,
+                   '--resume', '--cfg-options'] +
+                  options(dataset, max_iters=3))
+    assert rc == 0, out[-4000:]
+    assert 'resumed' in out.lower() or 'Load checkpoint' in out, out[-3000:]
+    assert 'Iter(train) [3/3]' in out, out[-3000:]
+    assert 'Iter(train) [1/3]' not in out, 'did not resume'
+    assert osp.isfile(osp.join(work, 'iter_3.pth'))
+
+    test = osp.join(MMDET_TOOLS, 'test.py')
+    test_dir = str(tmp_path / 'test')
+    rc, out = run([sys.executable, test, CONFIG,
+                   osp.join(work, 'iter_3.pth'), '--work-dir', test_dir,
+                   '--cfg-options'] + options(dataset))
+    assert rc == 0, out[-4000:]
+    assert 'Average Precision  (AP) @[ IoU=0.50:0.95' in out  # pycocotools
+    rec = _metrics_from_json(test_dir)
+    for k in METRIC_KEYS:
+        assert k in rec and isinstance(rec[k], float), (k, rec)
+
+
+def test_torchrun_two_cpu_processes_gloo(dataset, tmp_path):
+    work = str(tmp_path / 'dist')
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node',
+           '2', '--master-port', str(29500 + os.getpid() % 1000),
+           osp.join(MMDET_TOOLS, 'train.py'), CONFIG, '--launcher',
+           'pytorch', '--work-dir', work, '--cfg-options',
+           'env_cfg.dist_cfg.backend=gloo'] + options(dataset, max_iters=1)
+    rc, out = run(cmd, timeout=500)
+    assert rc == 0, out[-5000:]
+    assert 'Distributed launcher: pytorch' in out
+    assert 'Distributed training: True' in out
+    assert 'GPU number: 2' in out  # mmengine's wording for the world size
+    assert 'reverting SyncBN' in out  # CPUCompatibleDDP on CPU
+    assert 'Iter(train) [1/1]' in out
+    assert osp.isfile(osp.join(work, 'iter_1.pth'))
+
+
+def test_missing_annotation_file_names_the_parameter(dataset, tmp_path):
+    opts = small_run_overrides(dataset, image_size=64, classes=CLASSES,
+                               num_classes=4,
+                               train_ann='annotations/nope.json')
+    rc, out = run([sys.executable, osp.join(REPO, 'tools', 'train.py'),
+                   CONFIG, '--work-dir', str(tmp_path / 'w'),
+                   '--cfg-options'] + to_cli_options(opts), timeout=200)
+    assert rc != 0
+    assert 'train_dataloader.dataset.ann_file' in out
+    assert 'nope.json' in out
+    rc, out = run([sys.executable, osp.join(REPO, 'tools', 'test.py'),
+                   CONFIG, str(tmp_path / 'absent.pth')], timeout=200)
+    assert rc != 0 and "checkpoint: file" in out and 'absent.pth' in out
+
+
+def test_weights_only_allow_list_is_narrow():
+    """Only HistoryBuffer statistics methods may be fetched by getattr."""
+    from mmengine.logging import HistoryBuffer
+
+    class Sneaky:
+        def __reduce__(self):
+            return (getattr, (HistoryBuffer, '__init__'))
+
+    buf = io.BytesIO()
+    pickle.dump({'x': Sneaky()}, buf, protocol=2)
+    buf.seek(0)
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(buf, weights_only=True)
+    hb = HistoryBuffer([1.0, 2.0], [1, 1])
+    buf = io.BytesIO()
+    torch.save({'hb': hb, 'a': np.arange(3), 's': np.float64(2.5)}, buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=True)
+    assert back['hb'].mean() == 1.5 and back['s'] == 2.5
