@@ -100,6 +100,14 @@ def test_startup_does_not_import_torch(tmp_path):
     )
 
 
+def test_autoload_pth_is_recorded_in_the_distribution():
+    # recorded => installed into site-packages by pip and removed again by `pip uninstall`
+    files = [str(f) for f in (md.distribution("timm-lambda").files or [])]
+    assert "timm_lambda_autoload.pth" in files, (
+        "timm_lambda_autoload.pth is not at the root of the installed distribution (setup.py build_py)"
+    )
+
+
 def _write_stub(root, timm_lambda_body):
     """A fake `timm` + `timm_lambda` pair, found before the real ones via PYTHONPATH."""
     (root / "timm").mkdir()

@@ -58,7 +58,7 @@ pip_ install "${PIP_QUIET[@]}" -c "$CONSTRAINTS" "setuptools<81" wheel torch tor
 MMCV_VERSION="$(sed -n 's/^mmcv==\([^ ;#]*\).*/\1/p' "$CONSTRAINTS" | head -n1)"
 [[ -n "$MMCV_VERSION" ]] || die "no mmcv==X pin in $CONSTRAINTS"
 TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')"
-CACHE_DIR="${TIMM_LAMBDA_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/timm-lambda/wheels}/torch-${TORCH_VERSION//+/_}"
+CACHE_DIR="${TIMM_LAMBDA_WHEEL_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/timm-lambda/wheels}/torch-${TORCH_VERSION//+/_}"
 WHEEL_NAME="mmcv-$MMCV_VERSION-$("$PY" -c 'import sys; t = "cp%d%d" % sys.version_info[:2]; print(t + "-" + t)')-linux_$(uname -m).whl"
 
 # True if mmcv==$MMCV_VERSION is installed and its compiled ops (mmcv/_ext*.so)
