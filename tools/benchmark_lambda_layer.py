@@ -215,14 +215,14 @@ def main(argv=None):
                    help='timed forward+backward steps; the minimum is reported (load from other '
                         'processes only ever adds time)')
     p.add_argument('--warmup', type=int, default=1, help='untimed steps, >= 1 (the first is the memory-tracked one)')
-    p.add_argument('--long-s', type=float, default=10.0,
+    p.add_argument('--long-s', type=float, default=5.0,
                    help='time a configuration only once if its first step took longer than this')
     p.add_argument('--max-einsum-bytes', type=float, default=2 ** 30,
                    help='skip einsum when the gathered embedding exceeds this (host RAM guard)')
     p.add_argument('--no-timm', action='store_true')
     p.add_argument('--no-table', action='store_true', help='only run the crossover sweep')
     p.add_argument('--crossover', action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument('--crossover-sizes', type=int_list, default=[8, 12, 16, 20, 24, 28, 32, 40])
+    p.add_argument('--crossover-sizes', type=int_list, default=[8, 16, 24, 32, 40])
     p.add_argument('--crossover-width', type=int, default=256)
     p.add_argument('--crossover-metric', default='cpu_ms', choices=['cpu_ms', 'time_ms'],
                    help='einsum/conv ratio from process CPU time (default; use with --threads 1 on a '
