@@ -179,8 +179,12 @@ def run_table(args, device):
 
 def run_crossover(args, device):
     rows = []
+    threads = torch.get_num_threads()
+    if device.type == 'cpu' and args.crossover_threads:
+        torch.set_num_threads(args.crossover_threads)
     print(f'\ncrossover sweep, width {args.crossover_width}, batch {args.batch}, |k|={args.dim_k}, '
-          f'|u|={args.dim_u}, scope {args.scope} (forward+backward, best-of-repeats ms)')
+          f'|u|={args.dim_u}, scope {args.scope}, {torch.get_num_threads()} thread(s) '
+          f'(forward+backward, best-of-repeats ms)')
     print(f'ratio from {args.crossover_metric} (cpu_ms: process CPU time, robust to other processes)')
     print('| input | n | emb MiB | einsum ms | conv ms | einsum CPU ms | conv CPU ms | einsum/conv |')
     print('|---|---|---|---|---|---|---|---|')
@@ -194,6 +198,7 @@ def run_crossover(args, device):
         rows.append(row)
         print(f"| {size}x{size} | {size * size} | {row['emb_bytes'] / 2**20:.2f} | {fmt_time(res['einsum'])} | "
               f"{fmt_time(res['conv'])} | {fmt_cpu(res['einsum'])} | {fmt_cpu(res['conv'])} | {ratio:.2f} |", flush=True)
+    torch.set_num_threads(threads)
     return rows
 
 
@@ -224,6 +229,9 @@ def main(argv=None):
     p.add_argument('--crossover', action=argparse.BooleanOptionalAction, default=True)
     p.add_argument('--crossover-sizes', type=int_list, default=[8, 16, 24, 32, 40])
     p.add_argument('--crossover-width', type=int, default=256)
+    p.add_argument('--crossover-threads', type=int, default=1,
+                   help='CPU threads for the crossover sweep (default 1: with several threads the CPU time '
+                        'includes OpenMP spin-waiting, which swamps small configurations); 0 keeps --threads')
     p.add_argument('--crossover-metric', default='cpu_ms', choices=['cpu_ms', 'time_ms'],
                    help='einsum/conv ratio from process CPU time (default; use with --threads 1 on a '
                         'shared machine) or wall time')
