@@ -29,14 +29,17 @@ import torch.nn.functional as F
 
 from .relative_embedding import RelativePositionEmbedding, check_scope
 
-__all__ = ['LambdaLayer', 'EINSUM_MAX_EMBEDDING_BYTES', 'normalize_keys', 'KEY_NORMS']
+__all__ = ['LambdaLayer', 'EINSUM_MAX_EMBEDDING_BYTES', 'EINSUM_MAX_KERNEL_RATIO', 'normalize_keys', 'KEY_NORMS']
 
 KEY_NORMS = ('softmax', 'l2', 'none')
 IMPLS = ('auto', 'einsum', 'conv')
 
-# impl='auto' rule: use the einsum implementation while the gathered embedding tensor
-# (|k| |u| |n| |m| float32 values) stays at or below this size, the lambda convolution above it.
-# Chosen from tools/benchmark_lambda_layer.py (see README "Implementation choice").
+# impl='auto' rule, from tools/benchmark_lambda_layer.py (docs/lambda_layer_benchmark.md): einsum costs
+# ~|n|^2 per (k, u, v), the lambda convolution ~|n| * kh * kw (the kernel actually used,
+# min(scope, 2H - 1) x min(scope, 2W - 1)); measured CPU crossovers sit at |n| ~ 2-3 kh kw. Use einsum
+# while |n| <= EINSUM_MAX_KERNEL_RATIO * kh * kw and the gathered embedding tensor (|k| |u| |n| |m|
+# float32 values) stays at or below EINSUM_MAX_EMBEDDING_BYTES (a memory cap); the convolution otherwise.
+EINSUM_MAX_KERNEL_RATIO = 2
 EINSUM_MAX_EMBEDDING_BYTES = 32 * 2 ** 20
 
 
@@ -182,8 +185,12 @@ class LambdaLayer(nn.Module):
         """The implementation used for a ``height x width`` input (the 'auto' rule)."""
         if self.impl != 'auto':
             return self.impl
+        if not self.position:
+            return 'einsum'  # no position lambdas: nothing to choose
         n = height * width
-        return 'einsum' if self.dim_k * self.dim_u * n * n * 4 <= EINSUM_MAX_EMBEDDING_BYTES else 'conv'
+        kh, kw = self.embedding.kernel(height, width).shape[-2:]
+        fits = self.dim_k * self.dim_u * n * n * 4 <= EINSUM_MAX_EMBEDDING_BYTES
+        return 'einsum' if fits and n <= EINSUM_MAX_KERNEL_RATIO * kh * kw else 'conv'
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or x.shape[1] != self.dim:
