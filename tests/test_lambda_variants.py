@@ -205,3 +205,29 @@ def test_multihead_bad_arguments():
             MultiHeadLambdaLayer(**kw)
     with pytest.raises(ValueError, match='x of shape'):
         MultiHeadLambdaLayer(8, dim_k=2, heads=2, scope=3)(torch.randn(1, 4, 3, 3))
+
+
+def test_causal_is_exact_for_extreme_key_magnitudes():
+    """Future keys ~100x larger must not underflow the past: prefix log-sum-exp normalisation."""
+    layer = _masked()
+    x = torch.randn(2, 10, 8)
+    y = layer(x)
+    x2 = x.clone()
+    x2[:, 6:] *= 100
+    y2 = layer(x2)
+    torch.testing.assert_close(y2[:, :6], y[:, :6], rtol=1e-5, atol=1e-5)
+    ref = masked_lambda_reference(layer, x2.double())
+    torch.testing.assert_close(y2.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_general_mask_falls_back_exactly_when_keys_underflow():
+    """A general mask whose contexts sit far below the global key maximum is recomputed per query
+    (fails without the fallback: every exp underflows to 0)."""
+    layer = _masked(causal=False)
+    N = 8
+    mask = _random_mask(N, seed=3)
+    x = torch.randn(2, N, 8)
+    x[:, 5] *= 1000  # one huge key drags the global shift ~1000 above the other contexts
+    out = layer(x, mask)
+    ref = masked_lambda_reference(layer, x.double(), mask)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)

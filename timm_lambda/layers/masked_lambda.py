@@ -6,8 +6,8 @@ Query ``n`` only sees its sub-context ``C_n = {m : mask[n, m]}`` (causal by defa
 
 Keys are normalised over each query's own context only ("Keys should be normalized by only
 considering the elements in their contexts", Fig. 6). The mask is shared over the batch, so no
-per-example ``n x m`` map is built: contributions ``k_m v_m^T`` are summed under the mask with a
-cumulative sum (causal) or a mask contraction (general mask).
+per-example ``n x m`` map is built: contributions ``k_m v_m^T`` are summed with prefix
+log-sum-exps (causal: exact for any key magnitude) or a mask contraction (general mask).
 
 Choice: no batch norm on queries and values here (unlike the 2-D layer). Batch statistics over
 the sequence would let future positions influence the present in training mode.
@@ -64,6 +64,40 @@ class MaskedLambdaLayer1d(nn.Module):
             return idx[None, :] <= idx[:, None]
         return torch.ones(n, n, dtype=torch.bool, device=device)
 
+    @staticmethod
+    def _causal_softmax_lambdas(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """sum_{m<=n} softmax_{m<=n}(k)_m v_m^T for every n, exactly and without overflow/underflow:
+        prefix log-sum-exps (``logcumsumexp``) normalise each prefix by its own maximum. Signed
+        values are split as v = v+ - v- so both parts go through the log domain. [b,n,k] x [b,n,v] ->
+        [b,n,k,v]."""
+        tiny = torch.finfo(k.dtype).tiny
+        log_den = torch.logcumsumexp(k, dim=1).unsqueeze(-1)  # [b, n, k, 1]
+        out = 0
+        for sign, part in ((1.0, v.clamp_min(0)), (-1.0, (-v).clamp_min(0))):
+            logits = k.unsqueeze(-1) + part.clamp_min(tiny).log().unsqueeze(-2)  # [b, m, k, v]
+            out = out + sign * (torch.logcumsumexp(logits, dim=1) - log_den).exp()
+        return out
+
+    @staticmethod
+    def _masked_softmax_lambdas(k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Same for a general [n, m] mask. Shifted by the global maximum over m (detached; it cancels),
+        contracted with the mask: no per-example n x m map. If some query's context underflows under
+        that shift (keys ~80+ below the maximum), that batch is recomputed exactly with per-query
+        maxima over the masked logits ([b, n, m, k], the fallback pays that memory)."""
+        ek = (k - k.amax(dim=1, keepdim=True).detach()).exp()
+        maskf = mask.to(ek.dtype)
+        num = torch.einsum('nm,bmk,bmv->bnkv', maskf, ek, v)
+        den = torch.einsum('nm,bmk->bnk', maskf, ek)
+        nonempty = mask.any(dim=1)[None, :, None]
+        if bool(((den < torch.finfo(den.dtype).eps ** 2) & nonempty).any()):
+            logits = k.unsqueeze(1).masked_fill(~mask[None, :, :, None], float('-inf'))  # [b, n, m, k]
+            shift = logits.amax(dim=2, keepdim=True).detach()
+            e = (logits - torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))).exp()
+            den = e.sum(dim=2, keepdim=True)
+            weights = e / torch.where(den > 0, den, torch.ones_like(den))  # empty context: 0, finite grads
+            return torch.einsum('bnmk,bmv->bnkv', weights, v)
+        return num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)  # empty context: 0
+
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f'x must have shape [B, N, {self.dim}], got {tuple(x.shape)}')
@@ -82,19 +116,15 @@ class MaskedLambdaLayer1d(nn.Module):
         v = self.to_v(x)
 
         # content lambdas: sum_{m in C_n} w_nm k_m v_m^T with keys normalised within C_n
-        if self.key_norm == 'softmax':
-            # the shift cancels in the ratio below; detached so no gradient flows through it
-            k = (k - k.amax(dim=1, keepdim=True).detach()).exp()
-        mu = torch.einsum('bmk,bmv->bmkv', k, v.to(k.dtype))  # per-context-element contributions
-        if use_cumsum:
-            num, den = mu.cumsum(1), k.cumsum(1)
+        vk = v.to(k.dtype)
+        if self.key_norm != 'softmax':
+            mu = torch.einsum('bmk,bmv->bmkv', k, vk)
+            content_lambdas = mu.cumsum(1) if use_cumsum else torch.einsum('nm,bmkv->bnkv', mask.to(mu.dtype), mu)
+        elif use_cumsum:
+            content_lambdas = self._causal_softmax_lambdas(k, vk)
         else:
-            maskf = mask.to(mu.dtype)
-            num = torch.einsum('nm,bmkv->bnkv', maskf, mu)
-            den = torch.einsum('nm,bmk->bnk', maskf, k)
-        if self.key_norm == 'softmax':
-            num = num / den.clamp_min(torch.finfo(den.dtype).tiny).unsqueeze(-1)
-        content_lambdas = num.to(v.dtype)
+            content_lambdas = self._masked_softmax_lambdas(k, vk, mask)
+        content_lambdas = content_lambdas.to(v.dtype)
 
         # position lambdas: e_nm = R[m - n], zero outside the mask (and the scope)
         idx = torch.arange(N, device=x.device)
