@@ -61,18 +61,18 @@ def _rel_embedding(table: torch.Tensor, ny: int, nx: int, my: torch.Tensor, mx: 
 
 
 def _avg_pool_3x3_s2(y: torch.Tensor) -> torch.Tensor:
-    """3x3 average pool, stride 2, zero padding 1, dividing by 9 (count_include_pad)."""
+    """3x3 average pool, stride 2, padding 1, averaging the in-image positions only (TF 'SAME' borders)."""
     B, C, H, W = y.shape
     Ho, Wo = (H + 1) // 2, (W + 1) // 2
     out = torch.zeros(B, C, Ho, Wo, dtype=y.dtype)
     for i in range(Ho):
         for j in range(Wo):
-            acc = torch.zeros(B, C, dtype=y.dtype)
+            acc, count = torch.zeros(B, C, dtype=y.dtype), 0
             for a in range(2 * i - 1, 2 * i + 2):
                 for b in range(2 * j - 1, 2 * j + 2):
                     if 0 <= a < H and 0 <= b < W:
-                        acc = acc + y[:, :, a, b]
-            out[:, :, i, j] = acc / 9.0
+                        acc, count = acc + y[:, :, a, b], count + 1
+            out[:, :, i, j] = acc / count
     return out
 
 

@@ -75,7 +75,8 @@ class LambdaLayer(nn.Module):
         dim_u: intra-depth |u| (default 1, appendix C.4).
         scope: local position scope (odd int or (h, w), default 23 for 23x23) or 'global'.
         max_size: (H, W) of the largest input, required for ``scope='global'``.
-        stride: 1, or 2 for 3x3 average pooling with stride 2 after the layer (appendix F.2).
+        stride: 1, or 2 for 3x3 average pooling with stride 2 after the layer (appendix F.2); padding 1
+            as timm's strided 3x3 convs, borders averaged over in-image positions only (as TF 'SAME').
         content: use the content lambda (Table 9).
         position: use the position lambdas (Table 9).
         key_norm: 'softmax' (default), 'l2' or 'none': normalisation of the keys over context
@@ -159,7 +160,7 @@ class LambdaLayer(nn.Module):
         self.scope = scope
         if not hasattr(self, '_shared_embedding'):
             self._shared_embedding = ()
-        self.pool = nn.AvgPool2d(3, 2, padding=1) if stride == 2 else nn.Identity()
+        self.pool = nn.AvgPool2d(3, 2, padding=1, count_include_pad=False) if stride == 2 else nn.Identity()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

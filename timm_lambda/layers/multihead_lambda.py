@@ -43,7 +43,7 @@ class MultiHeadLambdaLayer(nn.Module):
         self.norm_q = nn.BatchNorm2d(hk) if qv_norm else nn.Identity()
         self.norm_v = nn.BatchNorm2d(self.dim_out) if qv_norm else nn.Identity()
         self.pos_embedding = RelativePositionEmbedding(hk, 1, scope, max_size)
-        self.pool = nn.AvgPool2d(3, 2, padding=1) if stride == 2 else nn.Identity()
+        self.pool = nn.AvgPool2d(3, 2, padding=1, count_include_pad=False) if stride == 2 else nn.Identity()
         with torch.no_grad():
             nn.init.normal_(self.qkv.weight, std=self.dim ** -0.5)
             nn.init.normal_(self.qkv.weight[:hk], std=(dim_k * self.dim) ** -0.5)
