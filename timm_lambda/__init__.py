@@ -7,3 +7,5 @@ from .layers import LambdaLayer, MaskedLambdaLayer1d, MultiHeadLambdaLayer, Rela
 from .models import LambdaResNet
 
 __version__ = '0.1.0'
+
+__all__ = ['LambdaLayer', 'MaskedLambdaLayer1d', 'MultiHeadLambdaLayer', 'RelativePositionEmbedding', 'LambdaResNet']

@@ -18,6 +18,22 @@ def ensure_repo_on_path():
             [REPO_ROOT] + ([pp] if pp else []))
 
 
+def add_runner_args(parser, cfg_options_help):
+    """Arguments both Runner tools share (as in mmdet's tools/train.py and tools/test.py)."""
+    parser.add_argument('--cfg-options', nargs='+', default=None, help=cfg_options_help)
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+
+
+def parse_runner_args(parser, argv=None):
+    """Parse, exporting LOCAL_RANK for mmengine when the launcher did not set it."""
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
 def _ann_path(dataset):
     """Annotation file path of a (possibly wrapped) dataset config."""
     while 'dataset' in dataset and 'ann_file' not in dataset:

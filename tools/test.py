@@ -7,10 +7,9 @@ same configs, unchanged)::
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR]
 """
 import argparse
-import os
 import os.path as osp
 
-from _common import check_annotation_files, ensure_repo_on_path
+from _common import add_runner_args, check_annotation_files, ensure_repo_on_path, parse_runner_args
 
 
 def parse_args(argv=None):
@@ -19,15 +18,8 @@ def parse_args(argv=None):
     p.add_argument('checkpoint', help='checkpoint file')
     p.add_argument('--work-dir', help='where to save the evaluation logs')
     p.add_argument('--out', help='dump predictions to this pickle file')
-    p.add_argument('--cfg-options', nargs='+', default=None,
-                   help='override config keys (mmengine DictAction syntax)')
-    p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                   default='none', help='job launcher')
-    p.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = p.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+    add_runner_args(p, 'override config keys (mmengine DictAction syntax)')
+    return parse_runner_args(p, argv)
 
 
 def main(argv=None):

@@ -8,10 +8,9 @@ its scripts. Distributed::
     torchrun --nproc-per-node 8 tools/train.py CONFIG --launcher pytorch
 """
 import argparse
-import os
 import os.path as osp
 
-from _common import check_annotation_files, ensure_repo_on_path
+from _common import add_runner_args, check_annotation_files, ensure_repo_on_path, parse_runner_args
 
 
 def parse_args(argv=None):
@@ -23,16 +22,8 @@ def parse_args(argv=None):
     p.add_argument('--resume', nargs='?', type=str, const='auto',
                    help='resume from CHECKPOINT, or from the latest '
                    'checkpoint in the work dir if no path is given')
-    p.add_argument('--cfg-options', nargs='+', default=None,
-                   help='override config keys, e.g. '
-                   'train_cfg.max_iters=100 (mmengine DictAction syntax)')
-    p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                   default='none', help='job launcher')
-    p.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = p.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+    add_runner_args(p, 'override config keys, e.g. train_cfg.max_iters=100 (mmengine DictAction syntax)')
+    return parse_runner_args(p, argv)
 
 
 def main(argv=None):
