@@ -153,6 +153,22 @@ def test_torchrun_two_cpu_processes_gloo(dataset, tmp_path):
     assert osp.isfile(osp.join(work, 'iter_1.pth'))
 
 
+def test_repo_runner_tools_train_then_test(dataset, tmp_path):
+    """Our thin Runner-based tools/train.py and tools/test.py (for users without mmdet's scripts)."""
+    work = str(tmp_path / 'work')
+    rc, out = run([sys.executable, osp.join(REPO, 'tools', 'train.py'), CONFIG, '--work-dir', work,
+                   '--cfg-options'] + options(dataset, max_iters=1))
+    assert rc == 0, out[-4000:]
+    assert osp.isfile(osp.join(work, 'iter_1.pth')), out[-2000:]
+    test_dir = str(tmp_path / 'test')
+    rc, out = run([sys.executable, osp.join(REPO, 'tools', 'test.py'), CONFIG, osp.join(work, 'iter_1.pth'),
+                   '--work-dir', test_dir, '--cfg-options'] + options(dataset))
+    assert rc == 0, out[-4000:]
+    rec = _metrics_from_json(test_dir)
+    for k in METRIC_KEYS:
+        assert k in rec, (k, rec)
+
+
 def test_missing_annotation_file_names_the_parameter(dataset, tmp_path):
     opts = small_run_overrides(dataset, image_size=64, classes=CLASSES,
                                num_classes=4,

@@ -34,6 +34,25 @@ def parse_runner_args(parser, argv=None):
     return args
 
 
+def load_config(args):
+    """Config from ``args.config`` with ``--cfg-options``, launcher and work dir applied (as mmdet's tools)."""
+    import argparse
+
+    from mmengine.config import Config, DictAction
+
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        ns = argparse.Namespace()
+        DictAction(option_strings=['--cfg-options'], dest='o')(None, ns, args.cfg_options)
+        cfg.merge_from_dict(ns.o)
+    cfg.launcher = args.launcher
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    return cfg
+
+
 def _ann_path(dataset):
     """Annotation file path of a (possibly wrapped) dataset config."""
     while 'dataset' in dataset and 'ann_file' not in dataset:

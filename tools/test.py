@@ -9,7 +9,7 @@ same configs, unchanged)::
 import argparse
 import os.path as osp
 
-from _common import add_runner_args, check_annotation_files, ensure_repo_on_path, parse_runner_args
+from _common import add_runner_args, check_annotation_files, ensure_repo_on_path, load_config, parse_runner_args
 
 
 def parse_args(argv=None):
@@ -25,24 +25,13 @@ def parse_args(argv=None):
 def main(argv=None):
     ensure_repo_on_path()
     args = parse_args(argv)
-    from mmengine.config import Config, DictAction
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
-
-    from train import _parse_options
 
     if not osp.isfile(args.checkpoint) and '://' not in args.checkpoint:
         raise FileNotFoundError(
             f"checkpoint: file '{args.checkpoint}' does not exist")
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(_parse_options(args.cfg_options, DictAction))
-    cfg.launcher = args.launcher
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir') is None:
-        cfg.work_dir = osp.join('./work_dirs',
-                                osp.splitext(osp.basename(args.config))[0])
+    cfg = load_config(args)
     cfg.load_from = args.checkpoint
     check_annotation_files(cfg, splits=('test', ))
     runner = (Runner.from_cfg(cfg) if 'runner_type' not in cfg else

@@ -8,9 +8,8 @@ its scripts. Distributed::
     torchrun --nproc-per-node 8 tools/train.py CONFIG --launcher pytorch
 """
 import argparse
-import os.path as osp
 
-from _common import add_runner_args, check_annotation_files, ensure_repo_on_path, parse_runner_args
+from _common import add_runner_args, check_annotation_files, ensure_repo_on_path, load_config, parse_runner_args
 
 
 def parse_args(argv=None):
@@ -29,19 +28,10 @@ def parse_args(argv=None):
 def main(argv=None):
     ensure_repo_on_path()
     args = parse_args(argv)
-    from mmengine.config import Config, DictAction
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
 
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(_parse_options(args.cfg_options, DictAction))
-    cfg.launcher = args.launcher
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir') is None:
-        cfg.work_dir = osp.join('./work_dirs',
-                                osp.splitext(osp.basename(args.config))[0])
+    cfg = load_config(args)
     if args.amp:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
@@ -55,14 +45,6 @@ def main(argv=None):
     runner = (Runner.from_cfg(cfg) if 'runner_type' not in cfg else
               RUNNERS.build(cfg))
     runner.train()
-
-
-def _parse_options(options, dict_action):
-    """Parse ``key=value`` strings with mmengine's DictAction rules."""
-    ns = argparse.Namespace()
-    dict_action(option_strings=['--cfg-options'], dest='o')(
-        None, ns, options)
-    return ns.o
 
 
 if __name__ == '__main__':
