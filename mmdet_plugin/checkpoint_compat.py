@@ -12,7 +12,7 @@ Rather than turning safe loading off for the whole program, we add exactly
 the globals a Runner checkpoint (mmdet Mask R-CNN, SGD, param schedulers,
 message hub) contains to torch's allow-list. The list was obtained by saving
 a real Runner checkpoint and loading it with ``weights_only=True``
-(``tests/test_mmdet_checkpoint.py`` does that again).
+(``tests/test_mmdet_e2e.py`` loads a fresh one with ``weights_only=True``, then resumes and tests from it).
 """
 import collections
 import importlib

@@ -7,7 +7,7 @@ With no arguments this
    (tools/make_coco_dataset.py: 4 classes, polygon masks, crowd regions,
    images without objects),
 2. trains Mask R-CNN + FPN with a LambdaResNet-50 backbone built from the
-   paper's Table 14 config (configs/mmdet/...lambdaresnet101...py, backbone
+   paper's Table 14 config (configs/mmdet/mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco.py, backbone
    and image size overridden: 128x128 LSJ instead of 1024x1024) for a few
    iterations on the CPU (or GPU if present),
 3. saves a checkpoint, loads it back into a fresh Runner and evaluates it,
