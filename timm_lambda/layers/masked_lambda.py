@@ -11,13 +11,19 @@ log-sum-exps (causal: exact for any key magnitude) or a mask contraction (genera
 
 Choice: no batch norm on queries and values here (unlike the 2-D layer). Batch statistics over
 the sequence would let future positions influence the present in training mode.
+
+Non-finite inputs: a position whose input holds a NaN or Inf is zeroed before the contractions (so
+``0 x NaN`` cannot reach queries that do not see it) and every query whose context contains it, or
+whose own input is non-finite, outputs NaN. The output at ``n`` depends only on inputs in ``C_n`` and
+on ``x_n`` for any input values.
 """
 from typing import Optional
 
 import torch
 from torch import nn
 
-from .lambda_layer import _check_int, _check_choice
+from .lambda_layer import check_bool, check_choice
+from .relative_embedding import to_int
 
 __all__ = ['MaskedLambdaLayer1d']
 
@@ -37,26 +43,31 @@ class MaskedLambdaLayer1d(nn.Module):
 
     def __init__(self, dim: int, dim_out: Optional[int] = None, dim_k: int = 16, heads: int = 4,
                  max_len: int = 512, scope: Optional[int] = None, causal: bool = True,
-                 key_norm: str = 'softmax'):
+                 key_norm: str = 'softmax', device=None, dtype=None):
         super().__init__()
-        self.dim = _check_int(dim, 'dim')
-        self.dim_out = _check_int(dim if dim_out is None else dim_out, 'dim_out')
-        self.dim_k, self.heads = _check_int(dim_k, 'dim_k'), _check_int(heads, 'heads')
+        dd = {'device': device, 'dtype': dtype}
+        self.dim = to_int(dim, 'dim')
+        self.dim_out = to_int(self.dim if dim_out is None else dim_out, 'dim_out')
+        self.dim_k, self.heads = to_int(dim_k, 'dim_k'), to_int(heads, 'heads')
         if self.dim_out % heads:
             raise ValueError(f'heads={heads} must divide the output width dim_out={self.dim_out}')
         self.dim_v = self.dim_out // heads
-        self.max_len = _check_int(max_len, 'max_len')
-        if scope is not None and (isinstance(scope, bool) or not isinstance(scope, int) or scope < 1 or scope % 2 == 0):
-            raise ValueError(f'scope must be None (whole context) or an odd int >= 1, got {scope!r}')
-        self.scope, self.causal = scope, causal
-        self.key_norm = _check_choice(key_norm, 'key_norm', ('softmax', 'none'))
-        self.to_q = nn.Linear(self.dim, heads * dim_k, bias=False)
-        self.to_k = nn.Linear(self.dim, dim_k, bias=False)
-        self.to_v = nn.Linear(self.dim, self.dim_v, bias=False)
-        self.rel_emb = nn.Parameter(torch.randn(2 * max_len - 1, dim_k))  # R[offset + max_len - 1]
+        self.max_len = to_int(max_len, 'max_len')
+        if scope is not None:
+            scope = to_int(scope, 'scope')
+            if scope % 2 == 0:
+                raise ValueError(f'scope must be None (whole context) or an odd int >= 1, got {scope}')
+        self.scope = scope
+        self.causal = check_bool(causal, 'causal')
+        self.key_norm = check_choice(key_norm, 'key_norm', ('softmax', 'none'))
+        self.to_q = nn.Linear(self.dim, self.heads * self.dim_k, bias=False, **dd)
+        self.to_k = nn.Linear(self.dim, self.dim_k, bias=False, **dd)
+        self.to_v = nn.Linear(self.dim, self.dim_v, bias=False, **dd)
+        self.rel_emb = nn.Parameter(torch.empty(2 * self.max_len - 1, self.dim_k, **dd))  # R[offset + max_len - 1]
+        nn.init.normal_(self.rel_emb)
         nn.init.normal_(self.to_k.weight, std=self.dim ** -0.5)
         nn.init.normal_(self.to_v.weight, std=self.dim ** -0.5)
-        nn.init.normal_(self.to_q.weight, std=(dim_k * self.dim) ** -0.5)
+        nn.init.normal_(self.to_q.weight, std=(self.dim_k * self.dim) ** -0.5)
 
     def _default_mask(self, n: int, device) -> torch.Tensor:
         idx = torch.arange(n, device=device)
@@ -110,6 +121,10 @@ class MaskedLambdaLayer1d(nn.Module):
         elif mask.shape != (N, N):
             raise ValueError(f'mask must have shape [N, N] = [{N}, {N}], got {tuple(mask.shape)}')
         mask = mask.to(torch.bool)
+        # Non-finite inputs stay inside the contexts that contain them (see the module docstring).
+        bad = ~torch.isfinite(x).all(dim=-1)  # [B, N]
+        x = x.masked_fill(bad.unsqueeze(-1), 0)
+        poisoned = (mask.unsqueeze(0) & bad.unsqueeze(1)).any(dim=-1) | bad  # [B, n]
         q = self.to_q(x).reshape(B, N, self.heads, self.dim_k)
         k = self.to_k(x)
         k = k.to(torch.promote_types(k.dtype, torch.float32))  # >= float32, keeps float64
@@ -135,5 +150,5 @@ class MaskedLambdaLayer1d(nn.Module):
         emb = self.rel_emb[offset + self.max_len - 1] * keep.unsqueeze(-1).to(self.rel_emb.dtype)  # [n, m, k]
         position_lambdas = torch.einsum('nmk,bmv->bnkv', emb.to(v.dtype), v)
         lambdas = content_lambdas + position_lambdas
-        y = torch.einsum('bnhk,bnkv->bnhv', q, lambdas.to(q.dtype))
-        return y.reshape(B, N, self.heads * self.dim_v)
+        y = torch.einsum('bnhk,bnkv->bnhv', q, lambdas.to(q.dtype)).reshape(B, N, self.heads * self.dim_v)
+        return y.masked_fill(poisoned.unsqueeze(-1), float('nan'))

@@ -8,13 +8,13 @@ Costs |h| times more than the multi-query layer (Table 6); the paper recommends
 :class:`~timm_lambda.layers.LambdaLayer`. Implemented with einsum only (Fig. 7): the per-head
 embeddings ``[h, k, n, m]`` are gathered from one relative table of depth ``|h||k|``.
 """
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import nn
 
-from .lambda_layer import KEY_NORMS, _check_choice, _check_int, normalize_keys
-from .relative_embedding import RelativePositionEmbedding
+from .lambda_layer import KEY_NORMS, check_choice, check_input, normalize_keys
+from .relative_embedding import RelativePositionEmbedding, dense_embedding, relative_kernel, to_int
 
 __all__ = ['MultiHeadLambdaLayer']
 
@@ -27,38 +27,43 @@ class MultiHeadLambdaLayer(nn.Module):
 
     def __init__(self, dim: int, dim_out: Optional[int] = None, dim_k: int = 16, heads: int = 4,
                  scope=23, max_size: Optional[Tuple[int, int]] = None, stride: int = 1,
-                 key_norm: str = 'softmax', qv_norm: bool = True):
+                 key_norm: str = 'softmax', qv_norm: bool = True,
+                 norm_layer: Callable[..., nn.Module] = nn.BatchNorm2d, device=None, dtype=None):
         super().__init__()
-        self.dim = _check_int(dim, 'dim')
-        self.dim_out = _check_int(dim if dim_out is None else dim_out, 'dim_out')
-        self.dim_k, self.heads = _check_int(dim_k, 'dim_k'), _check_int(heads, 'heads')
-        if self.dim_out % heads:
-            raise ValueError(f'heads={heads} must divide the output width dim_out={self.dim_out}')
+        dd = {'device': device, 'dtype': dtype}
+        self.dim = to_int(dim, 'dim')
+        self.dim_out = to_int(self.dim if dim_out is None else dim_out, 'dim_out')
+        self.dim_k, self.heads = to_int(dim_k, 'dim_k'), to_int(heads, 'heads')
+        if self.dim_out % self.heads:
+            raise ValueError(f'heads={self.heads} must divide the output width dim_out={self.dim_out}')
+        stride = to_int(stride, 'stride')
         if stride not in (1, 2):
             raise ValueError(f'stride must be 1 or 2, got {stride!r}')
-        self.dim_v = self.dim_out // heads
-        self.key_norm = _check_choice(key_norm, 'key_norm', KEY_NORMS)
-        hk = heads * dim_k
-        self.qkv = nn.Conv2d(self.dim, 2 * hk + self.dim_out, 1, bias=False)
-        self.norm_q = nn.BatchNorm2d(hk) if qv_norm else nn.Identity()
-        self.norm_v = nn.BatchNorm2d(self.dim_out) if qv_norm else nn.Identity()
-        self.pos_embedding = RelativePositionEmbedding(hk, 1, scope, max_size)
+        self.dim_v = self.dim_out // self.heads
+        self.key_norm = check_choice(key_norm, 'key_norm', KEY_NORMS)
+        hk = self.heads * self.dim_k
+        self.qkv = nn.Conv2d(self.dim, 2 * hk + self.dim_out, 1, bias=False, **dd)
+        self.norm_q = norm_layer(hk, **dd) if qv_norm else nn.Identity()
+        self.norm_v = norm_layer(self.dim_out, **dd) if qv_norm else nn.Identity()
+        self.pos_embedding = RelativePositionEmbedding(hk, 1, scope, max_size, **dd)
+        self.global_scope = self.pos_embedding.is_global
         self.pool = nn.AvgPool2d(3, 2, padding=1, count_include_pad=False) if stride == 2 else nn.Identity()
         with torch.no_grad():
             nn.init.normal_(self.qkv.weight, std=self.dim ** -0.5)
-            nn.init.normal_(self.qkv.weight[:hk], std=(dim_k * self.dim) ** -0.5)
+            nn.init.normal_(self.qkv.weight[:hk], std=(self.dim_k * self.dim) ** -0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4 or x.shape[1] != self.dim:
-            raise ValueError(f'MultiHeadLambdaLayer expects x of shape [B, {self.dim}, H, W], got {tuple(x.shape)}')
+        check_input(x, self.dim, 'MultiHeadLambdaLayer')
         B, _, H, W = x.shape
+        self.pos_embedding.check_size(H, W)
         n, h, k_, v_ = H * W, self.heads, self.dim_k, self.dim_v
         q, k, v = torch.split(self.qkv(x), [h * k_, h * k_, h * v_], dim=1)
         q = self.norm_q(q).reshape(B, h, k_, n)
         v = self.norm_v(v).reshape(B, h, v_, n)
         keys = normalize_keys(k.reshape(B, h, k_, n), self.key_norm)
         content_lambda = torch.einsum('bhkm,bhvm->bhkv', keys, v)
-        emb = self.pos_embedding.dense(H, W).reshape(h, k_, n, n)
+        kernel = relative_kernel(self.pos_embedding.weight, H, W, self.global_scope)
+        emb = dense_embedding(kernel, H, W, not self.global_scope).reshape(h, k_, n, n)
         position_lambdas = torch.einsum('hknm,bhvm->bnhkv', emb, v)
         y = torch.einsum('bhkn,bhkv->bhvn', q, content_lambda)
         y = y + torch.einsum('bhkn,bnhkv->bhvn', q, position_lambdas)

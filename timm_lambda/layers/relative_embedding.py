@@ -9,74 +9,92 @@ footnote 8). Because only offsets are stored, the same parameters serve every in
 * global scope: the table covers every offset of the largest feature map given at
   construction, ``[-(H_max - 1), H_max - 1] x [-(W_max - 1), W_max - 1]``.
 
-The table is stored as ``[|k|, |u|, R_h, R_w]`` so that it is directly the kernel of the lambda
-convolution (appendix C.1, "(n+1)-d convolution" with the value depth as the extra axis).
+The table is stored as ``[|k|, |u|, R_h, R_w]``: it is directly the kernel of the lambda
+convolution (appendix C.1). The functions below turn it into the embeddings an ``H x W`` input
+uses. They are written with shape arithmetic only (no data-dependent Python branches), so a
+``torch.jit.trace`` or ONNX export made at one size is right at every size.
 """
-from typing import Tuple, Union
+import operator
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
-__all__ = ['RelativePositionEmbedding', 'check_scope']
+__all__ = ['RelativePositionEmbedding', 'check_scope', 'relative_kernel', 'dense_embedding', 'tile_embedding',
+           'to_int', 'to_pair']
 
 Size2 = Tuple[int, int]
 
 
-def _pair(value, name: str) -> Size2:
-    if isinstance(value, int):
-        value = (value, value)
-    if (not isinstance(value, (tuple, list)) or len(value) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
-        raise ValueError(f'{name} must be an int or a pair of ints, got {value!r}')
-    return tuple(value)
+def to_int(value, name: str, low: int = 1) -> int:
+    """``value`` as a Python int >= ``low``: ints and numpy integers pass; bools, floats and others raise."""
+    if isinstance(value, bool):
+        raise ValueError(f'{name} must be an int >= {low}, got the bool {value!r}')
+    try:
+        out = operator.index(value)  # int, numpy integer, 0-d integer tensor; not float
+    except TypeError:
+        raise ValueError(f'{name} must be an int >= {low}, got {value!r} ({type(value).__name__})') from None
+    if out < low:
+        raise ValueError(f'{name} must be an int >= {low}, got {out}')
+    return out
+
+
+def to_pair(value, name: str, low: int = 1) -> Size2:
+    """An int (for both axes) or an (H, W) pair of ints, each >= ``low``."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f'{name} must be an int or an (H, W) pair, got {value!r}')
+        return to_int(value[0], f'{name}[0]', low), to_int(value[1], f'{name}[1]', low)
+    v = to_int(value, name, low)
+    return v, v
 
 
 def check_scope(scope) -> Union[str, Size2]:
     """Validate a scope argument: an odd int >= 1 (or an (h, w) pair of them), or 'global'."""
-    if scope == 'global' or scope is None:
+    if isinstance(scope, str):
+        if scope != 'global':
+            raise ValueError(f"scope must be an odd int >= 1 (e.g. 23 for 23x23), an (h, w) pair of them, "
+                             f"or 'global', got {scope!r}")
         return 'global'
-    scope = _pair(scope, 'scope')
-    if any(s < 1 or s % 2 == 0 for s in scope):
+    if scope is None:
+        raise ValueError("scope=None is ambiguous: pass scope='global' (with max_size/img_size) or an odd int "
+                         "such as 23 for a 23x23 local scope")
+    pair = to_pair(scope, 'scope')
+    if any(s % 2 == 0 for s in pair):
         raise ValueError(f"scope must be odd and >= 1 (e.g. 23 for 23x23) or 'global', got {scope!r}")
-    return scope
+    return pair
 
 
 class RelativePositionEmbedding(nn.Module):
-    """Relative position embedding table ``R`` shared by every query position.
+    """Relative position embedding table ``R`` shared by every query position: ``[|k|, |u|, R_h, R_w]``.
 
     Args:
         dim_k: query/key depth |k|.
         dim_u: intra-depth |u| (appendix C.4).
         scope: odd local scope size (int or (h, w)), or 'global'.
         max_size: (H_max, W_max), required for a global scope: the largest feature map the
-            table must cover. A larger input raises a ValueError.
+            table must cover. A larger input raises an error.
 
-    The module can be passed to several lambda layers to share embeddings (Table 4).
+    Passing one instance to several lambda layers shares it (Table 4).
     """
 
-    def __init__(self, dim_k: int = 16, dim_u: int = 1, scope=23, max_size=None):
+    def __init__(self, dim_k: int = 16, dim_u: int = 1, scope=23, max_size=None, device=None, dtype=None):
         super().__init__()
-        if not isinstance(dim_k, int) or dim_k < 1:
-            raise ValueError(f'dim_k must be an int >= 1, got {dim_k!r}')
-        if not isinstance(dim_u, int) or dim_u < 1:
-            raise ValueError(f'dim_u must be an int >= 1, got {dim_u!r}')
-        self.dim_k, self.dim_u = dim_k, dim_u
+        self.dim_k, self.dim_u = to_int(dim_k, 'dim_k'), to_int(dim_u, 'dim_u')
         self.scope = check_scope(scope)
-        if self.scope == 'global':
+        self.is_global = self.scope == 'global'
+        if self.is_global:
             if max_size is None:
                 raise ValueError("max_size=(H, W) is required when scope='global': the table must "
                                  "cover every relative offset of the largest input")
-            max_size = _pair(max_size, 'max_size')
-            if min(max_size) < 1:
-                raise ValueError(f'max_size must be >= 1, got {max_size!r}')
-            self.max_size = max_size
-            self.radius = (max_size[0] - 1, max_size[1] - 1)
+            self.max_size: Optional[Size2] = to_pair(max_size, 'max_size')
+            self.radius = (self.max_size[0] - 1, self.max_size[1] - 1)
         else:
             self.max_size = None
             self.radius = (self.scope[0] // 2, self.scope[1] // 2)
         table_size = (2 * self.radius[0] + 1, 2 * self.radius[1] + 1)
-        self.weight = nn.Parameter(torch.empty(dim_k, dim_u, *table_size))
+        self.weight = nn.Parameter(torch.empty(self.dim_k, self.dim_u, *table_size, device=device, dtype=dtype))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -87,36 +105,72 @@ class RelativePositionEmbedding(nn.Module):
         return f'dim_k={self.dim_k}, dim_u={self.dim_u}, scope={self.scope}, table={tuple(self.weight.shape[2:])}'
 
     def check_size(self, height: int, width: int) -> None:
+        """Raise a ValueError naming ``max_size`` if a global table cannot cover an ``height x width`` input."""
         if self.max_size is not None and (height > self.max_size[0] or width > self.max_size[1]):
             raise ValueError(
                 f'input of {height}x{width} is larger than max_size={self.max_size} of the global '
-                f'position embedding; build the layer with a larger max_size or use a local scope')
+                f'position embedding; build the layer with a larger max_size (img_size) or use a local scope')
 
-    def kernel(self, height: int, width: int) -> torch.Tensor:
-        """Lambda-convolution kernel for a ``height x width`` input: ``[k, u, 2a+1, 2b+1]``.
 
-        Only offsets that can occur in the input are kept (``a = min(radius_h, H - 1)``), so a
-        small input does not pay for a large scope; results are identical.
-        """
-        self.check_size(height, width)
-        a, b = min(self.radius[0], height - 1), min(self.radius[1], width - 1)
-        ch, cw = self.radius
-        return self.weight[:, :, ch - a:ch + a + 1, cw - b:cw + b + 1]
+def relative_kernel(table: torch.Tensor, height: int, width: int, global_scope: bool) -> torch.Tensor:
+    """The offsets of ``table`` an ``height x width`` input uses, as a kernel ``[k, u, K_h, K_w]`` (odd sizes).
 
-    def dense(self, height: int, width: int) -> torch.Tensor:
-        """Embeddings ``E`` gathered for every (query n, context m) pair: ``[k, u, n, m]``.
+    A local table is used whole (offsets beyond the input meet zero padding). A global table is cut
+    to offsets ``[-(H-1), H-1] x [-(W-1), W-1]`` by an index gather, so an input larger than the table
+    fails with an index error even in a traced or exported graph, never with a silently shorter context.
+    """
+    if not global_scope:
+        return table
+    ch, cw = (table.shape[-2] - 1) // 2, (table.shape[-1] - 1) // 2
+    iy = torch.arange(2 * height - 1, device=table.device) + (ch - height + 1)
+    ix = torch.arange(2 * width - 1, device=table.device) + (cw - width + 1)
+    return table.index_select(2, iy).index_select(3, ix)
 
-        ``E[:, :, n, m] = R[m - n]`` inside the scope and 0 outside it (Fig. 3 / Fig. 5 'einsum').
-        This materialises ``|k||u||n||m|`` values: use it for small inputs only.
-        """
-        kern = self.kernel(height, width)
-        a, b = (kern.shape[-2] - 1) // 2, (kern.shape[-1] - 1) // 2
-        # zero-pad to cover every offset in [-(H-1), H-1] x [-(W-1), W-1]: the mask of section 3.4
-        full = F.pad(kern, (width - 1 - b, width - 1 - b, height - 1 - a, height - 1 - a))
-        dev = kern.device
-        ys, xs = torch.arange(height, device=dev), torch.arange(width, device=dev)
-        iy = ys[None, :] - ys[:, None] + (height - 1)  # [n_y, m_y] -> offset index
-        ix = xs[None, :] - xs[:, None] + (width - 1)  # [n_x, m_x]
-        emb = full[:, :, iy[:, None, :, None], ix[None, :, None, :]]  # k, u, Hn, Wn, Hm, Wm
-        n = height * width
-        return emb.reshape(self.dim_k, self.dim_u, n, n)
+
+def dense_embedding(kernel: torch.Tensor, height: int, width: int, masked: bool = True) -> torch.Tensor:
+    """Embeddings for every (query n, context m) pair: ``[k, u, n, m]``, ``n = m = H * W`` (Fig. 3).
+
+    ``E[:, :, n, m] = kernel[m - n]``. With ``masked`` (a local scope) offsets outside the kernel get 0 (the
+    mask of section 3.4); without (a global kernel cut by :func:`relative_kernel`) every offset is inside.
+    Materialises ``|k||u||n|^2`` values: small inputs only.
+    """
+    k, u, kh, kw = kernel.shape
+    ys = torch.arange(height, device=kernel.device)
+    xs = torch.arange(width, device=kernel.device)
+    dy = ys[None, :] - ys[:, None]  # [n_y, m_y] = m - n
+    dx = xs[None, :] - xs[:, None]
+    if masked:  # a zero ring around the kernel takes every out-of-scope offset
+        ry, rx = (kh - 1) // 2, (kw - 1) // 2
+        kernel = F.pad(kernel, [1, 1, 1, 1])
+        dy, dx = dy.clamp(-ry - 1, ry + 1), dx.clamp(-rx - 1, rx + 1)
+        kh, kw = kh + 2, kw + 2
+    index = (dy + (kh - 1) // 2)[:, None, :, None] * kw + (dx + (kw - 1) // 2)[None, :, None, :]
+    n = height * width
+    return kernel.reshape(k, u, kh * kw).index_select(2, index.reshape(-1)).reshape(k, u, n, n)
+
+
+def _skew(x: torch.Tensor) -> torch.Tensor:
+    """``[..., T, K] -> [..., T, T + K - 1]`` with ``out[..., t, t + j] = x[..., t, j]`` and zeros elsewhere.
+
+    The relative-to-absolute shift of the Attention Augmented Networks paper (appendix A.3):
+    pad, flatten, drop the tail, reshape. Views and one pad only.
+    """
+    t, kk = x.shape[-2], x.shape[-1]
+    x = F.pad(x, [0, t])
+    x = x.flatten(-2)[..., :t * (t + kk - 1)]
+    return x.unflatten(-1, (t, t + kk - 1))
+
+
+def tile_embedding(kernel: torch.Tensor, tile: int) -> torch.Tensor:
+    """Embeddings between the queries of a ``tile x tile`` block and the block's context window:
+    ``[k, u, T*T, M_h * M_w]`` with ``M = T + K - 1`` (the block plus a halo of the kernel radius).
+
+    ``E[:, :, (qy, qx), (my, mx)] = kernel[my - qy, mx - qx]`` (window coordinates). By translation
+    equivariance (section 3.3) the same matrix serves every block of every input.
+    """
+    k, u, kh, kw = kernel.shape
+    e = kernel[:, :, None, :, None, :].expand(k, u, tile, kh, tile, kw)  # qy, ky, qx, kx
+    e = _skew(e)  # qy, ky, qx, mx
+    e = _skew(e.permute(0, 1, 4, 5, 2, 3))  # qx, mx, qy, my
+    e = e.permute(0, 1, 4, 2, 5, 3)  # qy, qx, my, mx
+    return e.reshape(k, u, tile * tile, (tile + kh - 1) * (tile + kw - 1))
