@@ -6,15 +6,7 @@ it reproduces, next to the paper's parameter count where the paper gives one.
 import timm
 
 import timm_lambda  # noqa: F401  (registers the models)
-from timm_lambda.models.lambda_resnet import LAMBDA_BLOCKS, STAGE_DEPTHS
-
-PAPER = {  # millions, with the table that gives them
-    'lambdaresnet101': (36.9, 'Table 13'), 'lambdaresnet152': (51.4, 'Table 13'),
-    'lambdaresnet101_c4': (26.0, 'Table 13'), 'lambdaresnet152_c4': (35.1, 'Tables 13, 15'),
-    'lambdaresnet200_c4': (42.0, 'Table 15'), 'resnet50_lambda': (15.0, 'Table 3'),
-    'resnet50_lambda_u4': (16.0, 'Table 3'), 'resnetrs101_nose': (44.6, 'Table 13'),
-    'resnetrs152_nose': (60.2, 'Table 13'), 'mobilenetv2_100_lambda': (3.21, 'Table 17'),
-}
+from timm_lambda.paper import LAMBDA_BLOCKS, PARAM_COUNTS as PAPER, STAGE_DEPTHS
 
 
 def describe(name: str) -> str:

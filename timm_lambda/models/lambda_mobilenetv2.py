@@ -18,7 +18,7 @@ from timm.models.efficientnet import EfficientNet
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..layers import LambdaLayer
-from .lambda_resnet import set_bn_args
+from .lambda_resnet import norm_with_bn_args
 
 __all__ = ['LambdaMobileNetV2', 'lightweight_lambda_block']
 
@@ -29,11 +29,13 @@ _MOBILENETV2_ARCH = [
 ]
 
 
-def lightweight_lambda_block(chs: int, dim_k: int = 32, heads: int = 4, scope: int = 5,
-                             drop_path_rate: float = 0.) -> InvertedResidual:
-    """Non-expanding inverted bottleneck with a lambda convolution in place of the depthwise conv."""
-    blk = InvertedResidual(chs, chs, exp_ratio=1.0, act_layer=nn.ReLU6, drop_path_rate=drop_path_rate)
-    blk.conv_dw = LambdaLayer(chs, chs, dim_k=dim_k, heads=heads, scope=scope, impl='conv')
+def lightweight_lambda_block(chs: int, dim_k: int = 32, heads: int = 4, scope: int = 5, drop_path_rate: float = 0.,
+                             act_layer=nn.ReLU6, norm_layer=nn.BatchNorm2d, device=None, dtype=None) -> InvertedResidual:
+    """Non-expanding inverted bottleneck whose depthwise conv is a lambda convolution: ``[B, chs, H, W]`` in and out."""
+    dd = {'device': device, 'dtype': dtype}
+    blk = InvertedResidual(chs, chs, exp_ratio=1.0, act_layer=act_layer, norm_layer=norm_layer,
+                           drop_path_rate=drop_path_rate, **dd)
+    blk.conv_dw = LambdaLayer(chs, chs, dim_k=dim_k, heads=heads, scope=scope, norm_layer=norm_layer, **dd)
     return blk
 
 
@@ -43,25 +45,34 @@ class LambdaMobileNetV2(EfficientNet):
     Args:
         lambda_blocks: 1-based numbers of the inverted bottlenecks to replace (default 10, 16).
         dim_k, heads, scope: lambda convolution options (E.4.2 defaults).
+        bn_momentum, bn_eps: batch-norm settings for every norm layer (timm train.py arguments).
+
+    timm's EfficientNet builds its blocks inside its constructor with no hook for another block type, so
+    the chosen blocks are rebuilt here, in this constructor, with the model's norm layer and factory kwargs.
     """
 
     def __init__(self, lambda_blocks: Sequence[int] = (10, 16), dim_k: int = 32, heads: int = 4,
                  scope: int = 5, drop_path_rate: float = 0., bn_momentum: Optional[float] = None,
-                 bn_eps: Optional[float] = None, **kwargs):
-        super().__init__(drop_path_rate=drop_path_rate, **kwargs)
+                 bn_eps: Optional[float] = None, norm_layer=nn.BatchNorm2d, act_layer=nn.ReLU6,
+                 device=None, dtype=None, **kwargs):
+        norm_layer = norm_with_bn_args(norm_layer, bn_momentum, bn_eps)
+        super().__init__(drop_path_rate=drop_path_rate, norm_layer=norm_layer, act_layer=act_layer,
+                         device=device, dtype=dtype, **kwargs)
         flat = [(s, i) for s, stage in enumerate(self.blocks) for i in range(len(stage))]
+        if isinstance(lambda_blocks, int):
+            lambda_blocks = (lambda_blocks,)
         for number in lambda_blocks:
-            if not 1 <= number <= len(flat):
-                raise ValueError(f'lambda_blocks holds {number}; blocks are numbered 1..{len(flat)}')
+            if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= len(flat):
+                raise ValueError(f'lambda_blocks holds {number!r}; blocks are numbered 1..{len(flat)}')
             s, i = flat[number - 1]
             old = self.blocks[s][i]
             if not getattr(old, 'has_skip', False):
                 raise ValueError(f'block {number} changes width or stride; lightweight lambda blocks '
                                  f'replace residual (same width, stride 1) blocks only')
-            new = lightweight_lambda_block(old.conv_pwl.out_channels, dim_k, heads, scope)
+            new = lightweight_lambda_block(old.conv_pwl.out_channels, dim_k, heads, scope, act_layer=act_layer,
+                                           norm_layer=norm_layer, device=device, dtype=dtype)
             new.drop_path = old.drop_path
             self.blocks[s][i] = new
-        set_bn_args(self, bn_momentum, bn_eps)
 
 
 default_cfgs = generate_default_cfgs({
@@ -78,7 +89,7 @@ def mobilenetv2_100_lambda(pretrained: bool = False, **kwargs) -> LambdaMobileNe
     """MobileNet-v2 with the 10th and 16th inverted bottlenecks replaced by lightweight lambda blocks."""
     model_args = dict(
         block_args=decode_arch_def(_MOBILENETV2_ARCH), num_features=1280, stem_size=32,
-        round_chs_fn=partial(round_channels, multiplier=1.0), act_layer=nn.ReLU6,
+        round_chs_fn=partial(round_channels, multiplier=1.0),
     )
     return build_model_with_cfg(LambdaMobileNetV2, 'mobilenetv2_100_lambda', pretrained,
                                 feature_cfg=dict(flatten_sequential=True), **dict(model_args, **kwargs))

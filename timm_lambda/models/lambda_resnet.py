@@ -1,10 +1,10 @@
 """LambdaResNets: ResNet-RS hybrids with lambda layers (LambdaNetworks section 5.3, appendix F.2).
 
-Built on timm's own :class:`timm.models.resnet.ResNet` (stem, ResNet-D average-pool shortcuts,
-SE, DropPath, classifier, feature extraction, ``forward_intermediates``, gradient
-checkpointing). A bottleneck listed in ``lambda_blocks`` gets its 3x3 convolution replaced by a
-:class:`~timm_lambda.layers.LambdaLayer` (3x3 average pooling with stride 2 after the layer
-when the block downsamples) and has no squeeze-and-excitation.
+Built on timm's own :class:`timm.models.resnet.ResNet` (stem, ResNet-D average-pool shortcuts, SE,
+DropPath, classifier, feature extraction, ``forward_intermediates``, gradient checkpointing). The
+bottlenecks listed in ``lambda_blocks`` are built as :class:`~timm_lambda.models._blocks.MixerBottleneck`
+with a :class:`~timm_lambda.layers.LambdaLayer` in place of the 3x3 convolution (3x3 average pooling with
+stride 2 after the layer when the block downsamples) and no squeeze-and-excitation.
 
 Choices where the paper is ambiguous (tested in tests/test_models.py, listed in README):
 
@@ -16,70 +16,58 @@ Choices where the paper is ambiguous (tested in tests/test_models.py, listed in 
   36.9M, -152 51.4M, -101-C4 26.0M, -152-C4 35.1M. SE in every convolutional bottleneck
   (``se_stages=(0, 1, 2, 3)``, the literal reading of F.2) gives 47.4M for LambdaResNet-101.
 """
+import math
 from functools import partial
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
+import torch
 from torch import nn
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import get_attn
+from timm.layers import get_attn, get_norm_layer
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models.resnet import Bottleneck, ResNet
+from timm.models.resnet import ResNet
 
 from ..layers import LambdaLayer, RelativePositionEmbedding
+from ..layers.relative_embedding import check_scope, to_int, to_pair
+from ..paper import LAMBDA_BLOCKS, RESOLUTIONS, RESOLUTIONS_C4, STAGE_DEPTHS
+from ._blocks import StageBlocks, StagePlan
 
-__all__ = ['LambdaResNet', 'LAMBDA_BLOCKS', 'STAGE_DEPTHS', 'set_bn_args']
+__all__ = ['LambdaResNet', 'norm_with_bn_args', 'stage_block_indices']
 
-# Table 19: block configuration per depth (He et al. 2016; Bello et al. 2021 / ResNet-RS).
-STAGE_DEPTHS = {
-    50: (3, 4, 6, 3),
-    101: (3, 4, 23, 3),
-    152: (3, 8, 36, 3),
-    200: (3, 24, 36, 3),
-    270: (4, 29, 53, 4),
-    350: (4, 36, 72, 4),
-    420: (4, 44, 87, 4),
-}
-# Table 19: lambda layers in c4 (1-based block numbers); every c5 block is a lambda block.
-LAMBDA_BLOCKS = {
-    50: (3,),
-    101: (6, 12, 18),
-    152: (5, 10, 15, 20, 25, 30),
-    200: (5, 10, 15, 20, 25, 30),
-    270: (8, 16, 24, 32, 40, 48),
-    350: (10, 20, 30, 40, 50, 60),
-    420: (10, 20, 30, 40, 50, 60, 70, 80),
-}
-
-StageSpec = Union[None, str, Sequence[int]]
+StageSpec = Union[None, str, int, Sequence[int]]
 
 
-def set_bn_args(model: nn.Module, bn_momentum: Optional[float] = None, bn_eps: Optional[float] = None) -> None:
-    """Apply timm's ``bn_momentum``/``bn_eps`` (train.py ``--bn-momentum``) to every batch norm,
-    those inside lambda layers included. PyTorch momentum = 1 - TF decay (F.3: 0.9999 -> 1e-4)."""
-    for name, value in (('bn_momentum', bn_momentum), ('bn_eps', bn_eps)):
-        if value is not None and not 0 < value < 1:
-            raise ValueError(f'{name} must be in (0, 1), got {value!r}')
-    for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm):
-            if bn_momentum is not None:
-                m.momentum = bn_momentum
-            if bn_eps is not None:
-                m.eps = bn_eps
+def norm_with_bn_args(norm_layer, bn_momentum: Optional[float] = None, bn_eps: Optional[float] = None):
+    """``norm_layer`` with timm train.py's ``--bn-momentum``/``--bn-eps`` bound (PyTorch momentum = 1 - TF
+    decay; F.3's decay 0.9999 is momentum 1e-4). Every norm of the model, lambda layers' included, uses it."""
+    norm_layer = get_norm_layer(norm_layer)
+    bound = {}
+    for name, key, value in (('bn_momentum', 'momentum', bn_momentum), ('bn_eps', 'eps', bn_eps)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+            raise ValueError(f'{name} must be a number in (0, 1), got {value!r}')
+        bound[key] = float(value)
+    return partial(norm_layer, **bound) if bound else norm_layer
 
 
-def _stage_blocks(spec: StageSpec, depth: int, stage: int) -> Tuple[int, ...]:
-    """0-based block indices of one stage that become lambda blocks."""
-    if spec is None or spec == () or spec == 'none':
+def stage_block_indices(spec: StageSpec, depth: int, stage: int) -> Tuple[int, ...]:
+    """0-based indices of the blocks of one stage (c2 = 0) that ``spec`` selects: None, 'all', a 1-based
+    block number or a sequence of them."""
+    where = f'lambda_blocks[{stage}] (stage c{stage + 2}, {depth} blocks)'
+    if spec is None or spec == 'none':
         return ()
-    if spec == 'all':
+    if isinstance(spec, str):
+        if spec != 'all':
+            raise ValueError(f"{where} must be None, 'all' or 1-based block numbers, got {spec!r}")
         return tuple(range(depth))
-    if isinstance(spec, str) or not all(isinstance(i, int) for i in spec):
-        raise ValueError(f"lambda_blocks[{stage}] must be None, 'all' or 1-based block numbers, got {spec!r}")
-    bad = [i for i in spec if not 1 <= i <= depth]
+    numbers = (spec,) if not isinstance(spec, (tuple, list, range, set, frozenset)) else tuple(spec)
+    numbers = [to_int(i, where, 1) for i in numbers]
+    bad = [i for i in numbers if i > depth]
     if bad:
-        raise ValueError(f'lambda_blocks[{stage}] has block numbers {bad} outside 1..{depth} (stage c{stage + 2})')
-    return tuple(sorted(i - 1 for i in set(spec)))
+        raise ValueError(f'{where} has block numbers {bad} outside 1..{depth}')
+    return tuple(sorted(i - 1 for i in set(numbers)))
 
 
 class LambdaResNet(ResNet):
@@ -93,8 +81,11 @@ class LambdaResNet(ResNet):
         dim_k, heads, dim_u, scope, impl, key_norm, qv_norm, content, position: lambda layer
             options (see :class:`~timm_lambda.layers.LambdaLayer`).
         shared_embeddings: one position-embedding table for every lambda layer (Table 4).
-        img_size: input size; required with ``scope='global'`` to size the embedding tables.
-        bn_momentum, bn_eps: batch-norm settings for every BN layer (timm train.py arguments).
+        img_size: input size, int or (H, W); required with ``scope='global'`` (it sizes the
+            embedding tables), not accepted with a local scope (which serves any size).
+        bn_momentum, bn_eps: batch-norm settings for every norm layer (timm train.py arguments).
+        norm_layer: normalisation layer of every block, lambda layers included.
+        device, dtype: factory kwargs.
         **kwargs: timm ResNet arguments (stem_type, avg_down, drop_rate, drop_path_rate, ...).
     """
 
@@ -107,61 +98,72 @@ class LambdaResNet(ResNet):
             dim_k: int = 16,
             heads: int = 4,
             dim_u: int = 1,
-            scope: Union[int, str] = 23,
+            scope: Union[int, str, Tuple[int, int]] = 23,
             impl: str = 'auto',
             key_norm: str = 'softmax',
             qv_norm: bool = True,
             content: bool = True,
             position: bool = True,
             shared_embeddings: bool = False,
-            img_size: Optional[int] = None,
+            img_size: Optional[Union[int, Tuple[int, int]]] = None,
             bn_momentum: Optional[float] = None,
             bn_eps: Optional[float] = None,
-            block: Any = Bottleneck,
-            block_args: Optional[Dict[str, Any]] = None,
+            norm_layer: Any = nn.BatchNorm2d,
+            device=None,
+            dtype=None,
             **kwargs,
     ):
-        if len(layers) != 4 or len(lambda_blocks) != 4:
-            raise ValueError(f'layers and lambda_blocks need 4 entries (c2..c5), got {layers!r}, {lambda_blocks!r}')
-        if any(s not in (0, 1, 2, 3) for s in se_stages):
+        layers = tuple(to_int(d, 'layers') for d in layers)
+        if len(layers) != 4:
+            raise ValueError(f'layers needs 4 entries (blocks in c2..c5), got {layers!r}')
+        if isinstance(lambda_blocks, (str, int)) or len(lambda_blocks) != 4:
+            raise ValueError(f"lambda_blocks needs 4 entries (c2..c5), each None, 'all' or block numbers, "
+                             f'got {lambda_blocks!r}')
+        positions = [stage_block_indices(spec, d, i) for i, (spec, d) in enumerate(zip(lambda_blocks, layers))]
+        if any(isinstance(s, bool) or s not in (0, 1, 2, 3) for s in se_stages):
             raise ValueError(f'se_stages must hold stage indices 0..3 (c2..c5), got {se_stages!r}')
-        positions = [_stage_blocks(spec, d, i) for i, (spec, d) in enumerate(zip(lambda_blocks, layers))]
-        block_args = dict(block_args or {})
-        if se_stages:
-            block_args['attn_layer'] = partial(get_attn('se'), rd_ratio=se_ratio)
-        super().__init__(block=block, layers=layers, block_args=block_args, **kwargs)
+        scope = check_scope(scope)
+        if img_size is not None:
+            img_size = to_pair(img_size, 'img_size')
+            if scope != 'global':
+                raise ValueError(f"img_size only sizes the embedding tables of scope='global'; the local "
+                                 f'{scope[0]}x{scope[1]} scope serves any input size, so leave img_size unset')
+        elif scope == 'global' and any(positions):
+            raise ValueError("img_size (int or (H, W)) is required with scope='global': it sizes the embedding tables")
+        norm_layer = norm_with_bn_args(norm_layer, bn_momentum, bn_eps)
+        dd = {'device': device, 'dtype': dtype}
 
-        lambda_args = dict(dim_k=dim_k, heads=heads, dim_u=dim_u, scope=scope, impl=impl,
-                           key_norm=key_norm, qv_norm=qv_norm, content=content, position=position)
-        if scope in ('global', None) and img_size is None:
-            raise ValueError("img_size is required with scope='global' (it sizes the embedding tables)")
+        lambda_args = dict(dim_k=dim_k, heads=heads, dim_u=dim_u, scope=scope, impl=impl, key_norm=key_norm,
+                           qv_norm=qv_norm, content=content, position=position)
+
+        def stage_size(reduction: int) -> Optional[Tuple[int, int]]:
+            return None if img_size is None else (math.ceil(img_size[0] / reduction), math.ceil(img_size[1] / reduction))
+
         shared = None
-        if shared_embeddings and position:
-            max_size = None if img_size is None else (-(-img_size // 4),) * 2
-            shared = RelativePositionEmbedding(dim_k, dim_u, scope, max_size)
+        if shared_embeddings and position and any(positions):
+            first = min(i for i, p in enumerate(positions) if p)
+            shared = RelativePositionEmbedding(dim_k, dim_u, scope, stage_size(4 * 2 ** max(first - 1, 0)), **dd)
+        se_layer = partial(get_attn('se'), rd_ratio=se_ratio)
+        plans = []
+        for stage, blocks in enumerate(positions):
+            # the stage's first lambda layer sees the previous stage's resolution (it downsamples itself)
+            mixer = partial(LambdaLayer, max_size=stage_size(4 * 2 ** max(stage - 1, 0)), pos_embedding=shared,
+                            **lambda_args)
+            plans.append(StageBlocks(StagePlan(blocks, mixer, attn_layer=se_layer if stage in se_stages else None)))
+        super().__init__(block=tuple(plans), layers=layers, norm_layer=norm_layer, **dd, **kwargs)
         self.lambda_positions = tuple(positions)
-        for stage_idx, stage in enumerate([self.layer1, self.layer2, self.layer3, self.layer4]):
-            in_reduction = 4 * 2 ** max(stage_idx - 1, 0)  # reduction of the stage's first 3x3 input
-            for block_idx, blk in enumerate(stage):
-                if block_idx in positions[stage_idx]:
-                    max_size = None if img_size is None else (-(-img_size // in_reduction),) * 2
-                    self._to_lambda_block(blk, lambda_args, max_size, shared)
-                elif stage_idx not in se_stages:
-                    blk.se = None
-        set_bn_args(self, bn_momentum, bn_eps)
 
-    @staticmethod
-    def _to_lambda_block(blk: Bottleneck, lambda_args: dict, max_size, shared) -> None:
-        """Replace the block's 3x3 convolution by a lambda layer and drop its SE (appendix F.2)."""
-        conv = blk.conv2
-        if conv.groups != 1 or conv.dilation != (1, 1) or not isinstance(blk.aa, nn.Identity):
-            raise ValueError('lambda blocks support plain bottlenecks only (no groups, dilation or anti-aliasing)')
-        blk.conv2 = LambdaLayer(conv.in_channels, conv.out_channels, stride=conv.stride[0],
-                                max_size=max_size, pos_embedding=shared, **lambda_args)
-        blk.se = None
+    @torch.jit.ignore
+    def init_weights(self, zero_init_last: bool = True) -> None:
+        """timm's ResNet initialisation, then appendix F.2's for the lambda layers (timm's kaiming init
+        would otherwise overwrite their query/key/value projections)."""
+        super().init_weights(zero_init_last=zero_init_last)
+        for m in self.modules():
+            if isinstance(m, LambdaLayer):
+                m.reset_parameters()
 
 
-def _create_lambda_resnet(variant: str, pretrained: bool = False, **kwargs) -> LambdaResNet:
+def _create(variant: str, pretrained: bool = False, **kwargs) -> LambdaResNet:
     return build_model_with_cfg(LambdaResNet, variant, pretrained, **kwargs)
 
 
@@ -169,12 +171,23 @@ def _create_lambda_resnet(variant: str, pretrained: bool = False, **kwargs) -> L
 _RS_ARGS = dict(stem_width=32, stem_type='deep', replace_stem_pool=True, avg_down=True)
 
 
-def _lambda_resnet_args(depth: int, c4_all: bool = False) -> Dict[str, Any]:
-    c4 = 'all' if c4_all else LAMBDA_BLOCKS[depth]
-    return dict(layers=STAGE_DEPTHS[depth], lambda_blocks=(None, None, c4, 'all'), **_RS_ARGS)
+def _hybrid(depth: int, **kwargs):
+    """LambdaResNet-``depth`` (Table 19): lambda layers in the listed c4 blocks and every c5 block."""
+    return {**_RS_ARGS, 'layers': STAGE_DEPTHS[depth], 'lambda_blocks': (None, None, LAMBDA_BLOCKS[depth], 'all'),
+            **kwargs}
 
 
-def _cfg(res: int, **kwargs) -> Dict[str, Any]:
+def _c4(depth: int, **kwargs):
+    """LambdaResNet-``depth``-C4 (E.2): every c4 and c5 bottleneck uses a lambda layer."""
+    return {**_RS_ARGS, 'layers': STAGE_DEPTHS[depth], 'lambda_blocks': (None, None, 'all', 'all'), **kwargs}
+
+
+def _nose(depth: int, **kwargs):
+    """ResNet-RS-``depth`` without squeeze-and-excitation ("ResNet-RS wo/ SE", Fig. 4, Table 13)."""
+    return {**_RS_ARGS, 'layers': STAGE_DEPTHS[depth], 'lambda_blocks': (None,) * 4, 'se_stages': (), **kwargs}
+
+
+def _cfg(res: int, **kwargs):
     """Pretrained cfg: trained and evaluated at ``res`` (F.1: 'evaluated at the same resolution')."""
     return {
         'num_classes': 1000, 'input_size': (3, res, res), 'pool_size': (res // 32, res // 32),
@@ -186,62 +199,150 @@ def _cfg(res: int, **kwargs) -> Dict[str, Any]:
     }
 
 
-# Table 18 / Table 20 resolutions; the first tag of each name is its default.
-# LambdaResNet-200 is not in Table 18: 256 (as 270, and ResNet-RS-200) is our choice.
-_RESOLUTIONS = {
-    50: (160, 128), 101: (192, 160), 152: (256, 224, 192, 288), 200: (256,),
-    270: (256,), 350: (320, 288, 256), 420: (320,),
-}
-# -C4 variants: Table 13 (101-C4 at 224, 152-C4 at 256), Table 15 (152/200-C4 at 320), Table 16 (270-C4 at 256).
-_RESOLUTIONS_C4 = {
-    50: (160,), 101: (224, 192), 152: (256, 320), 200: (320,), 270: (256,), 350: (320,), 420: (320,),
-}
-
 default_cfgs = generate_default_cfgs({
-    **{f'lambdaresnet{d}.r{r}': _cfg(r) for d, rs in _RESOLUTIONS.items() for r in rs},
-    **{f'lambdaresnet{d}_c4.r{r}': _cfg(r) for d, rs in _RESOLUTIONS_C4.items() for r in rs},
+    **{f'lambdaresnet{d}.r{r}': _cfg(r) for d, rs in RESOLUTIONS.items() for r in rs},
+    **{f'lambdaresnet{d}_c4.r{r}': _cfg(r) for d, rs in RESOLUTIONS_C4.items() for r in rs},
     'resnet50_lambda.r224': _cfg(224, interpolation='bilinear', first_conv='conv1'),
     'resnet50_lambda_u4.r224': _cfg(224, interpolation='bilinear', first_conv='conv1'),
-    **{f'resnetrs{d}_nose.r{r}': _cfg(r, paper_ids='arXiv:2103.07579') for d, rs in _RESOLUTIONS.items() for r in rs},
+    **{f'resnetrs{d}_nose.r{r}': _cfg(r, paper_ids='arXiv:2103.07579') for d, rs in RESOLUTIONS.items() for r in rs},
 })
 
 
-def _register_depth(depth: int) -> None:
-    """Register lambdaresnet{depth}, lambdaresnet{depth}_c4 and resnetrs{depth}_nose."""
-
-    def hybrid(pretrained: bool = False, **kwargs) -> LambdaResNet:
-        return _create_lambda_resnet(f'lambdaresnet{depth}', pretrained, **dict(_lambda_resnet_args(depth), **kwargs))
-
-    def c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
-        return _create_lambda_resnet(f'lambdaresnet{depth}_c4', pretrained, **dict(_lambda_resnet_args(depth, True), **kwargs))
-
-    def nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
-        args = dict(layers=STAGE_DEPTHS[depth], lambda_blocks=(None,) * 4, se_stages=(), **_RS_ARGS)
-        return _create_lambda_resnet(f'resnetrs{depth}_nose', pretrained, **dict(args, **kwargs))
-
-    hybrid.__doc__ = (f'LambdaResNet-{depth} (Table 19): ResNet-RS-{depth} with lambda layers in c4 blocks '
-                      f'{LAMBDA_BLOCKS[depth]} and every c5 block.')
-    c4.__doc__ = f'LambdaResNet-{depth}-C4: every 3x3 convolution of c4 and c5 replaced by a lambda layer (E.2).'
-    nose.__doc__ = f'ResNet-RS-{depth} without squeeze-and-excitation ("ResNet-RS wo/ SE", Fig. 4, Table 13).'
-    for fn, name in ((hybrid, f'lambdaresnet{depth}'), (c4, f'lambdaresnet{depth}_c4'), (nose, f'resnetrs{depth}_nose')):
-        fn.__name__ = fn.__qualname__ = name
-        fn.__module__ = __name__
-        globals()[name] = register_model(fn)
+@register_model
+def lambdaresnet50(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaResNet-50 (Table 19): ResNet-RS-50 with lambda layers in c4 block 3 and every c5 block."""
+    return _create('lambdaresnet50', pretrained, **_hybrid(50, **kwargs))
 
 
-for _depth in STAGE_DEPTHS:
-    _register_depth(_depth)
+@register_model
+def lambdaresnet101(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaResNet-101 (Table 19): lambda layers in c4 blocks 6, 12, 18 and every c5 block; 36.9M (Table 13)."""
+    return _create('lambdaresnet101', pretrained, **_hybrid(101, **kwargs))
+
+
+@register_model
+def lambdaresnet152(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaResNet-152 (Table 19): lambda layers in c4 blocks 5, 10, .., 30 and every c5 block; 51.4M (Table 13)."""
+    return _create('lambdaresnet152', pretrained, **_hybrid(152, **kwargs))
+
+
+@register_model
+def lambdaresnet200(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaResNet-200 (Table 19): lambda layers in c4 blocks 5, 10, .., 30 and every c5 block."""
+    return _create('lambdaresnet200', pretrained, **_hybrid(200, **kwargs))
+
+
+@register_model
+def lambdaresnet270(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaResNet-270 (Table 19): lambda layers in c4 blocks 8, 16, .., 48 and every c5 block."""
+    return _create('lambdaresnet270', pretrained, **_hybrid(270, **kwargs))
+
+
+@register_model
+def lambdaresnet350(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaResNet-350 (Table 19): lambda layers in c4 blocks 10, 20, .., 60 and every c5 block."""
+    return _create('lambdaresnet350', pretrained, **_hybrid(350, **kwargs))
+
+
+@register_model
+def lambdaresnet420(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaResNet-420 (Table 19): lambda layers in c4 blocks 10, 20, .., 80 and every c5 block."""
+    return _create('lambdaresnet420', pretrained, **_hybrid(420, **kwargs))
+
+
+@register_model
+def lambdaresnet50_c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaResNet-50-C4 (E.2): every c4 and c5 3x3 convolution is a lambda layer."""
+    return _create('lambdaresnet50_c4', pretrained, **_c4(50, **kwargs))
+
+
+@register_model
+def lambdaresnet101_c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaResNet-101-C4 (E.2): every c4 and c5 3x3 convolution is a lambda layer; 26.0M (Table 13)."""
+    return _create('lambdaresnet101_c4', pretrained, **_c4(101, **kwargs))
+
+
+@register_model
+def lambdaresnet152_c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaResNet-152-C4 (E.2): every c4 and c5 3x3 convolution is a lambda layer; 35.1M (Tables 13, 15)."""
+    return _create('lambdaresnet152_c4', pretrained, **_c4(152, **kwargs))
+
+
+@register_model
+def lambdaresnet200_c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaResNet-200-C4 (E.2): every c4 and c5 3x3 convolution is a lambda layer; 42M (Table 15)."""
+    return _create('lambdaresnet200_c4', pretrained, **_c4(200, **kwargs))
+
+
+@register_model
+def lambdaresnet270_c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaResNet-270-C4 (E.2): every c4 and c5 3x3 convolution is a lambda layer."""
+    return _create('lambdaresnet270_c4', pretrained, **_c4(270, **kwargs))
+
+
+@register_model
+def lambdaresnet350_c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaResNet-350-C4 (E.2): every c4 and c5 3x3 convolution is a lambda layer."""
+    return _create('lambdaresnet350_c4', pretrained, **_c4(350, **kwargs))
+
+
+@register_model
+def lambdaresnet420_c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaResNet-420-C4 (E.2): every c4 and c5 3x3 convolution is a lambda layer."""
+    return _create('lambdaresnet420_c4', pretrained, **_c4(420, **kwargs))
+
+
+@register_model
+def resnetrs50_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """ResNet-RS-50 without squeeze-and-excitation (Fig. 4 baseline)."""
+    return _create('resnetrs50_nose', pretrained, **_nose(50, **kwargs))
+
+
+@register_model
+def resnetrs101_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """ResNet-RS-101 without squeeze-and-excitation; 44.6M (Table 13)."""
+    return _create('resnetrs101_nose', pretrained, **_nose(101, **kwargs))
+
+
+@register_model
+def resnetrs152_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """ResNet-RS-152 without squeeze-and-excitation; 60.2M (Table 13)."""
+    return _create('resnetrs152_nose', pretrained, **_nose(152, **kwargs))
+
+
+@register_model
+def resnetrs200_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """ResNet-RS-200 without squeeze-and-excitation (Fig. 4 baseline)."""
+    return _create('resnetrs200_nose', pretrained, **_nose(200, **kwargs))
+
+
+@register_model
+def resnetrs270_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """ResNet-RS-270 without squeeze-and-excitation (Fig. 4 baseline)."""
+    return _create('resnetrs270_nose', pretrained, **_nose(270, **kwargs))
+
+
+@register_model
+def resnetrs350_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """ResNet-RS-350 without squeeze-and-excitation (Fig. 4 baseline)."""
+    return _create('resnetrs350_nose', pretrained, **_nose(350, **kwargs))
+
+
+@register_model
+def resnetrs420_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """ResNet-RS-420 without squeeze-and-excitation (Fig. 4 baseline)."""
+    return _create('resnetrs420_nose', pretrained, **_nose(420, **kwargs))
 
 
 @register_model
 def resnet50_lambda(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """Vanilla ResNet-50 with every 3x3 convolution replaced by a lambda layer (Table 3, 15.0M)."""
     args = dict(layers=STAGE_DEPTHS[50], lambda_blocks=('all',) * 4, se_stages=())
-    return _create_lambda_resnet('resnet50_lambda', pretrained, **dict(args, **kwargs))
+    return _create('resnet50_lambda', pretrained, **dict(args, **kwargs))
 
 
 @register_model
 def resnet50_lambda_u4(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """Table 3 'Lambda layer (|u|=4)': as resnet50_lambda with |u|=4 and a 7x7 scope (F.2), 16.0M."""
     args = dict(layers=STAGE_DEPTHS[50], lambda_blocks=('all',) * 4, se_stages=(), dim_u=4, scope=7)
-    return _create_lambda_resnet('resnet50_lambda_u4', pretrained, **dict(args, **kwargs))
+    return _create('resnet50_lambda_u4', pretrained, **dict(args, **kwargs))
