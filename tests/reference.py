@@ -18,8 +18,7 @@ __all__ = ['lambda_layer_reference', 'masked_lambda_reference', 'multihead_lambd
 
 def _embedding_of(layer) -> nn.Module:
     """The RelativePositionEmbedding a layer uses (its own or a shared one), read for its raw table."""
-    emb = getattr(layer, 'embedding', None)
-    return emb if emb is not None else layer.pos_embedding
+    return layer.pos_embedding
 
 
 def _bn_eval(norm: nn.Module, t: torch.Tensor) -> torch.Tensor:

@@ -1,30 +1,44 @@
-"""impl='auto' cost rule (docs/lambda_layer_benchmark.md): einsum while |n| <= 2 * kernel area and
-the gathered embeddings fit EINSUM_MAX_EMBEDDING_BYTES, the lambda convolution otherwise."""
+"""impl='auto' rule (timm_lambda.layers.position_lambda.choose_impl): the dense attention form while the input
+has no more positions than one query block's context window of the tiled form, the tiled form above;
+global scopes always dense; size-independent choices inside tracers."""
 import torch
 
-from timm_lambda.layers import EINSUM_MAX_KERNEL_RATIO, LambdaLayer
+from timm_lambda.layers import LambdaLayer
+from timm_lambda.layers.position_lambda import tile_size, tile_window
 
 
-def test_small_scope_switches_to_conv_early():
-    # |u|=4, scope 7x7 (F.2's setting for |u| > 1): measured crossover between 8x8 and 12x12
+def test_default_scope_switches_at_one_window():
+    layer = LambdaLayer(16, dim_k=16, heads=4)  # scope 23: 8x8 blocks, 30x30 context windows
+    assert tile_size(23, 23) == 8 and tile_window(23, 23) == 900
+    assert layer.choose_impl(30, 30) == 'dense'
+    assert layer.choose_impl(31, 30) == 'tiled'
+    assert layer.choose_impl(1, 1) == 'dense'
+
+
+def test_small_scope_switches_early():
+    # |u|=4, scope 7x7 (F.2's setting for |u| > 1): 4x4 blocks, 10x10 windows
     layer = LambdaLayer(16, dim_k=4, heads=2, dim_u=4, scope=7)
-    assert EINSUM_MAX_KERNEL_RATIO * 7 * 7 >= 9 * 9
-    assert layer.choose_impl(9, 9) == 'einsum'
-    assert layer.choose_impl(12, 12) == 'conv'
+    assert layer.choose_impl(10, 10) == 'dense'
+    assert layer.choose_impl(11, 10) == 'tiled'
 
 
-def test_default_scope_uses_einsum_until_the_memory_cap():
-    layer = LambdaLayer(16, dim_k=16, heads=4)  # scope 23: kernel 23x23 binds at 27x27 via the 32 MiB cap
-    assert layer.choose_impl(26, 26) == 'einsum'
-    assert layer.choose_impl(27, 27) == 'conv'
-    # a small input crops the kernel to the offsets that occur: 2x2 -> 3x3 kernel, |n| = 4 <= 18
-    assert layer.choose_impl(2, 2) == 'einsum'
+def test_global_scope_is_always_dense():
+    layer = LambdaLayer(16, dim_k=4, heads=2, scope='global', max_size=(64, 64))
+    assert layer.choose_impl(64, 64) == 'dense'
 
 
-def test_auto_gives_the_same_output_as_either_impl():
+def test_explicit_impl_is_kept():
+    layer = LambdaLayer(16, dim_k=4, heads=2, impl='conv')
+    assert layer.choose_impl(1, 1) == 'conv'
+
+
+def test_auto_gives_the_same_output_as_every_impl():
     torch.manual_seed(0)
     layer = LambdaLayer(16, dim_k=4, heads=2, dim_u=4, scope=7).eval()
-    x = torch.randn(2, 16, 12, 12)
-    auto = layer(x)
-    layer.impl = 'einsum'
-    torch.testing.assert_close(auto, layer(x), rtol=1e-5, atol=1e-5)
+    for hw in [(9, 9), (12, 11)]:
+        x = torch.randn(2, 16, *hw)
+        layer.impl = 'auto'
+        auto = layer(x)
+        for impl in ('einsum', 'conv', 'dense', 'tiled'):
+            layer.impl = impl
+            torch.testing.assert_close(auto, layer(x), rtol=1e-4, atol=1e-4)

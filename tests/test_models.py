@@ -12,7 +12,7 @@ from timm.layers import SEModule
 
 import timm_lambda
 from timm_lambda.layers import LambdaLayer
-from timm_lambda.models.lambda_resnet import LAMBDA_BLOCKS, STAGE_DEPTHS
+from timm_lambda.paper import LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS
 
 DEPTHS = sorted(STAGE_DEPTHS)
 ALL_NAMES = ([f'lambdaresnet{d}' for d in DEPTHS] + [f'lambdaresnet{d}_c4' for d in DEPTHS]
@@ -61,20 +61,8 @@ def test_forward_backward_every_name(name):
     assert torch.isfinite(out).all()
 
 
-# Paper parameter counts (millions) and where they come from.
-PAPER_PARAMS = [
-    ('lambdaresnet101', {}, 36.9),   # Table 13
-    ('lambdaresnet152', {}, 51.4),   # Table 13
-    ('lambdaresnet101_c4', {}, 26.0),  # Table 13
-    ('lambdaresnet152_c4', {}, 35.1),  # Table 13 / 15
-    ('lambdaresnet200_c4', {}, 42.0),  # Table 15
-    ('resnet50_lambda', {}, 15.0),   # Table 3
-    ('resnet50_lambda_u4', {}, 16.0),  # Table 3 (|u|=4, scope 7x7)
-    ('resnetrs101_nose', {}, 44.6),  # Table 13 "ResNet-101 wo/ SE"
-    ('resnetrs152_nose', {}, 60.2),  # Table 13
-    ('resnetrs101', {}, 63.6),       # Table 13 "ResNet-101 w/ SE" (timm's own ResNet-RS)
-    ('mobilenetv2_100_lambda', {}, 3.21),  # Table 17
-]
+# Paper parameter counts (millions) and where they come from: timm_lambda.paper.PARAM_COUNTS.
+PAPER_PARAMS = [(name, {}, millions) for name, (millions, _) in PARAM_COUNTS.items()]
 
 
 @pytest.mark.parametrize('name,kwargs,paper', PAPER_PARAMS, ids=[p[0] for p in PAPER_PARAMS])
@@ -174,7 +162,7 @@ def test_study_kwargs_reach_the_layers():
     lams = [b.conv2 for b in model.modules() if _is_lambda(b)]
     assert len(lams) == 4
     assert {(l.dim_k, l.heads, l.dim_u, l.scope, l.impl, l.key_norm) for l in lams} == {(8, 2, 2, (7, 7), 'conv', 'l2')}
-    assert len({id(l.embedding) for l in lams}) == 1
+    assert len({id(l.pos_embedding) for l in lams}) == 1
     assert not any(isinstance(m, SEModule) for m in model.modules())
     out = model(torch.randn(2, 3, 64, 64))
     assert out.shape == (2, 1000)

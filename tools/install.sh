@@ -139,4 +139,19 @@ import mmdet  # noqa: F401  (runs mmdet's mmcv/mmengine version checks)
 print("[install] OK: " + ", ".join(f"{d} {md.version(d)}" for d in
       ("timm-lambda", "torch", "torchvision", "timm", "mmcv", "mmengine", "mmdet")))
 EOF
+# 5. timm's own model tests (tests/test_timm_suite.py runs them on our models) --------
+# They ship in timm's sdist, not its wheel: keep tests/test_models.py of the installed timm version.
+TIMM_VERSION="$("$PY" -c 'import importlib.metadata as m; print(m.version("timm"))')"
+TIMM_TESTS="${TIMM_LAMBDA_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/timm-lambda}/timm-tests/$TIMM_VERSION"
+if [[ ! -f "$TIMM_TESTS/test_models.py" ]]; then
+    log "fetching timm $TIMM_VERSION's tests/test_models.py from its sdist into $TIMM_TESTS"
+    tmp="$(mktemp -d)"
+    if pip_ download -q --no-deps --no-binary :all: "timm==$TIMM_VERSION" -d "$tmp" >/dev/null 2>&1 \
+            && tar -xzf "$tmp"/timm-*.tar.gz -C "$tmp" --wildcards '*/tests/test_models.py'; then
+        mkdir -p "$TIMM_TESTS" && cp "$tmp"/timm-*/tests/test_models.py "$TIMM_TESTS/"
+    else
+        log "WARNING: could not fetch timm's sdist; tests/test_timm_suite.py will say how to get it"
+    fi
+    rm -rf "$tmp"
+fi
 log "done; run the tests with: $PY -m pytest tests"
