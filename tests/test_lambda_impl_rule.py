@@ -1,6 +1,6 @@
 """impl='auto' rule (timm_lambda.layers.position_lambda.choose_impl): the dense attention form while the input
-has no more positions than one query block's context window of the tiled form, the tiled form above;
-global scopes always dense; size-independent choices inside tracers."""
+has at most half as many positions as one query block's context window of the tiled form, the tiled form above
+(measured crossovers: tools/benchmark_lambda_layer.py --sweep); global scopes always dense."""
 import torch
 
 from timm_lambda.layers import LambdaLayer
@@ -10,16 +10,16 @@ from timm_lambda.layers.position_lambda import tile_size, tile_window
 def test_default_scope_switches_at_one_window():
     layer = LambdaLayer(16, dim_k=16, heads=4)  # scope 23: 8x8 blocks, 30x30 context windows
     assert tile_size(23, 23) == 8 and tile_window(23, 23) == 900
-    assert layer.choose_impl(30, 30) == 'dense'
-    assert layer.choose_impl(31, 30) == 'tiled'
+    assert layer.choose_impl(21, 21) == 'dense'  # 441 <= 450
+    assert layer.choose_impl(22, 21) == 'tiled'
     assert layer.choose_impl(1, 1) == 'dense'
 
 
 def test_small_scope_switches_early():
-    # |u|=4, scope 7x7 (F.2's setting for |u| > 1): 4x4 blocks, 10x10 windows
+    # |u|=4, scope 7x7 (F.2's setting for |u| > 1): 8x8 blocks, 14x14 windows
     layer = LambdaLayer(16, dim_k=4, heads=2, dim_u=4, scope=7)
-    assert layer.choose_impl(10, 10) == 'dense'
-    assert layer.choose_impl(11, 10) == 'tiled'
+    assert layer.choose_impl(9, 10) == 'dense'
+    assert layer.choose_impl(10, 10) == 'tiled'
 
 
 def test_global_scope_is_always_dense():

@@ -20,18 +20,19 @@ Four implementations over the same table ``R`` (all take ``q [B, h, k, n]``, ``v
   the same for every block (:func:`tile_embedding`), so every contraction is one dense batched GEMM, in the
   forward and in the backward, and memory grows with ``|n|`` times the window, not ``|n|^2``.
 
-``'auto'`` picks ``'dense'`` for inputs up to a window-sized number of positions (and for global scopes)
-and ``'tiled'`` above it (see :func:`choose_impl`). Inside ``torch.jit.trace``, a legacy ONNX export or
+``'auto'`` picks ``'dense'`` for inputs of up to half a block window's positions (and for global scopes)
+and ``'tiled'`` above (see :func:`choose_impl`). Inside ``torch.jit.trace``, a legacy ONNX export or
 ``torch.export``, ``'auto'`` always takes the size-independent choice (``'tiled'`` for local scopes,
 ``'dense'`` for global ones), so the traced graph is right at every input size.
 """
+import contextlib
 from typing import List
 
 import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
-from .relative_embedding import dense_embedding, relative_kernel, tile_embedding
+from .relative_embedding import dense_embedding, dense_embedding_cached, relative_kernel, tile_embedding
 
 __all__ = ['POSITION_IMPLS', 'position_lambdas', 'choose_impl', 'tile_size', 'tile_window']
 
@@ -39,12 +40,12 @@ POSITION_IMPLS = ('auto', 'einsum', 'conv', 'dense', 'tiled')
 
 
 def tile_size(kernel_h: int, kernel_w: int) -> int:
-    """Query block side T for the tiled form: 8 for scopes of 15 and more, 4 below.
+    """Query block side T of the tiled form: 8 (measured best of 4, 6, 8, 12 for 23x23 and 7x7 scopes).
 
-    The window holds (T + K - 1)^2 keys for T^2 queries: the block should be large enough for efficient
-    GEMMs (|h| T^2 rows) and small enough that the window is not mostly outside any query's scope.
+    A block's context window holds (T + K - 1)^2 keys for T^2 queries: large enough blocks make efficient
+    GEMMs (|h| T^2 rows), small enough blocks keep the window from being mostly outside every query's scope.
     """
-    return 8 if max(kernel_h, kernel_w) >= 15 else 4
+    return 8
 
 
 def _size_independent() -> bool:
@@ -60,6 +61,19 @@ def _is_exporting() -> bool:
     return bool(is_exporting()) if is_exporting is not None else False
 
 
+def _graph_capture() -> bool:
+    """True under TorchScript, tracers and torch.compile: plain tensor ops only (no custom autograd.Function)."""
+    if torch.jit.is_scripting():
+        return True
+    return torch.jit.is_tracing() or _is_compiling()
+
+
+@torch.jit.ignore
+def _is_compiling() -> bool:
+    is_compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling', None)
+    return bool(is_compiling()) if is_compiling is not None else False
+
+
 def choose_impl(impl: str, height: int, width: int, window: int, global_scope: bool) -> str:
     """The implementation ``impl`` resolves to for an ``height x width`` input (the ``'auto'`` rule).
 
@@ -71,8 +85,10 @@ def choose_impl(impl: str, height: int, width: int, window: int, global_scope: b
         return 'dense'
     if _size_independent():
         return 'tiled'
-    # the dense form while the input has no more positions than one block's context window
-    return 'dense' if height * width <= window else 'tiled'
+    # The dense form costs ~|n|^2 per image, the tiled one ~|n| x window with a larger constant: measured
+    # crossovers (tools/benchmark_lambda_layer.py --sweep, CPU) at 20x20 for the 23x23 scope (window 900) and
+    # 12-14 px for the 7x7 scope with |u|=4 (window 196), i.e. |n| ~ window / 2.
+    return 'dense' if 2 * height * width <= window else 'tiled'
 
 
 def tile_window(kernel_h: int, kernel_w: int) -> int:
@@ -98,14 +114,59 @@ def _conv(q: torch.Tensor, v: torch.Tensor, kernel: torch.Tensor, height: int, w
     return torch.einsum('bhkn,bkvn->bhvn', [q, lambdas.reshape(b, k, dv, n).to(q.dtype)])
 
 
-def _dense(q: torch.Tensor, v: torch.Tensor, kernel: torch.Tensor, height: int, width: int,
-           masked: bool) -> torch.Tensor:
+def _dense(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, height: int, width: int,
+           global_scope: bool) -> torch.Tensor:
     b, h, k, n = q.shape
     u, dv = v.shape[1], v.shape[2]
-    emb = dense_embedding(kernel, height, width, masked).to(q.dtype)  # [k, u, n, m]
-    logits = torch.einsum('bhkn,kunm->bhnum', [q, emb]).reshape(b, h * n, u * n)
-    y = torch.bmm(logits, v.transpose(2, 3).reshape(b, u * n, dv).to(logits.dtype))  # [B, h n, V]
-    return y.reshape(b, h, n, dv).transpose(2, 3)
+    v = v.transpose(2, 3).reshape(b, u * n, dv)
+    if _graph_capture():
+        # one einsum (shape arithmetic only: traces, exports, compiles)
+        kernel = relative_kernel(table, height, width, global_scope)
+        emb = dense_embedding(kernel, height, width, not global_scope).to(q.dtype)  # [k, u, n, m]
+        logits = torch.einsum('bhkn,kunm->bnhum', [q, emb]).reshape(b, n * h, u * n)
+        y = torch.bmm(logits, v.to(logits.dtype))  # [B, n h, V]
+    else:
+        y = _dense_attention(q, v, dense_embedding_cached(table, height, width, not global_scope))
+    return y.reshape(b, n, h, dv).permute(0, 2, 3, 1)
+
+
+@torch.jit.unused
+def _dense_attention(q: torch.Tensor, v: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+    """Eager form of the dense contraction (:class:`_DenseAttention`) in one dtype (:func:`_one_dtype`)."""
+    k, u, n, m = emb.shape
+    with _one_dtype(q, v) as dtype:
+        q_by_position = q.permute(3, 0, 1, 2).reshape(n, -1, k).to(dtype)  # [n, B h, k]
+        emb_by_position = emb.permute(2, 0, 1, 3).reshape(n, k, u * m).to(dtype)  # [n, k, u m]
+        return _DenseAttention.apply(q_by_position, v.to(dtype), emb_by_position)
+
+
+class _DenseAttention(torch.autograd.Function):
+    """``y[b, (n, h)] = sum_m a[b, n, h, m] v[b, m]`` with ``a[., n, ., m] = q[., n, .] . E[n, :, m]``: the dense form.
+
+    ``q [n, B h, k]``, ``v [B, m, V]``, ``E [n, k, m]`` -> ``[B, n h, V]``. Every contraction is one batched GEMM
+    on contiguous operands (an einsum over these layouts copies every batch entry separately on the CPU).
+    """
+
+    @staticmethod
+    def forward(ctx, q, v, emb):
+        q, v, emb = q.contiguous(), v.contiguous(), emb.contiguous()
+        n, bh, k = q.shape
+        b, m, dv = v.shape
+        h = bh // b
+        logits = torch.bmm(q, emb).view(n, b, h, m).transpose(0, 1).reshape(b, n * h, m)
+        ctx.save_for_backward(q, v, emb, logits)
+        return torch.bmm(logits, v)
+
+    @staticmethod
+    def backward(ctx, gy):
+        q, v, emb, logits = ctx.saved_tensors
+        n, bh, k = q.shape
+        b, m, dv = v.shape
+        h = bh // b
+        gy = gy.contiguous()
+        gv = torch.bmm(logits.transpose(1, 2), gy)
+        glogits = torch.bmm(gy, v.transpose(1, 2)).view(b, n, h, m).transpose(0, 1).reshape(n, bh, m)
+        return torch.bmm(glogits, emb.transpose(1, 2)), gv, torch.bmm(q.transpose(1, 2), glogits)
 
 
 def _tiled(q: torch.Tensor, v: torch.Tensor, kernel: torch.Tensor, height: int, width: int, t: int) -> torch.Tensor:
@@ -115,11 +176,9 @@ def _tiled(q: torch.Tensor, v: torch.Tensor, kernel: torch.Tensor, height: int, 
     ty, tx = (height + t - 1) // t, (width + t - 1) // t  # blocks per axis
     hp, wp = ty * t, tx * t
     mh, mw = t + kh - 1, t + kw - 1  # context window of a block
-    emb = tile_embedding(kernel, t).to(q.dtype)  # [k, u, T T, M]
-    # queries by block: [B ty tx, T T, h, k]
+    # queries by block: [B ty tx, T, T, h, k]
     qb = F.pad(q.reshape(b, h, k, height, width), [0, wp - width, 0, hp - height])
-    qb = qb.reshape(b, h, k, ty, t, tx, t).permute(0, 3, 5, 4, 6, 1, 2).reshape(b * ty * tx, t * t, h, k)
-    logits = torch.einsum('tnhk,kunm->thnum', [qb, emb]).reshape(b * ty * tx, h * t * t, u * mh * mw)
+    qb = qb.reshape(b, h, k, ty, t, tx, t).permute(0, 3, 5, 4, 6, 1, 2).reshape(b * ty * tx, t, t, h, k)
     # context windows: [B ty tx, u M, V]
     vp = F.pad(v.reshape(b, u, dv, height, width),
                [(kw - 1) // 2, (kw - 1) // 2 + wp - width, (kh - 1) // 2, (kh - 1) // 2 + hp - height])
@@ -127,10 +186,102 @@ def _tiled(q: torch.Tensor, v: torch.Tensor, kernel: torch.Tensor, height: int, 
     rows = (torch.arange(ty, device=v.device)[:, None] * t + torch.arange(mh, device=v.device)).reshape(-1)
     cols = (torch.arange(tx, device=v.device)[:, None] * t + torch.arange(mw, device=v.device)).reshape(-1)
     vw = vp.index_select(3, rows).index_select(4, cols).reshape(b, u, dv, ty, mh, tx, mw)
-    vw = vw.permute(0, 3, 5, 1, 4, 6, 2).reshape(b * ty * tx, u * mh * mw, dv).to(logits.dtype)
-    y = torch.bmm(logits, vw)  # [B ty tx, h T T, V]
-    y = y.reshape(b, ty, tx, h, t, t, dv).permute(0, 3, 6, 1, 4, 2, 5).reshape(b, h, dv, hp, wp)
+    vw = vw.permute(0, 3, 5, 1, 4, 6, 2).reshape(b * ty * tx, u * mh * mw, dv)
+    if _graph_capture():
+        # one einsum with the block embedding matrix (shape arithmetic only: traces, exports and compiles)
+        emb = tile_embedding(kernel, t).to(q.dtype)  # [k, u, T T, M]
+        logits = torch.einsum('tnhk,kunm->tnhum', [qb.reshape(b * ty * tx, t * t, h, k), emb])
+        y = torch.bmm(logits.reshape(b * ty * tx, t * t * h, u * mh * mw), vw.to(q.dtype))
+    else:
+        y = _banded_block_attention(qb, vw, kernel)
+    y = y.reshape(b, ty, tx, t, t, h, dv).permute(0, 5, 6, 1, 3, 2, 4).reshape(b, h, dv, hp, wp)  # [B, h, V, .., ..]
     return y[:, :, :, :height, :width].reshape(b, h, dv, n)
+
+
+@torch.jit.unused
+def _banded_block_attention(qb: torch.Tensor, vw: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """Eager form of the tiled contraction (:class:`_BandedBlockAttention`) in one dtype (:func:`_one_dtype`)."""
+    with _one_dtype(qb, vw) as dtype:
+        return _BandedBlockAttention.apply(qb.to(dtype), vw.to(dtype), kernel.to(dtype))
+
+
+@contextlib.contextmanager
+def _one_dtype(q: torch.Tensor, v: torch.Tensor):
+    """The dtype a custom contraction runs in: autocast's lower precision where it is on (as for any matmul),
+    with autocast off inside; else the inputs' common dtype."""
+    device = v.device.type
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+        with torch.autocast(device, enabled=False):
+            yield torch.get_autocast_dtype(device)
+    else:
+        yield torch.promote_types(q.dtype, v.dtype)
+
+
+def _band(buf: torch.Tensor, t: int, h: int, u: int, kh: int, kw: int) -> torch.Tensor:
+    """The band of block logits ``buf [C, (qy qx h), (u my mx)]`` as a view ``[C, qy, qx, h, u, ky, kx]``:
+    entry ``(qy, qx, h, u, qy + ky, qx + kx)``. One strided view, no index tensor."""
+    mh, mw = t + kh - 1, t + kw - 1
+    s_u = mh * mw
+    s_h = u * s_u
+    s_qx = h * s_h
+    s_qy = t * s_qx
+    return buf.as_strided((buf.shape[0], t, t, h, u, kh, kw), (t * s_qy, s_qy + mw, s_qx + 1, s_h, s_u, mw, 1),
+                          buf.storage_offset())
+
+
+class _BandedBlockAttention(torch.autograd.Function):
+    """``y[g, (n, h)] = sum_m a[g, n, h, m] w[g, m]``, ``a[g, n, h, n + r] = q[g, n, h] . R[r]``: the tiled form.
+
+    Inputs: ``q [G, T, T, h, k]`` query blocks, ``w [G, u M, V]`` their context windows, ``R [k, u, K_h, K_w]``.
+    Compact logits ``q R`` come from one GEMM with the small table ``R`` (no ``[T^2, k, M]`` embedding matrix
+    to stream through memory) and are written into the band of a reused zero buffer by a strided view. Blocks
+    go in chunks of ``CHUNK_ROWS`` query rows, so the ``[rows, M]`` logits stay cache-sized and are recomputed
+    in the backward instead of being saved (memory: ``q``, ``w`` and ``R`` only).
+    """
+    CHUNK_ROWS = 1024
+
+    @staticmethod
+    def forward(ctx, q, w, table):
+        q, w, table = q.contiguous(), w.contiguous(), table.contiguous()
+        g, t, _, h, k = q.shape
+        _, u, kh, kw = table.shape
+        m, dv = w.shape[1], w.shape[2]
+        chunk = max(1, _BandedBlockAttention.CHUNK_ROWS // (t * t * h))
+        rm = table.reshape(k, u * kh * kw)
+        y = w.new_empty(g, t * t * h, dv)
+        buf = w.new_zeros(min(chunk, g), t * t * h, m)
+        for c0 in range(0, g, chunk):
+            c1 = min(g, c0 + chunk)
+            logits = buf[:c1 - c0]
+            _band(logits, t, h, u, kh, kw).copy_(torch.mm(q[c0:c1].reshape(-1, k), rm).view(c1 - c0, t, t, h, u, kh, kw))
+            torch.bmm(logits, w[c0:c1], out=y[c0:c1])
+        ctx.save_for_backward(q, w, table)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        q, w, table = ctx.saved_tensors
+        g, t, _, h, k = q.shape
+        _, u, kh, kw = table.shape
+        m, dv = w.shape[1], w.shape[2]
+        chunk = max(1, _BandedBlockAttention.CHUNK_ROWS // (t * t * h))
+        rm = table.reshape(k, u * kh * kw)
+        gy = gy.contiguous()
+        gq = q.new_empty(q.shape)
+        gw = w.new_empty(w.shape)
+        grm = rm.new_zeros(rm.shape)
+        buf = w.new_zeros(min(chunk, g), t * t * h, m)
+        for c0 in range(0, g, chunk):
+            c1 = min(g, c0 + chunk)
+            qc = q[c0:c1].reshape(-1, k)
+            logits = buf[:c1 - c0]
+            _band(logits, t, h, u, kh, kw).copy_(torch.mm(qc, rm).view(c1 - c0, t, t, h, u, kh, kw))
+            torch.bmm(logits.transpose(1, 2), gy[c0:c1], out=gw[c0:c1])
+            glogits = torch.bmm(gy[c0:c1], w[c0:c1].transpose(1, 2))
+            gcompact = _band(glogits, t, h, u, kh, kw).reshape(-1, u * kh * kw)
+            torch.mm(gcompact, rm.t(), out=gq[c0:c1].view(-1, k))
+            grm.addmm_(qc.t(), gcompact)
+        return gq, gw, grm.view_as(table)
 
 
 def position_lambdas(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, height: int, width: int,
@@ -146,13 +297,13 @@ def position_lambdas(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, heig
         raise ValueError(f'input of {height}x{width} is larger than max_size=({(table.shape[-2] + 1) // 2}, '
                          f'{(table.shape[-1] + 1) // 2}) of the global position embedding; build the layer '
                          f'with a larger max_size (img_size) or use a local scope')
-    kernel = relative_kernel(table, height, width, global_scope)
     window = (tile + table.shape[-2] - 1) * (tile + table.shape[-1] - 1)
     impl = choose_impl(impl, height, width, window, global_scope)
+    if impl == 'dense':
+        return _dense(q, v, table, height, width, global_scope)
+    kernel = relative_kernel(table, height, width, global_scope)
     if impl == 'tiled':
         return _tiled(q, v, kernel, height, width, tile)
-    if impl == 'dense':
-        return _dense(q, v, kernel, height, width, not global_scope)
     if impl == 'conv':
         return _conv(q, v, kernel, height, width)
     if impl == 'einsum':

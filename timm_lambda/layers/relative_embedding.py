@@ -14,6 +14,7 @@ convolution (appendix C.1). The functions below turn it into the embeddings an `
 uses. They are written with shape arithmetic only (no data-dependent Python branches), so a
 ``torch.jit.trace`` or ONNX export made at one size is right at every size.
 """
+import functools
 import operator
 from typing import Optional, Tuple, Union
 
@@ -21,8 +22,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-__all__ = ['RelativePositionEmbedding', 'check_scope', 'relative_kernel', 'dense_embedding', 'tile_embedding',
-           'to_int', 'to_pair']
+__all__ = ['RelativePositionEmbedding', 'check_scope', 'relative_kernel', 'dense_embedding', 'dense_embedding_cached',
+           'tile_embedding', 'to_int', 'to_pair']
 
 Size2 = Tuple[int, int]
 
@@ -147,6 +148,31 @@ def dense_embedding(kernel: torch.Tensor, height: int, width: int, masked: bool 
     index = (dy + (kh - 1) // 2)[:, None, :, None] * kw + (dx + (kw - 1) // 2)[None, :, None, :]
     n = height * width
     return kernel.reshape(k, u, kh * kw).index_select(2, index.reshape(-1)).reshape(k, u, n, n)
+
+
+@torch.jit.unused
+def dense_embedding_cached(table: torch.Tensor, height: int, width: int, masked: bool) -> torch.Tensor:
+    """:func:`dense_embedding` straight from the whole table (local or global) with an index built once per
+    input size: one gather, for eager runs (tracers and TorchScript use the shape-arithmetic version)."""
+    k, u, th, tw = table.shape
+    index = _dense_index(height, width, th, tw, masked, str(table.device))
+    flat = table.reshape(k, u, th * tw)
+    if masked:
+        flat = F.pad(flat, [0, 1])  # slot th * tw: zero embedding outside the scope
+    n = height * width
+    return flat.index_select(2, index).reshape(k, u, n, n)
+
+
+@functools.lru_cache(maxsize=64)
+def _dense_index(height: int, width: int, table_h: int, table_w: int, masked: bool, device: str) -> torch.Tensor:
+    ys, xs = torch.arange(height, device=device), torch.arange(width, device=device)
+    dy = ys[None, :] - ys[:, None] + (table_h - 1) // 2  # [n_y, m_y]: table row of the offset m - n
+    dx = xs[None, :] - xs[:, None] + (table_w - 1) // 2
+    index = dy[:, None, :, None] * table_w + dx[None, :, None, :]
+    if masked:
+        inside = ((dy >= 0) & (dy < table_h))[:, None, :, None] & ((dx >= 0) & (dx < table_w))[None, :, None, :]
+        index = torch.where(inside, index, table_h * table_w)
+    return index.reshape(-1)
 
 
 def _skew(x: torch.Tensor) -> torch.Tensor:
