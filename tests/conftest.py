@@ -20,10 +20,8 @@ def pytest_report_header(config):
 
 def pytest_collection_modifyitems(config, items):
     """tests/test_timm_suite.py imports timm's whole model test matrix: keep our models' items only."""
-    from timm.models._registry import _model_to_module
-
-    import timm_lambda  # noqa: F401  (registers the models)
-    ours = {name for name, module in _model_to_module.items() if module.startswith('lambda_')}
+    from timm_lambda import registered_models
+    ours = set(registered_models())
     keep, drop = [], []
     for item in items:
         if item.module.__name__ == 'test_timm_suite' and item.name != 'test_timm_suite_available':

@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 import timm
-from timm.models._registry import _model_to_module
 
+from timm_lambda import registered_models
 from timm_lambda.layers import LambdaLayer, MaskedLambdaLayer1d, MultiHeadLambdaLayer
 
-OUR_MODELS = sorted(n for n, m in _model_to_module.items() if m.startswith('lambda_'))
+OUR_MODELS = registered_models()
 IMPLS = ['einsum', 'conv', 'dense', 'tiled']
 
 

@@ -8,4 +8,12 @@ from .models import LambdaResNet
 
 __version__ = '0.1.0'
 
-__all__ = ['LambdaLayer', 'MaskedLambdaLayer1d', 'MultiHeadLambdaLayer', 'RelativePositionEmbedding', 'LambdaResNet']
+__all__ = ['LambdaLayer', 'MaskedLambdaLayer1d', 'MultiHeadLambdaLayer', 'RelativePositionEmbedding', 'LambdaResNet',
+           'registered_models']
+
+
+def registered_models():
+    """Names of the models this package registers in timm (entry points defined in timm_lambda.models)."""
+    import timm
+    return sorted(n for n in timm.list_models()
+                  if timm.models.model_entrypoint(n).__module__.startswith('timm_lambda.'))
