@@ -73,7 +73,7 @@ def compare(which, size, batch, device, repeats):
 
 
 def report(r):
-    names = [k for k in r if isinstance(r[k], dict) and 'train_s' in r[k]]
+    names = [k for k in r if isinstance(r[k], dict) and 'params_m' in r[k]]
     print(f"# {r['comparison']}: {r['size']}x{r['size']}, batch {r['batch']}; {r['machine']}")
     print('| model | params (M) | training step (s) | inference (s) | peak step memory (MiB) |')
     print('|---|---:|---:|---:|---:|')
@@ -88,7 +88,7 @@ def _plot(rows, path):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    names = [k for k in rows[0] if isinstance(rows[0][k], dict) and 'train_s' in rows[0][k]]
+    names = [k for k in rows[0] if isinstance(rows[0][k], dict) and 'params_m' in rows[0][k]]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for n in names:
         sizes = [r['size'] for r in rows]

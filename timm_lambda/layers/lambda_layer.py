@@ -172,7 +172,9 @@ class LambdaLayer(nn.Module):
         self.global_scope = scope == 'global'
         table_h, table_w = self.embedding_table_size()
         self.tile = tile_size(table_h, table_w)  # block side of the tiled form, fixed at construction
-        self.pool = nn.AvgPool2d(3, 2, padding=1, count_include_pad=False) if self.stride == 2 else nn.Identity()
+        self.pool_count_include_pad = False
+        self.pool = nn.AvgPool2d(3, 2, padding=1, count_include_pad=self.pool_count_include_pad) \
+            if self.stride == 2 else nn.Identity()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -207,18 +209,19 @@ class LambdaLayer(nn.Module):
         q, keys, values = torch.split(self.qkv(x), [h * k, k * u, v * u], dim=1)
         q = self.norm_q(q).reshape(B, h, k, n)
         values = self.norm_v(values).reshape(B, u, v, n)
+        out: Optional[torch.Tensor] = None
         if self.content:
             keys = normalize_keys(keys.reshape(B, u, k, n), self.key_norm)
             content_lambda = torch.einsum('bukm,buvm->bkv', [keys, values])  # lambda^c, eq. 1
-            out = torch.einsum('bhkn,bkv->bhvn', [q, content_lambda])  # eq. 2
-            if self.pos_embedding is not None:
-                out = out + position_lambdas(q, values, self.pos_embedding.weight, H, W, self.impl,
-                                             self.global_scope, self.tile)
-        else:
-            assert self.pos_embedding is not None
-            out = position_lambdas(q, values, self.pos_embedding.weight, H, W, self.impl, self.global_scope,
-                                   self.tile)
-        return self.pool(out.reshape(B, h * v, H, W))
+            out = self.pool(torch.einsum('bhkn,bkv->bhvn', [q, content_lambda]).reshape(B, h * v, H, W))  # eq. 2
+        if self.pos_embedding is not None:
+            # position lambdas, average-pooled by the same 3x3 stride-2 pooling when the layer downsamples
+            pos = position_lambdas(q, values, self.pos_embedding.weight, H, W, self.impl, self.global_scope,
+                                   self.tile, self.stride, self.pool_count_include_pad)
+            pos = pos.reshape(B, h * v, (H + self.stride - 1) // self.stride, (W + self.stride - 1) // self.stride)
+            out = pos if out is None else out + pos
+        assert out is not None
+        return out
 
 
 def _drop_shared_embedding(module, state_dict, prefix, local_metadata):

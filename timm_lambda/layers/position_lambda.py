@@ -199,6 +199,126 @@ def _tiled(q: torch.Tensor, v: torch.Tensor, kernel: torch.Tensor, height: int, 
 
 
 @torch.jit.unused
+def _tiled_pooled(q: torch.Tensor, v: torch.Tensor, kernel: torch.Tensor, height: int, width: int,
+                  count_include_pad: bool) -> torch.Tensor:
+    """The tiled form followed by 3x3 average pooling with stride 2 and padding 1, computed directly at the
+    output resolution: ``out_o = 1/c_o sum_{d in 3x3} y_{2o+d} = 1/c_o sum_m (sum_d a_{2o+d, m}) v_m``, the
+    nine shifted logits summed into one ``[T_o^2 h, M]`` matrix per block of ``T_o x T_o`` outputs, so the big
+    GEMM runs once per output instead of once per input position (4x fewer rows). Returns
+    ``[B, h, V, ceil(H/2) ceil(W/2)]``; eager only (graph capture computes the full map, then pools)."""
+    b, h, k, n = q.shape
+    u, dv = v.shape[1], v.shape[2]
+    kh, kw = kernel.shape[-2], kernel.shape[-1]
+    t = 4  # output block side: a block sees (2T + 1)^2 query positions and a (2T + K)^2 context window
+    ho, wo = (height + 1) // 2, (width + 1) // 2
+    ty, tx = (ho + t - 1) // t, (wo + t - 1) // t
+    hop, wop = ty * t, tx * t
+    mh, mw = 2 * t + kh, 2 * t + kw
+    dev = q.device
+    # query regions [B ty tx, 2T+1, 2T+1, h, k] around each output block (input rows 2 o - 1 .. 2 o + 1)
+    qp = F.pad(q.reshape(b, h * k, height, width), [1, 2 * wop - width, 1, 2 * hop - height])
+    rows = (torch.arange(ty, device=dev)[:, None] * (2 * t) + torch.arange(2 * t + 1, device=dev)).reshape(-1)
+    cols = (torch.arange(tx, device=dev)[:, None] * (2 * t) + torch.arange(2 * t + 1, device=dev)).reshape(-1)
+    qr = qp.index_select(2, rows).index_select(3, cols).reshape(b, h, k, ty, 2 * t + 1, tx, 2 * t + 1)
+    qr = qr.permute(0, 3, 5, 4, 6, 1, 2).reshape(b * ty * tx, 2 * t + 1, 2 * t + 1, h, k)
+    # context windows [B ty tx, u M, V]
+    ry, rx = (kh - 1) // 2, (kw - 1) // 2
+    vp = F.pad(v.reshape(b, u, dv, height, width), [1 + rx, 2 * wop - width + rx, 1 + ry, 2 * hop - height + ry])
+    rows = (torch.arange(ty, device=dev)[:, None] * (2 * t) + torch.arange(mh, device=dev)).reshape(-1)
+    cols = (torch.arange(tx, device=dev)[:, None] * (2 * t) + torch.arange(mw, device=dev)).reshape(-1)
+    vw = vp.index_select(3, rows).index_select(4, cols).reshape(b, u, dv, ty, mh, tx, mw)
+    vw = vw.permute(0, 3, 5, 1, 4, 6, 2).reshape(b * ty * tx, u * mh * mw, dv)
+    with _one_dtype(qr, vw) as dtype:
+        y = _PooledBandedBlockAttention.apply(qr.to(dtype), vw.to(dtype), kernel.to(dtype))
+    y = y.reshape(b, ty, tx, t, t, h, dv).permute(0, 5, 6, 1, 3, 2, 4).reshape(b, h, dv, hop, wop)[..., :ho, :wo]
+    if count_include_pad:
+        return y.reshape(b, h, dv, ho * wo) / 9
+    in_rows = 3 - (torch.arange(ho, device=dev) == 0).to(y.dtype) - (2 * torch.arange(ho, device=dev) + 1 >= height).to(y.dtype)
+    in_cols = 3 - (torch.arange(wo, device=dev) == 0).to(y.dtype) - (2 * torch.arange(wo, device=dev) + 1 >= width).to(y.dtype)
+    return (y / (in_rows[:, None] * in_cols[None, :])).reshape(b, h, dv, ho * wo)
+
+
+def _pooled_band(buf: torch.Tensor, t: int, h: int, u: int, kh: int, kw: int, dy: int, dx: int) -> torch.Tensor:
+    """Entries of the output-block logits ``buf [C, (oy ox h), (u my mx)]`` that query ``2 o + (dy, dx)`` (window
+    coordinates) reaches at kernel offset ``(ky, kx)``, as a view ``[C, oy, ox, h, u, ky, kx]``."""
+    mh, mw = 2 * t + kh, 2 * t + kw
+    s_u = mh * mw
+    s_h = u * s_u
+    s_ox = h * s_h
+    s_oy = t * s_ox
+    return buf.as_strided((buf.shape[0], t, t, h, u, kh, kw),
+                          (t * s_oy, s_oy + 2 * mw, s_ox + 2, s_h, s_u, mw, 1),
+                          buf.storage_offset() + dy * mw + dx)
+
+
+class _PooledBandedBlockAttention(torch.autograd.Function):
+    """The tiled form summed over the nine input positions of each stride-2 output (see :func:`_tiled_pooled`).
+
+    Inputs: ``q [G, 2T+1, 2T+1, h, k]`` query regions, ``w [G, u M, V]`` context windows, ``R [k, u, K_h, K_w]``;
+    output ``[G, T T h, V]`` (sums; the caller divides by the pooling counts).
+    """
+    CHUNK_ROWS = 1024
+
+    @staticmethod
+    def _logits(buf, qc, rm, t, h, u, kh, kw):
+        c, side = qc.shape[0], qc.shape[1]
+        compact = torch.mm(qc.reshape(-1, qc.shape[-1]), rm).view(c, side, side, h, u, kh, kw)
+        buf.zero_()
+        for dy in range(3):
+            for dx in range(3):
+                _pooled_band(buf, t, h, u, kh, kw, dy, dx).add_(compact[:, dy:dy + 2 * t:2, dx:dx + 2 * t:2])
+        return buf
+
+    @staticmethod
+    def forward(ctx, q, w, table):
+        q, w, table = q.contiguous(), w.contiguous(), table.contiguous()
+        g, side, _, h, k = q.shape
+        t = (side - 1) // 2
+        _, u, kh, kw = table.shape
+        m, dv = w.shape[1], w.shape[2]
+        chunk = max(1, _PooledBandedBlockAttention.CHUNK_ROWS // (t * t * h))
+        rm = table.reshape(k, u * kh * kw)
+        y = w.new_empty(g, t * t * h, dv)
+        buf = w.new_empty(min(chunk, g), t * t * h, m)
+        for c0 in range(0, g, chunk):
+            c1 = min(g, c0 + chunk)
+            logits = _PooledBandedBlockAttention._logits(buf[:c1 - c0], q[c0:c1], rm, t, h, u, kh, kw)
+            torch.bmm(logits, w[c0:c1], out=y[c0:c1])
+        ctx.save_for_backward(q, w, table)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        q, w, table = ctx.saved_tensors
+        g, side, _, h, k = q.shape
+        t = (side - 1) // 2
+        _, u, kh, kw = table.shape
+        m, dv = w.shape[1], w.shape[2]
+        chunk = max(1, _PooledBandedBlockAttention.CHUNK_ROWS // (t * t * h))
+        rm = table.reshape(k, u * kh * kw)
+        gy = gy.contiguous()
+        gq = q.new_empty(q.shape)
+        gw = w.new_empty(w.shape)
+        grm = rm.new_zeros(rm.shape)
+        buf = w.new_empty(min(chunk, g), t * t * h, m)
+        for c0 in range(0, g, chunk):
+            c1 = min(g, c0 + chunk)
+            c = c1 - c0
+            qc = q[c0:c1]
+            logits = _PooledBandedBlockAttention._logits(buf[:c], qc, rm, t, h, u, kh, kw)
+            torch.bmm(logits.transpose(1, 2), gy[c0:c1], out=gw[c0:c1])
+            glogits = torch.bmm(gy[c0:c1], w[c0:c1].transpose(1, 2))
+            gcompact = q.new_zeros(c, side, side, h, u, kh, kw)
+            for dy in range(3):
+                for dx in range(3):
+                    gcompact[:, dy:dy + 2 * t:2, dx:dx + 2 * t:2].add_(_pooled_band(glogits, t, h, u, kh, kw, dy, dx))
+            gcompact = gcompact.view(-1, u * kh * kw)
+            torch.mm(gcompact, rm.t(), out=gq[c0:c1].view(-1, k))
+            grm.addmm_(qc.reshape(-1, k).t(), gcompact)
+        return gq, gw, grm.view_as(table)
+
+
+@torch.jit.unused
 def _banded_block_attention(qb: torch.Tensor, vw: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
     """Eager form of the tiled contraction (:class:`_BandedBlockAttention`) in one dtype (:func:`_one_dtype`)."""
     with _one_dtype(qb, vw) as dtype:
@@ -285,12 +405,15 @@ class _BandedBlockAttention(torch.autograd.Function):
 
 
 def position_lambdas(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, height: int, width: int,
-                     impl: str, global_scope: bool, tile: int) -> torch.Tensor:
+                     impl: str, global_scope: bool, tile: int, stride: int = 1,
+                     count_include_pad: bool = False) -> torch.Tensor:
     """``y_n^h = (lambda^p_n)^T q_n^h`` for every query: ``q [B, h, k, n], v [B, u, V, n] -> [B, h, V, n]``.
 
     ``table`` is the relative embedding ``[k, u, R_h, R_w]`` (:class:`RelativePositionEmbedding`), ``impl``
     one of :data:`POSITION_IMPLS`, ``tile`` the block side of the tiled form (:func:`tile_size` of the
-    table). An FX leaf: its Python size logic runs at call time, not at trace time.
+    table). ``stride=2``: the result average-pooled (3x3, stride 2, padding 1; ``count_include_pad`` as
+    ``nn.AvgPool2d``), ``[B, h, V, ceil(H/2) ceil(W/2)]``. An FX leaf: its Python size logic runs at call
+    time, not at trace time.
     """
     if global_scope and not torch.jit.is_tracing() and (
             2 * height - 1 > table.shape[-2] or 2 * width - 1 > table.shape[-1]):
@@ -299,16 +422,26 @@ def position_lambdas(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, heig
                          f'with a larger max_size (img_size) or use a local scope')
     window = (tile + table.shape[-2] - 1) * (tile + table.shape[-1] - 1)
     impl = choose_impl(impl, height, width, window, global_scope)
+    if impl == 'tiled' and stride == 2 and not _graph_capture():
+        return _tiled_pooled(q, v, relative_kernel(table, height, width, global_scope), height, width,
+                             count_include_pad)
     if impl == 'dense':
-        return _dense(q, v, table, height, width, global_scope)
-    kernel = relative_kernel(table, height, width, global_scope)
-    if impl == 'tiled':
-        return _tiled(q, v, kernel, height, width, tile)
-    if impl == 'conv':
-        return _conv(q, v, kernel, height, width)
-    if impl == 'einsum':
-        return _einsum(q, v, kernel, height, width, not global_scope)
-    raise ValueError("impl must be one of 'auto', 'einsum', 'conv', 'dense', 'tiled', got '" + impl + "'")
+        y = _dense(q, v, table, height, width, global_scope)
+    else:
+        kernel = relative_kernel(table, height, width, global_scope)
+        if impl == 'tiled':
+            y = _tiled(q, v, kernel, height, width, tile)
+        elif impl == 'conv':
+            y = _conv(q, v, kernel, height, width)
+        elif impl == 'einsum':
+            y = _einsum(q, v, kernel, height, width, not global_scope)
+        else:
+            raise ValueError("impl must be one of 'auto', 'einsum', 'conv', 'dense', 'tiled', got '" + impl + "'")
+    if stride == 1:
+        return y
+    b, h, dv = y.shape[0], y.shape[1], y.shape[2]
+    y = F.avg_pool2d(y.reshape(b, h * dv, height, width), 3, 2, 1, count_include_pad=count_include_pad)
+    return y.reshape(b, h, dv, y.shape[-2] * y.shape[-1])
 
 
 # An FX leaf for timm's feature extraction; modules that call it also declare torch.fx.wrap('position_lambdas')
