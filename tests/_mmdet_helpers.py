@@ -1,5 +1,4 @@
-"""Shared helpers for tests/test_mmdet_*.py."""
-import importlib.util
+"""Shared helpers for tests/test_mmdet_*.py (import tests/_det.py first: it skips them without the extra)."""
 import os
 import os.path as osp
 import subprocess
@@ -7,47 +6,31 @@ import sys
 
 import mmdet
 
+from timm_lambda.paper import TABLE14 as _TABLE14
+
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIG_DIR = osp.join(REPO, 'configs', 'mmdet')
 MMDET_TOOLS = osp.join(osp.dirname(mmdet.__file__), '.mim', 'tools')
 CLASSES = ('square', 'circle', 'triangle', 'star')
 
-TABLE14 = {
-    'mask-rcnn_resnetrs101-nose_fpn_syncbn_lsj-130k_coco.py':
-    'resnetrs101_nose',
-    'mask-rcnn_resnetrs101_fpn_syncbn_lsj-130k_coco.py': 'resnetrs101',
-    'mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco.py':
-    'lambdaresnet101',
-    'mask-rcnn_resnetrs152-nose_fpn_syncbn_lsj-130k_coco.py':
-    'resnetrs152_nose',
-    'mask-rcnn_resnetrs152_fpn_syncbn_lsj-130k_coco.py': 'resnetrs152',
-    'mask-rcnn_lambdaresnet152_fpn_syncbn_lsj-130k_coco.py':
-    'lambdaresnet152',
-}
-
-
-def load_tool(name):
-    """Import tools/<name>.py as a module."""
-    path = osp.join(REPO, 'tools', f'{name}.py')
-    if osp.join(REPO, 'tools') not in sys.path:
-        sys.path.insert(0, osp.join(REPO, 'tools'))
-    spec = importlib.util.spec_from_file_location(f'_tool_{name}', path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+# config file -> timm backbone, for every Table 14 row
+TABLE14 = {f"mask-rcnn_{model.replace('_nose', '-nose')}_fpn_syncbn_lsj-130k_coco.py": model
+           for _, model, *_ in _TABLE14}
 
 
 def subprocess_env():
     env = dict(os.environ)
-    env['PYTHONPATH'] = os.pathsep.join(
-        [REPO] + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
     env.setdefault('OMP_NUM_THREADS', '2')
     env['PYTHONWARNINGS'] = 'ignore'
     return env
 
 
 def run(cmd, timeout=400, cwd=REPO):
-    proc = subprocess.run(
-        cmd, cwd=cwd, env=subprocess_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    """Run a command from the repository root (so ``python -m`` imports this checkout)."""
+    proc = subprocess.run(cmd, cwd=cwd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout)
     return proc.returncode, proc.stdout
+
+
+def python_m(*args):
+    return [sys.executable, '-m', *args]

@@ -31,6 +31,7 @@ def pytest_collection_modifyitems(config, items):
                 drop.append(item)
                 continue
             item.add_marker('timm_suite')
+            item.add_marker('slow')
         keep.append(item)
     if drop:
         items[:] = keep

@@ -209,11 +209,12 @@ def test_timm_part_imports_without_openmmlab(tmp_path):
     assert proc.stdout.strip() == "ok"
 
 
-def test_mmdet_plugin_without_mmdet_names_the_det_extra(tmp_path):
+@pytest.mark.parametrize("package", ["timm_lambda_mmdet", "mmdet_plugin"])
+def test_mmdet_plugin_without_mmdet_names_the_det_extra(tmp_path, package):
     proc = run_py(
-        BLOCK_OPENMMLAB + textwrap.dedent("""
+        BLOCK_OPENMMLAB + textwrap.dedent(f"""
         try:
-            import mmdet_plugin
+            import {package}
         except ImportError as e:
             print("IMPORT-ERROR:", e)
         else:
@@ -222,7 +223,7 @@ def test_mmdet_plugin_without_mmdet_names_the_det_extra(tmp_path):
         tmp_path,
     )
     out = proc.stdout.strip()
-    assert out.startswith("IMPORT-ERROR:"), f"import mmdet_plugin must fail without mmdet: {out!r}"
+    assert out.startswith("IMPORT-ERROR:"), f"import {package} must fail without mmdet: {out!r}"
     assert INSTALL_HINT in out, f"the ImportError must tell the user to run {INSTALL_HINT}: {out!r}"
 
 
@@ -230,12 +231,17 @@ def test_mmdet_plugin_without_mmdet_names_the_det_extra(tmp_path):
 def test_both_packages_import(tmp_path):
     proc = run_py(
         """
-        import timm_lambda, mmdet_plugin
-        print(timm_lambda.__name__, mmdet_plugin.__name__)
+        import warnings
+        import timm_lambda, timm_lambda_mmdet
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import mmdet_plugin  # the old name keeps working, with a DeprecationWarning
+        print(timm_lambda.__name__, timm_lambda_mmdet.__name__, mmdet_plugin.TimmLambdaResNet.__module__,
+              any(issubclass(w.category, DeprecationWarning) for w in caught))
         """,
         tmp_path,
     )
-    assert proc.stdout.split() == ["timm_lambda", "mmdet_plugin"]
+    assert proc.stdout.split() == ["timm_lambda", "timm_lambda_mmdet", "timm_lambda_mmdet.backbone", "True"]
 
 
 # --------------------------------------------------------------------------

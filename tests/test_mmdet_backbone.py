@@ -1,4 +1,5 @@
 """TimmLambdaResNet: features, norms, freezing, checkpointing, weights."""
+import _det  # noqa: F401  (skips this module without the [det] extra)
 import subprocess
 import sys
 
@@ -9,9 +10,8 @@ import torch.nn as nn
 from mmengine.model import revert_sync_batchnorm
 from torch.nn.modules.batchnorm import _BatchNorm
 
-import mmdet_plugin  # noqa: F401  (registers the backbone)
 from mmdet.registry import MODELS
-from mmdet_plugin import TimmLambdaResNet
+from timm_lambda_mmdet import TimmLambdaResNet
 
 from _mmdet_helpers import REPO
 
@@ -26,7 +26,7 @@ def test_import_without_mmdet_names_the_extra():
     code = ("import sys\n"
             "sys.modules['mmdet'] = None\n"
             "try:\n"
-            "    import mmdet_plugin\n"
+            "    import timm_lambda_mmdet\n"
             "except ImportError as e:\n"
             "    print('MSG', e)\n"
             "else:\n"
@@ -77,7 +77,8 @@ def _lambda_modules(model):
     (dict(type='SyncBN'), nn.SyncBatchNorm),
     (dict(type='BN'), nn.BatchNorm2d),
 ])
-def test_norm_cfg_converts_every_batchnorm(norm_cfg, expected):
+def test_norm_cfg_builds_every_norm(norm_cfg, expected):
+    """norm_cfg becomes the timm model's norm_layer at construction (no norm is rebuilt afterwards)."""
     ref = timm.create_model('lambdaresnet50', features_only=True)
     n_bn = sum(isinstance(m, nn.BatchNorm2d) for m in ref.modules())
     b = build(norm_cfg=norm_cfg)
@@ -154,6 +155,35 @@ def test_pretrained_timm_checkpoint(tmp_path, wrap):
         torch.testing.assert_close(v, ref[k], msg=k)
 
 
+@pytest.mark.parametrize('use_ema', [None, True, False])
+def test_pretrained_prefers_ema_weights_as_timm(tmp_path, use_ema):
+    """A timm train.py checkpoint holds 'state_dict' and 'state_dict_ema' (every recipe here trains with EMA):
+    the EMA weights are loaded unless use_ema=False, as timm's own load_checkpoint does."""
+    torch.manual_seed(0)
+    raw = timm.create_model('lambdaresnet50', num_classes=10).state_dict()
+    ema = {k: v + 1 if v.is_floating_point() else v for k, v in raw.items()}
+    path = tmp_path / 'checkpoint-9.pth.tar'
+    torch.save({'epoch': 9, 'arch': 'lambdaresnet50', 'state_dict': raw, 'state_dict_ema': ema}, path)
+    init_cfg = dict(type='Pretrained', checkpoint=str(path))
+    if use_ema is not None:
+        init_cfg['use_ema'] = use_ema
+    b = build(init_cfg=init_cfg)
+    b.init_weights()
+    expected = raw if use_ema is False else ema
+    for k, v in b.body.state_dict().items():
+        torch.testing.assert_close(v, expected[k], msg=k)
+
+
+def test_pretrained_safetensors(tmp_path):
+    from safetensors.torch import save_file
+    full = timm.create_model('lambdaresnet50')
+    save_file({k: v.contiguous() for k, v in full.state_dict().items()}, str(tmp_path / 'w.safetensors'))
+    b = build(init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'w.safetensors')))
+    b.init_weights()
+    ref = full.state_dict()
+    assert all(torch.equal(v, ref[k]) for k, v in b.body.state_dict().items())
+
+
 def test_pretrained_checkpoint_errors(tmp_path):
     b = build(init_cfg=dict(type='Pretrained',
                             checkpoint=str(tmp_path / 'missing.pth')))
@@ -164,8 +194,10 @@ def test_pretrained_checkpoint_errors(tmp_path):
     torch.save(other, tmp_path / 'r18.pth')
     b = build(init_cfg=dict(type='Pretrained',
                             checkpoint=str(tmp_path / 'r18.pth')))
-    with pytest.raises(ValueError, match='init_cfg.checkpoint'):
+    with pytest.raises(ValueError, match='init_cfg.checkpoint.*missing keys'):
         b.init_weights()
+    with pytest.raises(ValueError, match='use_ema'):
+        build(init_cfg=dict(type='Pretrained', checkpoint='x.pth', ema=True))
 
 
 def test_backbone_1024_lambdaresnet101_cpu():

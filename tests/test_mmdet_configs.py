@@ -1,4 +1,5 @@
 """Table 14 configs: parse, build, forward + loss at a small size."""
+import _det  # noqa: F401  (skips this module without the [det] extra)
 import os.path as osp
 
 import pytest
@@ -6,12 +7,12 @@ import torch
 from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
 
-import mmdet_plugin  # noqa: F401
+import timm_lambda_mmdet  # noqa: F401
 from mmdet.registry import MODELS
 from mmdet.structures import DetDataSample
 from mmdet.testing import demo_mm_inputs
 from mmdet.utils import register_all_modules
-from mmdet_plugin.overrides import small_run_overrides
+from timm_lambda_mmdet.overrides import small_run_overrides
 
 from _mmdet_helpers import CONFIG_DIR, TABLE14
 
@@ -28,7 +29,7 @@ def load(name, size=64):
 
 def test_schedule_matches_paper_appendix_f3():
     cfg = Config.fromfile(osp.join(CONFIG_DIR, list(TABLE14)[2]))
-    assert cfg.custom_imports == dict(imports=['mmdet_plugin'],
+    assert cfg.custom_imports == dict(imports=['timm_lambda_mmdet'],
                                       allow_failed_imports=False)
     assert cfg.train_cfg.max_iters == 130000
     opt = cfg.optim_wrapper.optimizer
@@ -56,7 +57,29 @@ def test_schedule_matches_paper_appendix_f3():
     assert cfg.model.roi_head.mask_head.norm_cfg.type == 'SyncBN'
     assert cfg.model.backbone.init_cfg is None
     assert cfg.val_evaluator.metric == ['bbox', 'segm']
+    # checks that fail early; no CPU-only convenience in the production config
+    assert cfg.custom_hooks == [dict(type='PreflightHook')]
+    assert cfg.train_dataloader.dataset.type == 'CheckedCocoDataset'
+    assert cfg.test_dataloader.dataset.type == 'CheckedCocoDataset'
+    assert 'model_wrapper_cfg' not in cfg
+    assert cfg.env_cfg.dist_cfg.backend == 'nccl'
+
+
+def test_cpu_distributed_override_is_opt_in():
+    cfg = Config.fromfile(osp.join(CONFIG_DIR, '_base_', 'cpu-distributed.py'))
     assert cfg.model_wrapper_cfg.type == 'CPUCompatibleDDP'
+    assert cfg.env_cfg.dist_cfg.backend == 'gloo'
+    assert 'timm_lambda_mmdet.cpu_distributed' in cfg.custom_imports.imports
+    # importing the plugin alone leaves mmengine's process-group set-up untouched
+    import subprocess
+    import sys
+    code = ('import timm_lambda_mmdet\n'
+            'from mmengine.dist import utils\n'
+            'print(getattr(utils._init_dist_pytorch, "_cpu_ok", False))\n'
+            'import timm_lambda_mmdet.cpu_distributed\n'
+            'print(getattr(utils._init_dist_pytorch, "_cpu_ok", False))\n')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300).stdout.split()
+    assert out == ['False', 'True']
 
 
 @pytest.mark.parametrize('name', sorted(TABLE14))

@@ -1,6 +1,7 @@
-"""End to end: generated COCO data -> mmdet's own tools/train.py (resume)
--> tools/test.py with COCO metrics; torchrun with 2 CPU processes (gloo);
-weights_only loading of Runner checkpoints; bad inputs."""
+"""End to end: generated COCO data -> mmdet's own tools/train.py (resume) -> tools/test.py with COCO metrics;
+torchrun with 2 CPU processes (gloo, the opt-in CPU config); weights_only loading of Runner checkpoints;
+checkpoints, outputs and datasets that are wrong fail early, naming the problem."""
+import _det  # noqa: F401  (skips this module without the [det] extra)
 import glob
 import io
 import json
@@ -15,10 +16,14 @@ import torch
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
-import mmdet_plugin  # noqa: F401  (allow-lists mmengine checkpoint globals)
-from mmdet_plugin.overrides import small_run_overrides, to_cli_options
+import timm_lambda_mmdet  # noqa: F401  (allow-lists mmengine checkpoint globals)
+from timm_lambda_mmdet.overrides import small_run_overrides, to_cli_options
 
-from _mmdet_helpers import CLASSES, CONFIG_DIR, MMDET_TOOLS, REPO, load_tool, run
+from timm_lambda_mmdet.synthetic_coco import make_coco_dataset
+
+from _mmdet_helpers import CLASSES, CONFIG_DIR, MMDET_TOOLS, python_m, run
+
+pytestmark = pytest.mark.slow
 
 CONFIG = osp.join(CONFIG_DIR,
                   'mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco.py')
@@ -30,9 +35,7 @@ METRIC_KEYS = [f'coco/{t}_{k}' for t in ('bbox', 'segm')
 @pytest.fixture(scope='module')
 def dataset(tmp_path_factory):
     root = str(tmp_path_factory.mktemp('coco'))
-    gen = load_tool('make_coco_dataset')
-    gen.make_coco_dataset(root, num_train=8, num_val=2, image_size=96,
-                          seed=3)
+    make_coco_dataset(root, num_train=8, num_val=2, image_size=96, seed=3)
     return root
 
 
@@ -45,12 +48,11 @@ def options(root, **kw):
 
 
 def test_generator_valid_and_deterministic(tmp_path):
-    gen = load_tool('make_coco_dataset')
-    a = gen.make_coco_dataset(str(tmp_path / 'a'), num_train=10, num_val=3,
+    a = make_coco_dataset(str(tmp_path / 'a'), num_train=10, num_val=3,
                               image_size=120, seed=7)
-    b = gen.make_coco_dataset(str(tmp_path / 'b'), num_train=10, num_val=3,
+    b = make_coco_dataset(str(tmp_path / 'b'), num_train=10, num_val=3,
                               image_size=120, seed=7)
-    c = gen.make_coco_dataset(str(tmp_path / 'c'), num_train=10, num_val=3,
+    c = make_coco_dataset(str(tmp_path / 'c'), num_train=10, num_val=3,
                               image_size=120, seed=8)
     for split in ('train', 'val'):
         with open(a[split], 'rb') as f1, open(b[split], 'rb') as f2:
@@ -137,12 +139,13 @@ def test_mmdet_train_resume_test(dataset, tmp_path):
 
 
 def test_torchrun_two_cpu_processes_gloo(dataset, tmp_path):
+    """The opt-in CPU config (_base_/cpu-distributed.py) on top of a Table 14 config, under torchrun."""
+    config = tmp_path / 'cpu_ddp.py'
+    config.write_text(f"_base_ = ['{CONFIG}', '{osp.join(CONFIG_DIR, '_base_', 'cpu-distributed.py')}']\n")
     work = str(tmp_path / 'dist')
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node',
-           '2', '--master-port', str(29500 + os.getpid() % 1000),
-           osp.join(MMDET_TOOLS, 'train.py'), CONFIG, '--launcher',
-           'pytorch', '--work-dir', work, '--cfg-options',
-           'env_cfg.dist_cfg.backend=gloo'] + options(dataset, max_iters=1)
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', '2', '--master-port',
+           str(29500 + os.getpid() % 1000), osp.join(MMDET_TOOLS, 'train.py'), str(config), '--launcher', 'pytorch',
+           '--work-dir', work, '--cfg-options'] + options(dataset, max_iters=1)
     rc, out = run(cmd, timeout=500)
     assert rc == 0, out[-5000:]
     assert 'Distributed launcher: pytorch' in out
@@ -153,35 +156,59 @@ def test_torchrun_two_cpu_processes_gloo(dataset, tmp_path):
     assert osp.isfile(osp.join(work, 'iter_1.pth'))
 
 
-def test_repo_runner_tools_train_then_test(dataset, tmp_path):
-    """Our thin Runner-based tools/train.py and tools/test.py (for users without mmdet's scripts)."""
+def test_python_m_runs_mmdets_own_scripts(dataset, tmp_path):
+    """``python -m timm_lambda_mmdet train|test`` runs the tools/train.py and tools/test.py shipped in mmdet."""
     work = str(tmp_path / 'work')
-    rc, out = run([sys.executable, osp.join(REPO, 'tools', 'train.py'), CONFIG, '--work-dir', work,
-                   '--cfg-options'] + options(dataset, max_iters=1))
+    rc, out = run(python_m('timm_lambda_mmdet', 'train', CONFIG, '--work-dir', work, '--cfg-options')
+                  + options(dataset, max_iters=1))
     assert rc == 0, out[-4000:]
     assert osp.isfile(osp.join(work, 'iter_1.pth')), out[-2000:]
     test_dir = str(tmp_path / 'test')
-    rc, out = run([sys.executable, osp.join(REPO, 'tools', 'test.py'), CONFIG, osp.join(work, 'iter_1.pth'),
-                   '--work-dir', test_dir, '--cfg-options'] + options(dataset))
+    rc, out = run(python_m('timm_lambda_mmdet', 'test', CONFIG, osp.join(work, 'iter_1.pth'), '--work-dir',
+                           test_dir, '--out', str(tmp_path / 'preds.pkl'), '--cfg-options') + options(dataset))
     assert rc == 0, out[-4000:]
     rec = _metrics_from_json(test_dir)
     for k in METRIC_KEYS:
         assert k in rec, (k, rec)
+    assert osp.isfile(tmp_path / 'preds.pkl')
 
 
-def test_missing_annotation_file_names_the_parameter(dataset, tmp_path):
-    opts = small_run_overrides(dataset, image_size=64, classes=CLASSES,
-                               num_classes=4,
+def test_missing_files_name_the_parameter(dataset, tmp_path):
+    opts = small_run_overrides(dataset, image_size=64, classes=CLASSES, num_classes=4,
                                train_ann='annotations/nope.json')
-    rc, out = run([sys.executable, osp.join(REPO, 'tools', 'train.py'),
-                   CONFIG, '--work-dir', str(tmp_path / 'w'),
-                   '--cfg-options'] + to_cli_options(opts), timeout=200)
+    rc, out = run(python_m('timm_lambda_mmdet', 'train', CONFIG, '--work-dir', str(tmp_path / 'w'),
+                           '--cfg-options') + to_cli_options(opts), timeout=200)
     assert rc != 0
-    assert 'train_dataloader.dataset.ann_file' in out
-    assert 'nope.json' in out
-    rc, out = run([sys.executable, osp.join(REPO, 'tools', 'test.py'),
-                   CONFIG, str(tmp_path / 'absent.pth')], timeout=200)
-    assert rc != 0 and "checkpoint: file" in out and 'absent.pth' in out
+    assert 'ann_file' in out and 'nope.json' in out and 'does not exist' in out
+    rc, out = run(python_m('timm_lambda_mmdet', 'test', CONFIG, str(tmp_path / 'absent.pth')), timeout=200)
+    assert rc != 0 and 'absent.pth' in out
+
+
+def test_test_refuses_a_checkpoint_of_another_model(dataset, tmp_path):
+    """A timm ImageNet state dict (every detector key missing) is refused, naming the keys, instead of being
+    scored with untrained heads."""
+    import timm
+    path = str(tmp_path / 'imagenet.pth')
+    torch.save(timm.create_model('lambdaresnet50').state_dict(), path)
+    rc, out = run(python_m('timm_lambda_mmdet', 'test', CONFIG, path, '--work-dir', str(tmp_path / 't'),
+                           '--cfg-options') + options(dataset), timeout=300)
+    assert rc != 0
+    assert 'the checkpoint does not match the model' in out and 'missing keys' in out
+    assert "'backbone.body" in out  # names keys
+    assert 'Average Precision' not in out  # nothing was evaluated
+
+
+def test_unwritable_out_fails_before_evaluating(dataset, tmp_path):
+    work = str(tmp_path / 'work')
+    rc, out = run(python_m('timm_lambda_mmdet', 'train', CONFIG, '--work-dir', work, '--cfg-options')
+                  + options(dataset, max_iters=1))
+    assert rc == 0, out[-3000:]
+    rc, out = run(python_m('timm_lambda_mmdet', 'test', CONFIG, osp.join(work, 'iter_1.pth'), '--work-dir',
+                           str(tmp_path / 't'), '--out', str(tmp_path / 'no' / 'such' / 'dir' / 'p.pkl'),
+                           '--cfg-options') + options(dataset), timeout=300)
+    assert rc != 0
+    assert 'does not exist' in out and 'out_file_path' in out
+    assert 'Average Precision' not in out
 
 
 def test_weights_only_allow_list_is_narrow():

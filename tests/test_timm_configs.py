@@ -2,10 +2,10 @@
 
 timm's train.py is not in timm's PyPI distribution, so these checks use the argument
 list committed in configs/timm/train_py_args.txt (written by tools/timm_train_args.py
-from timm's train.py) and timm's library (model registry).
+from timm's train.py) and timm's library (model registry). The recipes are generated from
+timm_lambda/paper.py (tests/test_generated.py); tests/test_paper_facts.py checks those facts
+against the paper's text.
 """
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,29 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / 'configs' / 'timm'
 ARGS_FILE = CONFIG_DIR / 'train_py_args.txt'
 
-_spec = importlib.util.spec_from_file_location('timm_train_args', REPO / 'tools' / 'timm_train_args.py')
-timm_train_args = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(timm_train_args)
+from timm_lambda import recipes as timm_train_args
+from timm_lambda.paper import TABLE20
 
-# Table 20 of the paper, verbatim:
-# Depth, Image Size, RandAugment magnitude, Dropout, Stochastic depth rate
-TABLE_20 = """
-50  128 10 0.2 0
-50  160 10 0.2 0
-101 160 10 0.3 0
-101 192 15 0.2 0
-152 192 15 0.3 0
-152 224 15 0.3 0.1
-152 256 15 0.3 0.1
-152 288 15 0.3 0.1
-270 256 15 0.3 0.1
-350 256 15 0.3 0.2
-350 288 15 0.3 0.2
-350 320 15 0.3 0.2
-420 320 15 0.3 0.2
-"""
-ROWS = [(int(d), int(s), int(m), float(p), float(sd))
-        for d, s, m, p, sd in (line.split() for line in TABLE_20.strip().splitlines())]
+# Table 20: depth, image size, RandAugment magnitude, dropout, stochastic depth rate
+ROWS = [(d, s, m, p, sd) for (d, s), (m, p, sd) in sorted(TABLE20.items())]
 RECIPE_350 = {f'lambdaresnet{d}_r{s}_350ep.yaml': (d, s, m, p, sd) for d, s, m, p, sd in ROWS}
 RECIPE_90 = ('resnet50_lambda_90ep.yaml', 'resnet50_lambda_u4_90ep.yaml')
 RECIPE_MBV2 = 'mobilenetv2_100_lambda_350ep.yaml'

@@ -2,7 +2,8 @@
 
 Each table is written down here once; everything else reads it from here.
 """
-__all__ = ['STAGE_DEPTHS', 'LAMBDA_BLOCKS', 'RESOLUTIONS', 'RESOLUTIONS_C4', 'PARAM_COUNTS']
+__all__ = ['STAGE_DEPTHS', 'LAMBDA_BLOCKS', 'RESOLUTIONS', 'RESOLUTIONS_C4', 'PARAM_COUNTS', 'TABLE18_TOP1', 'TABLE20',
+           'TABLE3_TOP1', 'TABLE14']
 
 # Table 19: blocks per stage c2..c5 (He et al. 2016; ResNet-RS depths).
 STAGE_DEPTHS = {
@@ -47,3 +48,29 @@ PARAM_COUNTS = {
     'resnetrs101': (63.6, 'Table 13'),
     'mobilenetv2_100_lambda': (3.21, 'Table 17'),
 }
+
+# Table 18: supervised ImageNet top-1 (%) per (depth, image size); 152 at 288 has pseudo-label results only.
+TABLE18_TOP1 = {(50, 128): 77.4, (50, 160): 79.2, (101, 160): 80.8, (101, 192): 81.9, (152, 192): 82.5,
+                (152, 224): 83.2, (152, 256): 83.8, (270, 256): 84.2, (350, 256): 84.4, (350, 288): 84.5,
+                (350, 320): 84.7, (420, 320): 84.9}
+
+# Table 20: 350-epoch hyper-parameters per (depth, image size): RandAugment magnitude, dropout, stochastic depth.
+TABLE20 = {(50, 128): (10, 0.2, 0.0), (50, 160): (10, 0.2, 0.0), (101, 160): (10, 0.3, 0.0),
+           (101, 192): (15, 0.2, 0.0), (152, 192): (15, 0.3, 0.0), (152, 224): (15, 0.3, 0.1),
+           (152, 256): (15, 0.3, 0.1), (152, 288): (15, 0.3, 0.1), (270, 256): (15, 0.3, 0.1),
+           (350, 256): (15, 0.3, 0.2), (350, 288): (15, 0.3, 0.2), (350, 320): (15, 0.3, 0.2),
+           (420, 320): (15, 0.3, 0.2)}
+
+# Table 3: ImageNet top-1 (%) of the ResNet-50 rows trained with the 90-epoch setup.
+TABLE3_TOP1 = {'Lambda layer': 78.4, 'Lambda layer (|u|=4)': 78.9}
+
+# Table 14: Mask R-CNN on COCO at 1024x1024 from scratch: (row, timm backbone, box AP, box AP_s/m/l, mask AP,
+# mask AP_s/m/l). "ResNet" rows are ResNet-RS without SE (resnetrs*_nose), "+ SE" rows timm's resnetrs*.
+TABLE14 = [
+    ('ResNet-101', 'resnetrs101_nose', 48.2, (29.9, 50.9, 64.9), 42.6, (24.2, 45.6, 60.0)),
+    ('ResNet-101 + SE', 'resnetrs101', 48.5, (29.9, 51.5, 65.3), 42.8, (24.0, 46.0, 60.2)),
+    ('LambdaResNet-101', 'lambdaresnet101', 49.4, (31.7, 52.2, 65.6), 43.5, (25.9, 46.5, 60.8)),
+    ('ResNet-152', 'resnetrs152_nose', 48.9, (29.9, 51.8, 66.0), 43.2, (24.2, 46.1, 61.2)),
+    ('ResNet-152 + SE', 'resnetrs152', 49.4, (30.0, 52.3, 66.7), 43.5, (24.6, 46.8, 61.8)),
+    ('LambdaResNet-152', 'lambdaresnet152', 50.0, (31.8, 53.4, 67.0), 43.9, (25.5, 47.3, 62.0)),
+]

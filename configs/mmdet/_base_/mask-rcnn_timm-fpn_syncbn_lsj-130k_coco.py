@@ -24,8 +24,14 @@
 #     MMSyncBN also queries the process group in its constructor, so a model
 #     using it cannot even be built without torch.distributed. torch SyncBN
 #     can: mmengine reverts it to BatchNorm when not distributed.
-#   * model_wrapper_cfg: CPUCompatibleDDP (= MMDistributedDataParallel on
-#     GPUs; also runs under torchrun on CPU/gloo, see mmdet_plugin/ddp.py).
+#   * dataset: CheckedCocoDataset (= CocoDataset with errors that name the
+#     file and the problem: malformed JSON, classes matching no category,
+#     nothing left after filtering);
+#   * custom_hooks: PreflightHook refuses a checkpoint whose keys do not
+#     match the model (load_from, mmdet's tools/test.py) and unwritable
+#     output files, before the run.
+# CPU-only conveniences (gloo process groups under torchrun, a DDP wrapper
+# that drops device_ids) are opt-in: _base_/cpu-distributed.py.
 # Same as the baseline: weight decay 4e-5, SGD momentum 0.9, SyncBN in
 # backbone, neck and heads, BatchFixedSizePad to 1024.
 #
@@ -33,7 +39,7 @@
 # SyncBN to BatchNorm, so the same config runs on a laptop.
 _base_ = 'mmdet::strong_baselines/mask-rcnn_r50_fpn_rpn-2conv_4conv1fc_syncbn-all_lsj-100e_coco.py'  # noqa: E501
 
-custom_imports = dict(imports=['mmdet_plugin'], allow_failed_imports=False)
+custom_imports = dict(imports=['timm_lambda_mmdet'], allow_failed_imports=False)
 
 image_size = (1024, 1024)
 norm_cfg = dict(type='SyncBN', requires_grad=True)
@@ -50,7 +56,7 @@ model = dict(
         batch_augments=batch_augments),
     backbone=dict(
         _delete_=True,
-        type='TimmLambdaResNet',
+        type='TimmLambdaResNet',  # timm_lambda_mmdet/backbone.py
         model_name='lambdaresnet101',  # set by each model config
         out_indices=(0, 1, 2, 3),  # c2..c5, strides 4/8/16/32
         frozen_stages=-1,
@@ -62,7 +68,7 @@ model = dict(
     roi_head=dict(
         bbox_head=dict(norm_cfg=norm_cfg), mask_head=dict(norm_cfg=norm_cfg)))
 
-dataset_type = 'CocoDataset'
+dataset_type = 'CheckedCocoDataset'
 data_root = 'data/coco/'
 backend_args = None
 train_pipeline = [
@@ -108,6 +114,7 @@ train_dataloader = dict(
         backend_args=backend_args))
 val_dataloader = dict(
     dataset=dict(
+        type=dataset_type,
         data_root=data_root,
         ann_file='annotations/instances_val2017.json',
         data_prefix=dict(img='val2017/'),
@@ -158,7 +165,4 @@ log_processor = dict(by_epoch=False)
 # it linearly to the actual total batch.
 auto_scale_lr = dict(enable=True, base_batch_size=256)
 
-model_wrapper_cfg = dict(
-    type='CPUCompatibleDDP',
-    broadcast_buffers=False,
-    find_unused_parameters=False)
+custom_hooks = [dict(type='PreflightHook')]

@@ -1,0 +1,61 @@
+"""CheckedCocoDataset: problems with the annotation files are reported with the file and the problem."""
+import _det  # noqa: F401  (skips this module without the [det] extra)
+import json
+
+import pytest
+
+import timm_lambda_mmdet  # noqa: F401
+from mmdet.registry import DATASETS
+from mmdet.utils import register_all_modules
+
+from timm_lambda_mmdet.synthetic_coco import make_coco_dataset
+
+from _mmdet_helpers import CLASSES
+
+register_all_modules()
+
+
+def build(ann_file, classes=CLASSES, filter_empty_gt=True):
+    return DATASETS.build(dict(type='CheckedCocoDataset', ann_file=str(ann_file), data_prefix=dict(img=''),
+                               metainfo=dict(classes=classes), filter_cfg=dict(filter_empty_gt=filter_empty_gt),
+                               pipeline=[], test_mode=False))
+
+
+@pytest.fixture(scope='module')
+def ann(tmp_path_factory):
+    return make_coco_dataset(str(tmp_path_factory.mktemp('coco')), num_train=6, num_val=2, image_size=96)['train']
+
+
+def test_valid_file_loads(ann):
+    ds = build(ann)
+    assert 0 < len(ds) <= 6
+
+
+def test_malformed_json_names_file_line_and_column(tmp_path, ann):
+    text = open(ann).read()
+    broken = tmp_path / 'broken.json'
+    broken.write_text(text + '\n}')  # extra data on line 2
+    with pytest.raises(ValueError, match=rf'{broken}:2:\d+: malformed JSON'):
+        build(broken)
+
+
+def test_classes_matching_no_category(ann):
+    with pytest.raises(ValueError, match=r"none of metainfo.classes \['person', 'car'\].*square"):
+        build(ann, classes=('person', 'car'))
+    with pytest.warns(UserWarning, match=r"\['person'\] match no category"):
+        build(ann, classes=('square', 'person'))
+
+
+def test_empty_after_filtering(tmp_path, ann):
+    data = json.loads(open(ann).read())
+    data['annotations'] = []
+    empty = tmp_path / 'no_objects.json'
+    empty.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r'no image is left after filtering \(6 images loaded.*filter_empty_gt'):
+        build(empty)
+    assert len(build(empty, filter_empty_gt=False)) == 6
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match='nope.json'):
+        build(tmp_path / 'nope.json')

@@ -1,0 +1,71 @@
+"""timm_lambda/paper.py (the one place each paper fact is written) against the paper's own text.
+
+The paper's text is ../shared/papers/lambdanetworks_iclr.txt beside the repository (CI has it); the tables are
+parsed from it here, independently of how paper.py writes them down.
+"""
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from timm_lambda import paper
+
+PAPER = Path(os.environ.get('TIMM_LAMBDA_PAPER',
+                            Path(__file__).resolve().parents[2] / 'shared' / 'papers' / 'lambdanetworks_iclr.txt'))
+pytestmark = pytest.mark.skipif(not PAPER.is_file(), reason=f'paper text not found at {PAPER} (set TIMM_LAMBDA_PAPER)')
+
+
+def _table_rows(caption: str, ncols: int):
+    """Tab-separated rows of the table printed just above ``caption`` in the paper text."""
+    lines = PAPER.read_text().splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith(caption))
+    rows = []
+    for line in reversed(lines[:end]):
+        if not line.strip():
+            if rows:
+                break
+            continue
+        cells = line.split('\t')
+        if len(cells) != ncols:
+            break
+        rows.append(cells)
+    return rows[::-1]
+
+
+def test_table20_hyperparameters():
+    rows = _table_rows('Table 20:', 5)
+    parsed = {(int(d), int(s)): (int(m), float(p), float(sd)) for d, s, m, p, sd in rows if d.isdigit()}
+    assert parsed == paper.TABLE20
+
+
+def test_table18_supervised_top1():
+    rows = _table_rows('Table 18:', 5)
+    parsed = {(int(d), int(s)): float(top1) for d, s, _, top1, _ in rows if d.isdigit() and top1 != '-'}
+    assert parsed == paper.TABLE18_TOP1
+
+
+def test_table19_blocks_and_lambda_positions():
+    rows = _table_rows('Table 19:', 3)
+    for name, blocks, positions in rows:
+        if not name.startswith('LambdaResNet-'):
+            continue
+        depth = int(name.split('-')[1])
+        assert tuple(int(b) for b in re.findall(r'\d+', blocks)) == paper.STAGE_DEPTHS[depth], name
+        assert tuple(int(p) for p in re.findall(r'\d+', positions)) == paper.LAMBDA_BLOCKS[depth], name
+
+
+def test_table14_results():
+    rows = _table_rows('Table 14:', 5)
+    parsed = []
+    for row, box, box_sml, mask, mask_sml in rows[1:]:
+        nums = lambda s: tuple(float(x) for x in re.findall(r'(\d+\.\d)(?:\s*\([+-]\d\.\d\))?', s))  # noqa: E731
+        parsed.append((row, float(box.split()[0]), nums(box_sml), float(mask.split()[0]), nums(mask_sml)))
+    assert parsed == [(row, box, sml, mask, msml) for row, _, box, sml, mask, msml in paper.TABLE14]
+
+
+def test_parameter_counts():
+    text = PAPER.read_text()
+    for name, (millions, where) in paper.PARAM_COUNTS.items():
+        # every count we cite appears in the paper's text
+        assert re.search(rf'\b{re.escape(f"{millions:g}")}\b', text), (name, millions, where)

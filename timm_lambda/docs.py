@@ -1,0 +1,102 @@
+"""README tables and config files generated from the paper facts (:mod:`timm_lambda.paper`) and the registry.
+
+README.md holds generated blocks between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``;
+:func:`generated_files` returns every generated file's expected text (``tools/generate.py`` writes them,
+``tests/test_generated.py`` checks the committed ones).
+"""
+import re
+from pathlib import Path
+from typing import Callable, Dict
+
+from .paper import LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS, TABLE14, TABLE20
+from .recipes import all_recipes, mmdet_configs
+
+__all__ = ['model_table', 'table14_table', 'recipes_table', 'README_BLOCKS', 'render_readme', 'generated_files']
+
+
+def _describe(name: str) -> str:
+    if name.startswith('lambdaresnet') and name.endswith('_c4'):
+        return f'LambdaResNet-{name[12:-3]}-C4: every c4/c5 3x3 conv is a lambda layer (E.2, Tables 13, 15, 16)'
+    if name.startswith('lambdaresnet'):
+        d = int(name[12:])
+        return (f'LambdaResNet-{d} (Table 19: {"-".join(map(str, STAGE_DEPTHS[d]))}, lambda in c4 blocks '
+                f'{", ".join(map(str, LAMBDA_BLOCKS[d]))} + all c5)')
+    if name.startswith('resnetrs'):
+        return f'ResNet-RS-{name[8:-5]} without SE (Fig. 4 / Table 13 baseline)'
+    return {
+        'resnet50_lambda': 'vanilla ResNet-50, every 3x3 conv a lambda layer (Table 3)',
+        'resnet50_lambda_u4': 'as above with \\|u\\|=4, scope 7x7 (Table 3)',
+        'mobilenetv2_100_lambda': 'MobileNet-v2, blocks 10 and 16 lightweight lambda blocks (E.4.2, Table 17)',
+    }.get(name, '')
+
+
+def model_table() -> str:
+    """Every registered model: parameters (1000 classes), the paper's count, default resolution and tags."""
+    import timm
+
+    from . import registered_models
+    from .models.lambda_resnet import LambdaResNet  # noqa: F401  (registers)
+    order = ([f'lambdaresnet{d}' for d in STAGE_DEPTHS] + [f'lambdaresnet{d}_c4' for d in STAGE_DEPTHS]
+             + [f'resnetrs{d}_nose' for d in STAGE_DEPTHS])
+    names = [n for n in order if n in registered_models()] + [n for n in registered_models() if n not in order]
+    lines = ['| name | params (M) | paper (M) | default res (other tags) | reproduces |', '|---|---|---|---|---|']
+    for name in names:
+        model = timm.create_model(name, device='meta')
+        n = sum(p.numel() for p in model.parameters()) / 1e6
+        paper, where = PARAM_COUNTS.get(name, (None, ''))
+        paper_s = f'{paper} ({where}, {100 * (n - paper) / paper:+.1f}%)' if paper else '-'
+        tags = sorted(t.split('.')[-1] for t in timm.models.get_arch_pretrained_cfgs(name))
+        res = model.pretrained_cfg['input_size'][-1]
+        others = [t for t in tags if t != f'r{res}']
+        lines.append(f'| `{name}` | {n:.2f} | {paper_s} | {res}' + (f' ({", ".join(others)})' if others else '')
+                     + f' | {_describe(name)} |')
+    return '\n'.join(lines)
+
+
+def table14_table() -> str:
+    """The Table 14 configs with the paper's COCO results beside them."""
+    lines = ['| config (configs/mmdet/) | backbone | paper box AP (s/m/l) | paper mask AP (s/m/l) |',
+             '|---|---|---|---|']
+    for row, model, box, box_sml, mask, mask_sml in TABLE14:
+        name = f"mask-rcnn_{model.replace('_nose', '-nose')}_fpn_syncbn_lsj-130k_coco.py"
+        lines.append(f"| `{name}` (+ `_amp-` variant) | {row} (`{model}`) | {box} ({' / '.join(map(str, box_sml))}) "
+                     f"| {mask} ({' / '.join(map(str, mask_sml))}) |")
+    return '\n'.join(lines)
+
+
+def recipes_table() -> str:
+    """The timm train.py recipes and the Table 20 rows they reproduce."""
+    lines = ['| recipe (configs/timm/) | Table 20 row: RandAugment, dropout, stochastic depth |', '|---|---|']
+    for name in sorted(all_recipes()):
+        if name.endswith('_350ep.yaml') and name.startswith('lambdaresnet'):
+            depth, size = name[12:].split('_r')[0], name.split('_r')[1].split('_')[0]
+            ra, drop, dp = TABLE20[int(depth), int(size)]
+            lines.append(f'| `{name}` | {depth} @ {size}: {ra}, {drop}, {dp} |')
+        else:
+            lines.append(f'| `{name}` | {"F.3 90-epoch setup (Table 3)" if "90ep" in name else "F.3 MobileNet setup (Table 17)"} |')
+    return '\n'.join(lines)
+
+
+README_BLOCKS: Dict[str, Callable[[], str]] = {
+    'models': model_table,
+    'table14': table14_table,
+    'recipes': recipes_table,
+}
+
+
+def render_readme(text: str) -> str:
+    """``text`` with every generated block replaced by its current content."""
+    for name, fn in README_BLOCKS.items():
+        pattern = re.compile(rf'(<!-- generated:{name} -->\n).*?(\n<!-- /generated:{name} -->)', re.S)
+        if not pattern.search(text):
+            raise ValueError(f'README.md has no <!-- generated:{name} --> ... <!-- /generated:{name} --> block')
+        text = pattern.sub(lambda m, fn=fn: m.group(1) + fn() + m.group(2), text)
+    return text
+
+
+def generated_files(repo: Path) -> Dict[str, str]:
+    """``{path relative to the repository: expected text}`` of every generated file."""
+    out = {f'configs/timm/{n}': t for n, t in all_recipes().items()}
+    out.update({f'configs/mmdet/{n}': t for n, t in mmdet_configs().items()})
+    out['README.md'] = render_readme((Path(repo) / 'README.md').read_text())
+    return out

@@ -1,0 +1,247 @@
+"""MMDetection backbone: a timm LambdaResNet (or ResNet-RS) returning c2..c5 for an FPN."""
+import os.path as osp
+from typing import Optional, Sequence
+
+import timm
+import torch
+import torch.nn as nn
+from mmcv.cnn import build_norm_layer
+from mmengine.logging import MMLogger
+from mmengine.model import BaseModule
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from mmdet.registry import MODELS
+
+__all__ = ['TimmLambdaResNet', 'norm_layer_from_cfg', 'load_timm_checkpoint']
+
+# Stride of the deepest feature map (c5); inputs must be padded to it.
+_OUTPUT_STRIDE = 32
+# Keys of a timm classification checkpoint that a feature extractor does not have.
+_HEAD_PREFIXES = ('fc.', 'head.', 'classifier.', 'global_pool.')
+
+
+def norm_layer_from_cfg(norm_cfg: dict):
+    """A timm ``norm_layer`` that builds mmcv's ``norm_cfg`` (BN, SyncBN, MMSyncBN, GN, ... and
+    ``requires_grad``): ``norm_layer(num_features, momentum=..., eps=..., device=..., dtype=...)``.
+
+    timm models call it for every norm they build (the lambda layers' query/value norms too), so the
+    backbone has mmdet's norms from construction on. ``momentum``/``eps`` a model binds (its
+    ``bn_momentum``/``bn_eps``) apply unless ``norm_cfg`` sets them.
+    """
+    if not isinstance(norm_cfg, dict) or 'type' not in norm_cfg:
+        raise ValueError(f"norm_cfg must be a dict with a 'type' (e.g. dict(type='SyncBN')), got {norm_cfg!r}")
+
+    def norm_layer(num_features: int, momentum: Optional[float] = None, eps: Optional[float] = None,
+                   device=None, dtype=None) -> nn.Module:
+        cfg = dict(norm_cfg)
+        if cfg['type'] != 'GN':
+            if momentum is not None:
+                cfg.setdefault('momentum', momentum)
+            if eps is not None:
+                cfg.setdefault('eps', eps)
+        elif eps is not None:
+            cfg.setdefault('eps', eps)
+        _, layer = build_norm_layer(cfg, num_features)
+        return layer.to(device=device, dtype=dtype) if device is not None or dtype is not None else layer
+
+    return norm_layer
+
+
+@MODELS.register_module()
+class TimmLambdaResNet(BaseModule):
+    """LambdaResNet / ResNet-RS backbone for MMDetection, built by timm.
+
+    Any model registered in timm that supports ``features_only`` and a ``norm_layer`` argument works; the
+    intended ones are the LambdaResNets (``lambdaresnet101``, ..., ``lambdaresnet152_c4``) and the ResNet-RS
+    baselines of the paper's Table 14: ``resnetrs101``/``resnetrs152`` (timm, with squeeze-excitation) and
+    ``resnetrs101_nose``/``resnetrs152_nose`` (timm_lambda, without SE).
+
+    Args:
+        model_name (str): timm model name.
+        out_indices (Sequence[int]): Which of c2, c3, c4, c5 (strides 4, 8, 16, 32) to return, with mmdet's
+            ResNet numbering: 0 -> c2, ..., 3 -> c5. Default: (0, 1, 2, 3).
+        frozen_stages (int): mmdet's ResNet meaning: -1 freezes nothing, 0 freezes the stem, k >= 1 the stem
+            and the first k stages (parameters stop requiring grad, norm layers stay in eval mode).
+        norm_cfg (dict, optional): mmcv norm config used for every norm the timm model builds (stem, blocks
+            and the lambda layers' query/value norms): ``dict(type='BN'|'SyncBN'|'MMSyncBN'|'GN', ...)``;
+            ``requires_grad=False`` freezes the affine parameters. ``None`` keeps timm's BatchNorm2d.
+        norm_eval (bool): Keep norm layers in eval mode (frozen running statistics) while training.
+        with_cp (bool): Gradient checkpointing through timm's ``set_grad_checkpointing``.
+        size_divisor (int, optional): Input height and width must be divisible by this (the c5 stride, 32)
+            so that c2..c5 line up with the image; mmdet pads to it with the data preprocessor's
+            ``pad_size_divisor=32``. ``None`` disables the check.
+        model_kwargs (dict, optional): Extra ``timm.create_model`` kwargs (e.g. ``drop_path_rate``).
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH_OR_URL)`` initialises from a timm
+            ImageNet checkpoint through timm's own loading (``.pth``/``.safetensors``, ``state_dict``/``model``
+            wrappers, ``module.`` prefixes, the EMA weights when the file has them; ``use_ema=False`` takes the
+            raw ones); the classifier is dropped and every other key must match (an error names the
+            mismatches). ``prefix='backbone.'`` loads the backbone of a detector checkpoint. ``None``: train
+            from scratch.
+    """
+
+    def __init__(self,
+                 model_name: str,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1,
+                 norm_cfg: Optional[dict] = dict(type='BN', requires_grad=True),
+                 norm_eval: bool = False,
+                 with_cp: bool = False,
+                 size_divisor: Optional[int] = _OUTPUT_STRIDE,
+                 model_kwargs: Optional[dict] = None,
+                 init_cfg: Optional[dict] = None):
+        if init_cfg is not None:
+            if not isinstance(init_cfg, dict) or init_cfg.get('type') != 'Pretrained' or 'checkpoint' not in init_cfg:
+                raise ValueError("init_cfg must be None (train from scratch) or dict(type='Pretrained', "
+                                 f'checkpoint=PATH), got {init_cfg!r}')
+            unknown = set(init_cfg) - {'type', 'checkpoint', 'prefix', 'use_ema', 'map_location'}
+            if unknown:
+                raise ValueError(f'init_cfg has unknown keys {sorted(unknown)}; accepted: checkpoint, prefix, '
+                                 'use_ema, map_location')
+        super().__init__(init_cfg=init_cfg)
+        if not isinstance(model_name, str) or not timm.is_model(model_name):
+            raise ValueError(f'model_name={model_name!r} is not a timm model; available LambdaResNets: '
+                             f"{timm.list_models('lambdaresnet*')}, ResNet-RS: {timm.list_models('resnetrs*')}")
+        out_indices = tuple(out_indices)
+        if not out_indices or any(i not in (0, 1, 2, 3) for i in out_indices) \
+                or tuple(sorted(set(out_indices))) != out_indices:
+            raise ValueError('out_indices must be increasing values from (0, 1, 2, 3) '
+                             f'(0=c2/stride 4 ... 3=c5/stride 32), got {out_indices}')
+        if not -1 <= frozen_stages <= 4:
+            raise ValueError(f'frozen_stages must be in [-1, 4], got {frozen_stages}')
+        if size_divisor is not None and size_divisor < 1:
+            raise ValueError(f'size_divisor must be None or >= 1, got {size_divisor}')
+        self.model_name = model_name
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self.with_cp = with_cp
+        self.size_divisor = size_divisor
+
+        model_kwargs = dict(model_kwargs or {})
+        if norm_cfg is not None:
+            if 'norm_layer' in model_kwargs:
+                raise ValueError('give norm_cfg or model_kwargs.norm_layer, not both')
+            model_kwargs['norm_layer'] = norm_layer_from_cfg(norm_cfg)
+        # timm feature index i+1 is c(i+2): index 0 is the stride-2 stem.
+        self.body = timm.create_model(model_name, pretrained=False, features_only=True,
+                                      out_indices=tuple(i + 1 for i in out_indices), **model_kwargs)
+        reductions = self.body.feature_info.reduction()
+        expected = [4 * 2 ** i for i in out_indices]
+        if list(reductions) != expected:
+            raise ValueError(f'{model_name} features have strides {reductions}, expected {expected} for '
+                             f'out_indices={out_indices}')
+        self.out_channels = tuple(self.body.feature_info.channels())
+        # Module names (keys of the timm FeatureListNet) that end each stage, for frozen_stages. Names are
+        # resolved at use time (never cached module references): mmengine's revert_sync_batchnorm replaces
+        # modules after construction.
+        self._stage_end_names = [info['module'].replace('.', '_') for info in self.body.feature_info.info[0:5]]
+        if with_cp:
+            self.body.set_grad_checkpointing(True)
+        self._freeze_stages()
+
+    # ------------------------------------------------------------------ stages
+    def _stage_groups(self):
+        """Top-level module names grouped as [stem, c2, c3, c4, c5] (the stem ends at timm's stride-2
+        feature, e.g. ``act1``; parameter-free modules such as the max-pool fall into c2)."""
+        groups = [[]]
+        ends = list(self._stage_end_names)
+        for name in self.body.keys():
+            groups[-1].append(name)
+            if ends and name == ends[0]:
+                ends.pop(0)
+                groups.append([])
+        return [g for g in groups if g]
+
+    def _freeze_stages(self):
+        if self.frozen_stages < 0:
+            return
+        for group in self._stage_groups()[:self.frozen_stages + 1]:
+            for name in group:
+                m = self.body[name]
+                m.eval()
+                for p in m.parameters():
+                    p.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, (_BatchNorm, nn.GroupNorm)):
+                    m.eval()
+        return self
+
+    # ----------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor):
+        if self.size_divisor and (x.shape[-1] % self.size_divisor or x.shape[-2] % self.size_divisor):
+            raise ValueError(
+                f'{type(self).__name__}: input size {tuple(x.shape[-2:])} is not divisible by size_divisor='
+                f'{self.size_divisor}; pad the images (mmdet: model.data_preprocessor.pad_size_divisor=32) '
+                'or set the backbone size_divisor=None')
+        return tuple(self.body(x))
+
+    # ----------------------------------------------------- pretrained weights
+    def init_weights(self):
+        if self.init_cfg is not None:
+            cfg = self.init_cfg
+            load_timm_checkpoint(self.body, cfg['checkpoint'], model_name=self.model_name,
+                                 prefix=cfg.get('prefix'), use_ema=cfg.get('use_ema', True),
+                                 map_location=cfg.get('map_location', 'cpu'))
+        # else: timm initialised the weights at construction (from scratch)
+        self._is_init = True
+
+
+def _local_file(path: str) -> str:
+    if '://' in path:
+        from timm.models._hub import download_cached_file
+        return download_cached_file(path)
+    if not osp.isfile(path):
+        raise FileNotFoundError(f"init_cfg.checkpoint: file not found: '{path}'")
+    return path
+
+
+def load_timm_checkpoint(feature_net: nn.Module, path: str, model_name: Optional[str] = None,
+                         prefix: Optional[str] = None, use_ema: bool = True, map_location='cpu'):
+    """Load a timm ImageNet checkpoint (or the backbone of a detector checkpoint, ``prefix='backbone.'``) into a
+    timm ``features_only`` model.
+
+    The file is read by timm's own :func:`timm.models.load_state_dict` (``.pth``/``.bin``/``.safetensors``;
+    ``state_dict``/``model`` wrappers; ``module.`` prefixes; the EMA weights ``state_dict_ema`` / ``model_ema``
+    when present and ``use_ema`` is true, as timm's ``load_checkpoint`` does). Classifier keys are dropped;
+    every other key must match the feature model, else a ValueError names the missing and unexpected keys
+    (a checkpoint of another architecture, or of a detector without ``prefix``). Returns the loaded keys.
+    """
+    from timm.models import load_state_dict
+    logger = MMLogger.get_current_instance()
+    state = load_state_dict(_local_file(path), use_ema=use_ema, device=map_location)
+    if prefix:
+        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        if not state:
+            raise ValueError(f'init_cfg.checkpoint {path}: no key starts with prefix={prefix!r}')
+        state = {k[len('body.'):] if k.startswith('body.') else k: v for k, v in state.items()}
+    target = feature_net.state_dict()
+
+    def feature_key(key: str) -> str:  # FeatureListNet flattens first-level Sequentials: stages.0 -> stages_0
+        if key in target:
+            return key
+        parts = key.split('.')
+        flat = '_'.join(parts[:2]) + '.' + '.'.join(parts[2:]) if len(parts) > 2 else key
+        return flat if flat in target else key
+
+    mapped = {feature_key(k): v for k, v in state.items() if not k.startswith(_HEAD_PREFIXES)}
+    missing = sorted(set(target) - set(mapped))
+    unexpected = sorted(set(mapped) - set(target))
+    if missing or unexpected:
+        raise ValueError(
+            f'init_cfg.checkpoint {path} does not match {model_name}: {len(missing)} missing keys '
+            f'{missing[:8]}{" ..." if len(missing) > 8 else ""}, {len(unexpected)} unexpected keys '
+            f'{unexpected[:8]}{" ..." if len(unexpected) > 8 else ""}; is it a checkpoint of this model_name '
+            '(and, for a detector checkpoint, is prefix set)?')
+    bad_shapes = [k for k, v in mapped.items() if tuple(v.shape) != tuple(target[k].shape)]
+    if bad_shapes:
+        raise ValueError(f'init_cfg.checkpoint {path}: shapes of {bad_shapes[:8]} differ from {model_name}; '
+                         'is it a checkpoint of this model_name?')
+    feature_net.load_state_dict(mapped, strict=True)
+    logger.info(f'Loaded {len(mapped)} tensors of {model_name} from {path} '
+                f'({"EMA weights where present" if use_ema else "raw weights"})')
+    return list(mapped)

@@ -1,0 +1,65 @@
+"""Checks before a run, so that a mistake stops the run with a message instead of a wrong result."""
+import os
+import os.path as osp
+from typing import Optional
+
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.runner import BaseLoop
+
+from mmdet.registry import HOOKS
+
+__all__ = ['PreflightHook']
+
+
+@HOOKS.register_module()
+class PreflightHook(Hook):
+    """Refuses a checkpoint whose keys do not match the model, and unwritable output files, before the run.
+
+    * ``after_load_checkpoint`` (``load_from``, mmdet's ``tools/test.py CONFIG CHECKPOINT``, ``--resume``): the
+      checkpoint's ``state_dict`` must hold exactly the model's keys (``module.`` prefixes aside); otherwise a
+      ``ValueError`` names the missing and unexpected keys. mmengine itself only logs them and goes on, so a
+      checkpoint of another architecture, or a timm ImageNet state dict, would be scored with untrained heads.
+      ``strict_checkpoint=False`` keeps mmengine's behaviour.
+    * ``before_run``: every output file of the built test/val evaluators (mmdet ``tools/test.py --out``,
+      ``CocoMetric.outfile_prefix``) must be in an existing, writable directory, checked before the
+      evaluation runs rather than after it.
+    """
+    priority = 'VERY_HIGH'
+
+    def __init__(self, strict_checkpoint: bool = True):
+        self.strict_checkpoint = strict_checkpoint
+
+    def before_run(self, runner) -> None:
+        for loop in (getattr(runner, '_test_loop', None), getattr(runner, '_val_loop', None)):
+            if not isinstance(loop, BaseLoop) or getattr(loop, 'evaluator', None) is None:
+                continue
+            for metric in loop.evaluator.metrics:
+                for attr in ('out_file_path', 'outfile_prefix'):
+                    _check_writable(getattr(metric, attr, None), f'{type(metric).__name__}.{attr}')
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        if not self.strict_checkpoint:
+            return
+        state = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, dict) else {}
+        keys = {k[len('module.'):] if k.startswith('module.') else k for k in state}
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        expected = set(model.state_dict())
+        missing, unexpected = sorted(expected - keys), sorted(keys - expected)
+        if missing or unexpected:
+            raise ValueError(
+                f'the checkpoint does not match the model ({type(model).__name__}): {len(missing)} missing keys '
+                f'{missing[:6]}{" ..." if len(missing) > 6 else ""}, {len(unexpected)} unexpected keys '
+                f'{unexpected[:6]}{" ..." if len(unexpected) > 6 else ""}. Is it a checkpoint of this config? '
+                "(A timm ImageNet checkpoint belongs in model.backbone.init_cfg=dict(type='Pretrained', "
+                "checkpoint=...); set custom_hooks PreflightHook(strict_checkpoint=False) to load partially.)")
+
+
+def _check_writable(path: Optional[str], what: str) -> None:
+    if not path or '://' in str(path):
+        return
+    directory = osp.dirname(osp.abspath(str(path)))
+    if not osp.isdir(directory):
+        raise FileNotFoundError(f'{what}={path!r}: the directory {directory!r} does not exist')
+    if not os.access(directory, os.W_OK):
+        raise PermissionError(f'{what}={path!r}: the directory {directory!r} is not writable')
