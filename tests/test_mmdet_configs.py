@@ -66,7 +66,7 @@ def test_schedule_matches_paper_appendix_f3():
 
 
 def test_cpu_distributed_override_is_opt_in():
-    cfg = Config.fromfile(osp.join(CONFIG_DIR, '_base_', 'cpu-distributed.py'))
+    cfg = Config.fromfile(osp.join(CONFIG_DIR, 'mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco_cpu-ddp.py'))
     assert cfg.model_wrapper_cfg.type == 'CPUCompatibleDDP'
     assert cfg.env_cfg.dist_cfg.backend == 'gloo'
     assert 'timm_lambda_mmdet.cpu_distributed' in cfg.custom_imports.imports

@@ -5,8 +5,8 @@ Importing it (configs do so through ``custom_imports``) registers:
 * ``TimmLambdaResNet`` in mmdet's MODELS: LambdaResNet / ResNet-RS backbones built by timm, c2..c5 for an FPN;
 * ``CheckedCocoDataset`` in DATASETS: mmdet's CocoDataset with errors that name the file and the problem;
 * ``PreflightHook`` in HOOKS: refuses checkpoints whose keys do not match the model and unwritable outputs;
-* ``CPUCompatibleDDP`` in MODEL_WRAPPERS, used only by the opt-in CPU config (``configs/mmdet/_base_/
-  cpu-distributed.py``, which also imports :mod:`timm_lambda_mmdet.cpu_distributed`);
+* ``CPUCompatibleDDP`` in MODEL_WRAPPERS, used only by the opt-in CPU config (``configs/mmdet/
+  *_cpu-ddp.py``, which also imports :mod:`timm_lambda_mmdet.cpu_distributed`);
 * torch ``weights_only`` allow-list entries for mmengine Runner checkpoints (resume / test with torch >= 2.6).
 """
 _MISSING = []

@@ -4,7 +4,7 @@ mmengine's Runner wraps the model as
 ``MMDistributedDataParallel(module, device_ids=[LOCAL_RANK])``. PyTorch
 rejects both ``device_ids`` for a CPU module and ``SyncBatchNorm`` layers in
 a CPU module ("SyncBatchNorm layers only work with GPU modules"). The
-opt-in CPU config (configs/mmdet/_base_/cpu-distributed.py) names this wrapper in
+opt-in CPU config (configs/mmdet/*_cpu-ddp.py) names this wrapper in
 ``model_wrapper_cfg``; on GPUs it *is*
 ``MMDistributedDataParallel`` with the same arguments, on CPU it drops
 ``device_ids`` and reverts SyncBN/MMSyncBN to per-process BatchNorm (with a

@@ -31,7 +31,7 @@
 #     match the model (load_from, mmdet's tools/test.py) and unwritable
 #     output files, before the run.
 # CPU-only conveniences (gloo process groups under torchrun, a DDP wrapper
-# that drops device_ids) are opt-in: _base_/cpu-distributed.py.
+# that drops device_ids) are opt-in: configs/mmdet/*_cpu-ddp.py.
 # Same as the baseline: weight decay 4e-5, SGD momentum 0.9, SyncBN in
 # backbone, neck and heads, BatchFixedSizePad to 1024.
 #
