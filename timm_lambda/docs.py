@@ -87,10 +87,10 @@ README_BLOCKS: Dict[str, Callable[[], str]] = {
 def render_readme(text: str) -> str:
     """``text`` with every generated block replaced by its current content."""
     for name, fn in README_BLOCKS.items():
-        pattern = re.compile(rf'(<!-- generated:{name} -->\n).*?(\n<!-- /generated:{name} -->)', re.S)
+        pattern = re.compile(rf'(<!-- generated:{name} -->\n)(?:.*?\n)?(<!-- /generated:{name} -->)', re.S)
         if not pattern.search(text):
             raise ValueError(f'README.md has no <!-- generated:{name} --> ... <!-- /generated:{name} --> block')
-        text = pattern.sub(lambda m, fn=fn: m.group(1) + fn() + m.group(2), text)
+        text = pattern.sub(lambda m, fn=fn: m.group(1) + fn() + '\n' + m.group(2), text)
     return text
 
 

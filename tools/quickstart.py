@@ -18,7 +18,8 @@ def main(argv=None):
     p.add_argument('--work-dir', default='work_dirs/quickstart')
     p.add_argument('--config', default=CONFIG)
     p.add_argument('--model', default=DEFAULTS['model'], help='timm backbone name (default: %(default)s)')
-    for key in ('iters', 'image_size', 'batch_size', 'num_train', 'num_val', 'seed', 'warmup_iters'):
+    for key in ('iters', 'image_size', 'batch_size', 'num_train', 'num_val', 'seed', 'warmup_iters', 'head_channels',
+                'mask_convs'):
         p.add_argument('--' + key.replace('_', '-'), type=int, default=DEFAULTS[key])
     p.add_argument('--lr', type=float, default=DEFAULTS['lr'])
     args = vars(p.parse_args(argv))
