@@ -95,7 +95,7 @@ PARAM_COUNTS.update({
     'seresnet50': (28.1, 'Table 3'),
     'resnet50_local_attn7': (18.0, 'Table 3'),
     'aa_resnet34': (20.7, 'AA Table 3'),
-    'aa_resnet50': (25.8, 'AA Table 3; Table 3'),
+    'aa_resnet50': (25.8, 'AA Table 3'),
     'aa_resnet101': (45.4, 'AA Table 3'),
     'aa_resnet152': (61.6, 'AA Table 3'),
 })
