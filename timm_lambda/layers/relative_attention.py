@@ -21,9 +21,10 @@
   :class:`timm.layers.halo_attn.HaloAttn` with ``block_size=1, halo_size=k // 2`` (query blocks of one pixel with
   overlapping ``k x k`` memory blocks, the implementation LambdaNetworks footnote 10 describes). Where it
   differs from SASA: the relative logits are ``q . (r^H + r^W)`` with full-depth height and width tables
-  (SASA concatenates a row and a column embedding of half the depth each), border windows contain
-  zero-padded keys and values that are not masked out, and HaloAttn's tables have ``2k - 1`` rows of
-  which a one-pixel block uses ``k``. A stride of 2 is the same 3x3 average pool after the attention.
+  (SASA concatenates a row and a column embedding of half the depth each), only the content logits are
+  scaled by ``d^-1/2`` (timm's default; SASA scales neither), border windows contain zero-padded keys and
+  values that are not masked out, and HaloAttn's tables have ``2k - 1`` rows of which a one-pixel block uses
+  ``k``. A stride of 2 is the same 3x3 average pool after the attention.
 
 Size-dependent code sits in :func:`relative_table` and :func:`upsample_to`, FX leaves (``torch.fx.wrap``
 here, :func:`timm.layers.register_notrace_function` for timm's feature extraction), so an FX graph runs
