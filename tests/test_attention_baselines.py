@@ -226,3 +226,23 @@ def test_benchmark_and_table_tools_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert 'Local relative self-attention (Ramachandran et al., 2019) | 18.0 |' in out
     assert '`aa_resnet152` | 61.6 | 61.61' in out
+
+
+@pytest.mark.parametrize('name', ATTENTION_MODELS)
+def test_fx_torchscript_and_trace_are_right_at_every_size(name):
+    """An FX graph, a scripted model and a jit.trace made at 64 px give the eager result at other sizes
+    (the size logic of the relative tables and the upsampling runs at call time)."""
+    import warnings
+    torch.manual_seed(0)
+    with timm.layers.set_layer_config(scriptable=True):
+        model = timm.create_model(name, layers=(1, 1, 1, 1), num_classes=3).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        traced = torch.jit.trace(model, torch.randn(1, 3, 64, 64), check_trace=False)
+    graphs = {'fx': torch.fx.symbolic_trace(model), 'script': torch.jit.script(model), 'trace': traced}
+    for size in ((64, 64), (96, 128)):
+        x = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            ref = model(x)
+            for kind, graph in graphs.items():
+                torch.testing.assert_close(graph(x), ref, rtol=1e-5, atol=1e-5, msg=f'{kind} at {size}')
