@@ -11,9 +11,10 @@ import pytest
 
 from timm_lambda import paper
 
-PAPER = Path(os.environ.get('TIMM_LAMBDA_PAPER',
-                            Path(__file__).resolve().parents[2] / 'shared' / 'papers' / 'lambdanetworks_iclr.txt'))
-pytestmark = pytest.mark.skipif(not PAPER.is_file(), reason=f'paper text not found at {PAPER} (set TIMM_LAMBDA_PAPER)')
+PAPERS = Path(os.environ.get('TIMM_LAMBDA_PAPERS', Path(__file__).resolve().parents[2] / 'shared' / 'papers'))
+PAPER = PAPERS / 'lambdanetworks_iclr.txt'
+AA_PAPER = PAPERS / 'attention_augmented_convnets.txt'
+pytestmark = pytest.mark.skipif(not PAPER.is_file(), reason=f'paper text not found at {PAPER} (set TIMM_LAMBDA_PAPERS)')
 
 
 def _table_rows(caption: str, ncols: int):
@@ -65,7 +66,17 @@ def test_table14_results():
 
 
 def test_parameter_counts():
-    text = PAPER.read_text()
+    texts = {'LambdaNetworks': PAPER.read_text(), 'AA': AA_PAPER.read_text()}
     for name, (millions, where) in paper.PARAM_COUNTS.items():
-        # every count we cite appears in the paper's text
-        assert re.search(rf'\b{re.escape(f"{millions:g}")}\b', text), (name, millions, where)
+        # every count we cite appears in the text of the paper it is cited from
+        text = texts['AA' if where.startswith('AA') else 'LambdaNetworks']
+        assert re.search(rf'(?<![\d.]){re.escape(f"{millions:g}")}(?![\d.])', text), (name, millions, where)
+
+
+def test_table4():
+    rows = _table_rows('Table 4:', 5)[1:]
+    assert len(rows) == len(paper.TABLE4)
+    value = lambda cell: None if cell.strip() in ('-', 'OOM') else float(re.match(r'[\d.]+', cell.strip()).group())  # noqa: E731
+    for (layer, _, memory, throughput, top1), cells in zip(paper.TABLE4, rows):
+        assert layer.split(' (')[0] == cells[0].split(' (')[0], (layer, cells[0])
+        assert (value(cells[2]), value(cells[3]), value(cells[4])) == (memory, throughput, top1), layer

@@ -11,7 +11,7 @@ from typing import Callable, Dict
 from .paper import LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS, TABLE14, TABLE20
 from .recipes import all_recipes, mmdet_configs
 
-__all__ = ['model_table', 'table14_table', 'recipes_table', 'README_BLOCKS', 'render_readme', 'generated_files']
+__all__ = ['model_table', 'attention_tables', 'table14_table', 'recipes_table', 'README_BLOCKS', 'render_readme', 'generated_files']
 
 
 def _describe(name: str) -> str:
@@ -27,6 +27,16 @@ def _describe(name: str) -> str:
         'resnet50_lambda': 'vanilla ResNet-50, every 3x3 conv a lambda layer (Table 3)',
         'resnet50_lambda_u4': 'as above with \\|u\\|=4, scope 7x7 (Table 3)',
         'mobilenetv2_100_lambda': 'MobileNet-v2, blocks 10 and 16 lightweight lambda blocks (E.4.2, Table 17)',
+        'aa_resnet34': 'AA-ResNet-34: first 3x3 conv of every c3-c5 block attention augmented, kappa=upsilon=0.25 (AA paper)',
+        'aa_resnet50': 'AA-ResNet-50: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 (AA paper; Table 3)',
+        'aa_resnet101': 'AA-ResNet-101: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 (AA paper)',
+        'aa_resnet152': 'AA-ResNet-152: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 (AA paper)',
+        'resnet50_global_attn': 'vanilla ResNet-50, every 3x3 conv global relative self-attention (Table 4)',
+        'resnet50_axial_attn': 'vanilla ResNet-50, every 3x3 conv axial self-attention (Table 4)',
+        'resnet50_local_attn7': 'vanilla ResNet-50, every 3x3 conv 7x7 local self-attention (Tables 3, 4)',
+        'resnet50_lambda_k8': 'resnet50_lambda with \\|k\\|=8 (Table 4)',
+        'resnet50_lambda_shared': 'resnet50_lambda with one shared position embedding (Table 4)',
+        'resnet50_lambda_conv7': 'resnet50_lambda, 7x7 scope by the lambda convolution (Table 4)',
     }.get(name, '')
 
 
@@ -50,6 +60,27 @@ def model_table() -> str:
         others = [t for t in tags if t != f'r{res}']
         lines.append(f'| `{name}` | {n:.2f} | {paper_s} | {res}' + (f' ({", ".join(others)})' if others else '')
                      + f' | {_describe(name)} |')
+    return '\n'.join(lines)
+
+
+def _vs(ours, paper) -> str:
+    return f'{ours:.2f} ({100 * (ours - paper) / paper:+.1f}%)' if paper else f'{ours:.2f}'
+
+
+def attention_tables() -> str:
+    """LambdaNetworks Table 3 and the AA paper's Tables 3 and 6: the paper's parameter counts beside ours."""
+    from .paper_tables import aa_rows, table3_rows
+    lines = ['LambdaNetworks Table 3 (ResNet-50, ImageNet, 224 px):', '',
+             '| layer | paper (M) | model | ours (M) | paper top-1 |', '|---|---:|---|---:|---:|']
+    for r in table3_rows():
+        model = f"`{r['model']}`" if r['model'] else f"not built: {r['note']}"
+        ours = _vs(r['ours'], r['paper']) if r['ours'] is not None else '-'
+        paper = '-' if r['paper'] is None else r['paper']
+        lines.append(f"| {r['layer'].replace('|', chr(92) + '|')} | {paper} | {model} | {ours} | {r['top1']} |")
+    lines += ['', 'AA paper (Bello et al. 2019) Table 3 (ResNets, SE-ResNets, AA-ResNets) and Table 6 (AA-ResNet-50):',
+              '', '| table | row | model | paper (M) | ours (M) |', '|---|---|---|---:|---:|']
+    for r in aa_rows():
+        lines.append(f"| {r['table']} | {r['row']} | {r['model']} | {r['paper']} | {_vs(r['ours'], r['paper'])} |")
     return '\n'.join(lines)
 
 

@@ -61,9 +61,6 @@ TABLE20 = {(50, 128): (10, 0.2, 0.0), (50, 160): (10, 0.2, 0.0), (101, 160): (10
            (350, 256): (15, 0.3, 0.2), (350, 288): (15, 0.3, 0.2), (350, 320): (15, 0.3, 0.2),
            (420, 320): (15, 0.3, 0.2)}
 
-# Table 3: ImageNet top-1 (%) of the ResNet-50 rows trained with the 90-epoch setup.
-TABLE3_TOP1 = {'Lambda layer': 78.4, 'Lambda layer (|u|=4)': 78.9}
-
 # Table 14: Mask R-CNN on COCO at 1024x1024 from scratch: (row, timm backbone, box AP, box AP_s/m/l, mask AP,
 # mask AP_s/m/l). "ResNet" rows are ResNet-RS without SE (resnetrs*_nose), "+ SE" rows timm's resnetrs*.
 TABLE14 = [
@@ -74,3 +71,59 @@ TABLE14 = [
     ('ResNet-152 + SE', 'resnetrs152', 49.4, (30.0, 52.3, 66.7), 43.5, (24.6, 46.8, 61.8)),
     ('LambdaResNet-152', 'lambdaresnet152', 50.0, (31.8, 53.4, 67.0), 43.9, (25.5, 47.3, 62.0)),
 ]
+
+# --- Attention baselines (README "Attention baselines (Tables 3 and 4)") ----------------------------------
+# Attention Augmented Convolutional Networks (Bello, Zoph, Vaswani, Shlens, Le; ICCV 2019), "AA paper" below.
+
+# AA paper Table 3: parameter counts (millions) of the ResNets and their attention augmented versions
+# (kappa = 2 upsilon = 0.2, except ResNet-34: kappa = upsilon = 0.25; 8 heads; c3-c5 augmented).
+AA_TABLE3 = {
+    34: dict(resnet=21.8, se=22.0, aa=20.7),
+    50: dict(resnet=25.6, se=28.1, aa=25.8),
+    101: dict(resnet=44.5, se=49.3, aa=45.4),
+    152: dict(resnet=60.2, se=66.8, aa=61.6),
+}
+# AA paper Table 6: AA-ResNet-50 with kappa = upsilon = ratio -> parameters (millions).
+AA_TABLE6 = {0.25: 24.3, 0.5: 22.3, 0.75: 20.7, 1.0: 19.4}
+
+# LambdaNetworks Table 3 (ResNet-50, ImageNet, 224 px): layer, parameters (millions, None: not given), top-1.
+TABLE3 = [
+    ('Conv (He et al., 2016)', 25.6, 76.9),
+    ('Conv + channel attention (Hu et al., 2018)', 28.1, 77.6),
+    ('Conv + linear attention (Chen et al., 2018)', 33.0, 77.0),
+    ('Conv + linear attention (Shen et al., 2018)', None, 77.3),
+    ('Conv + relative self-attention (Bello et al., 2019)', 25.8, 77.7),
+    ('Local relative self-attention (Ramachandran et al., 2019)', 18.0, 77.4),
+    ('Local relative self-attention (Hu et al., 2019)', 23.3, 77.3),
+    ('Local relative self-attention (Zhao et al., 2020)', 20.5, 78.2),
+    ('Lambda layer', 15.0, 78.4),
+    ('Lambda layer (|u|=4)', 16.0, 78.9),
+]
+
+# LambdaNetworks Table 4 (ResNet-50 at 224 px): layer, space complexity, memory in GB (batch 128, float32;
+# None: '-'), inference throughput on 8 TPUv3 cores in examples/s (None: OOM), top-1 (None: OOM).
+# b: batch, h: heads, n: input length, m: context length, k: query/key depth, l: number of layers.
+TABLE4 = [
+    ('Global self-attention', 'Θ(blhm²)', 120.0, None, None),
+    ('Axial self-attention', 'Θ(blhn√n)', 4.8, 960, 77.5),
+    ('Local self-attention (7x7)', 'Θ(blhnm)', None, 440, 77.4),
+    ('Lambda layer', 'Θ(lkn²)', 1.9, 1160, 78.4),
+    ('Lambda layer (|k|=8)', 'Θ(lkn²)', 0.95, 1640, 77.9),
+    ('Lambda layer (shared embeddings)', 'Θ(kn²)', 0.63, 1210, 78.0),
+    ('Lambda convolution (7x7)', 'Θ(lknm)', None, 1100, 78.1),
+]
+
+# Parameter counts of the models that build Table 3 rows and the AA paper's ResNets (tests/test_models.py
+# checks every PARAM_COUNTS entry within 2%).
+PARAM_COUNTS.update({
+    'seresnet50': (28.1, 'Table 3'),
+    'resnet50_local_attn7': (18.0, 'Table 3'),
+    'aa_resnet34': (20.7, 'AA Table 3'),
+    'aa_resnet50': (25.8, 'AA Table 3'),
+    'aa_resnet101': (45.4, 'AA Table 3'),
+    'aa_resnet152': (61.6, 'AA Table 3'),
+})
+__all__ += ['AA_TABLE3', 'AA_TABLE6', 'TABLE3', 'TABLE4']
+
+# Table 3 top-1 by row (the recipes cite it)
+TABLE3_TOP1 = {layer: top1 for layer, _, top1 in TABLE3}

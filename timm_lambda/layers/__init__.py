@@ -4,6 +4,9 @@ from .position_lambda import POSITION_IMPLS, position_lambdas
 from .lambda_layer import LambdaLayer, KEY_NORMS
 from .masked_lambda import MaskedLambdaLayer1d
 from .multihead_lambda import MultiHeadLambdaLayer
+from .relative_attention import AxialSelfAttention2d, LocalSelfAttention2d, RelPosSelfAttention2d
+from .attention_augmented import AugmentedConv2d
 
 __all__ = ['RelativePositionEmbedding', 'LambdaLayer', 'MaskedLambdaLayer1d', 'MultiHeadLambdaLayer',
-           'POSITION_IMPLS', 'position_lambdas', 'KEY_NORMS']
+           'POSITION_IMPLS', 'position_lambdas', 'KEY_NORMS',
+           'AugmentedConv2d', 'RelPosSelfAttention2d', 'AxialSelfAttention2d', 'LocalSelfAttention2d']

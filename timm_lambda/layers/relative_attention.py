@@ -1,0 +1,332 @@
+"""Self-attention baselines of LambdaNetworks Table 4 with relative position logits, as 3x3-conv drop-ins.
+
+* :func:`rel_to_abs`, :func:`relative_logits_1d`: the memory-efficient relative logits of Attention
+  Augmented Convolutional Networks (Bello et al. 2019, section 3.1.1 and Fig. 7): ``q_i . r[j - i]`` for
+  every query ``i`` and key ``j`` of one axis from the ``[L, 2L - 1]`` products with the embedding table,
+  shifted to absolute indexing by one pad and two reshapes (no ``[L, L, d]`` gather).
+* :class:`RelPosSelfAttention2d`: global multi-head self-attention over the whole feature map with 2-D
+  relative logits ``l_ij = q_i . (k_j + r^H[j_y - i_y] + r^W[j_x - i_x]) / sqrt(d_k^h)`` (AA eq. 3), one
+  height and one width table per layer, shared by the heads. It is timm's
+  :class:`timm.layers.bottleneck_attn.BottleneckAttn` (same parameters and names, so a BoTNet layer's weights load) with
+  three differences: the tables cover inputs of *up to* ``feat_size`` (the central rows serve smaller
+  inputs; timm requires exactly ``feat_size``), the relative logits are added in place by broadcasting
+  (timm materialises two more ``[HW, HW]`` tensors per head), and a stride of 2 is a 3x3 average pool
+  after the attention (timm: 2x2, which disagrees with a strided 3x3 convolution on odd sizes).
+* :class:`AxialSelfAttention2d`: axial attention (Ho et al. 2019; Wang et al. 2020, Axial-DeepLab): a
+  height-axis pass then a width-axis pass of multi-head attention over the whole column / row, each with
+  1-D relative logits. Axial-DeepLab's position-sensitive terms for keys and values, its gating and its
+  batch norms inside the layer are not reproduced (timm has no axial layer).
+* :class:`LocalSelfAttention2d`: local self-attention over the ``k x k`` neighbourhood of every pixel
+  (Ramachandran et al. 2019, "stand-alone self-attention", k = 7). It is timm's
+  :class:`timm.layers.halo_attn.HaloAttn` with ``block_size=1, halo_size=k // 2`` (query blocks of one pixel with
+  overlapping ``k x k`` memory blocks, the implementation LambdaNetworks footnote 10 describes). Where it
+  differs from SASA: the relative logits are ``q . (r^H + r^W)`` with full-depth height and width tables
+  (SASA concatenates a row and a column embedding of half the depth each), only the content logits are
+  scaled by ``d^-1/2`` (timm's default; SASA scales neither), border windows contain zero-padded keys and
+  values that are not masked out, and HaloAttn's tables have ``2k - 1`` rows of which a one-pixel block uses
+  ``k``. A stride of 2 is the same 3x3 average pool after the attention.
+
+Size-dependent code sits in :func:`relative_table` and :func:`upsample_to`, FX leaves (``torch.fx.wrap``
+here, :func:`timm.layers.register_notrace_function` for timm's feature extraction), so an FX graph runs
+at every input size; the modules are TorchScript-scriptable.
+"""
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+from timm.layers import register_notrace_function
+from timm.layers.bottleneck_attn import BottleneckAttn
+from timm.layers.halo_attn import HaloAttn
+from timm.layers.weight_init import trunc_normal_
+
+from .relative_embedding import to_int, to_pair
+
+__all__ = ['rel_to_abs', 'relative_logits_1d', 'relative_table', 'upsample_to', 'same_avg_pool',
+           'RelPosSelfAttention2d', 'AxialSelfAttention2d', 'LocalSelfAttention2d', 'check_stride', 'check_heads']
+
+
+def check_stride(stride) -> int:
+    stride = to_int(stride, 'stride')
+    if stride not in (1, 2):
+        raise ValueError(f'stride must be 1 or 2, got {stride}')
+    return stride
+
+
+def check_heads(num_heads, dim_out: int) -> int:
+    num_heads = to_int(num_heads, 'num_heads')
+    if dim_out % num_heads:
+        raise ValueError(f'num_heads={num_heads} must divide the output width dim_out={dim_out}')
+    return num_heads
+
+
+def check_ratio(value, name: str, low: float = 0.0, high: float = float('inf'), high_inclusive: bool = True) -> float:
+    """A real number in ``(low, high]`` (or ``(low, high)``), bools refused."""
+    ok = not isinstance(value, bool)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        ok = False
+    if ok:
+        ok = low < value and (value <= high if high_inclusive else value < high)
+    if not ok:
+        bracket = ']' if high_inclusive else ')'
+        raise ValueError(f'{name} must be a number in ({low}, {high}{bracket}, got {value!r}')
+    return value
+
+
+def same_avg_pool(stride: int) -> nn.Module:
+    """3x3 average pooling with stride 2, padding 1, borders averaged over in-image positions only (TF
+    'SAME', as the lambda layers of appendix F.2); output ``ceil(H / 2)`` like timm's strided 3x3 convs."""
+    return nn.AvgPool2d(3, 2, padding=1, count_include_pad=False) if stride == 2 else nn.Identity()
+
+
+def rel_to_abs(x: torch.Tensor) -> torch.Tensor:
+    """``[N, L, 2L - 1]`` logits against relative offsets ``-(L-1) .. L-1`` to ``[N, L, L]`` against
+    absolute key positions: ``out[n, i, j] = x[n, i, j - i + L - 1]`` (AA paper Fig. 7: pad a column,
+    flatten, pad ``L - 1``, reshape to ``[L + 1, 2L - 1]`` and keep the first ``L`` rows, last ``L`` columns)."""
+    n, length, _ = x.shape
+    x = F.pad(x, [0, 1]).reshape(n, 2 * length * length)
+    x = F.pad(x, [0, length - 1]).reshape(n, length + 1, 2 * length - 1)
+    return x[:, :length, length - 1:]
+
+
+def relative_logits_1d(q: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
+    """Relative logits along the last spatial axis: ``q [N, A, L, d]`` (``A`` rows of ``L`` queries) and
+    ``rel [2L - 1, d]`` (row ``t`` embeds the offset ``t - (L - 1)`` = key - query) give
+    ``out[n, a, i, j] = q[n, a, i] . rel[j - i + L - 1]``, shape ``[N, A, L, L]``."""
+    n, a, length, d = q.shape
+    logits = torch.matmul(q, rel.transpose(0, 1))  # [N, A, L, 2L - 1]
+    return rel_to_abs(logits.reshape(n * a, length, 2 * length - 1)).reshape(n, a, length, length)
+
+
+def relative_table(table: torch.Tensor, length: int, name: str) -> torch.Tensor:
+    """The ``2 length - 1`` central rows of a ``[2 R - 1, d]`` relative table, for an axis of ``length``
+    positions; a ValueError naming ``img_size`` if ``length > R``. An FX leaf (size logic at call time)."""
+    radius = (table.shape[0] + 1) // 2
+    if length > radius:
+        raise ValueError(name + ': input axis of ' + str(length) + ' positions is longer than the ' + str(radius)
+                         + ' its relative position table was built for; build the model with a larger img_size '
+                         '(the largest input height/width it will see)')
+    return table[radius - length:radius + length - 1]
+
+
+def upsample_to(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Bilinear resize of ``x`` to the spatial size of ``ref`` (align_corners=False). An FX leaf."""
+    return F.interpolate(x, size=[ref.shape[-2], ref.shape[-1]], mode='bilinear', align_corners=False)
+
+
+torch.fx.wrap('relative_table')
+torch.fx.wrap('upsample_to')
+register_notrace_function(relative_table)
+register_notrace_function(upsample_to)
+
+
+def add_relative_logits_2d(attn: torch.Tensor, q: torch.Tensor, table_h: torch.Tensor, table_w: torch.Tensor,
+                           height: int, width: int, name: str) -> torch.Tensor:
+    """``attn [N, HW, HW] += q_i . (r^H[j_y - i_y] + r^W[j_x - i_x])`` for row-major positions, in place;
+    ``q [N, HW, d]``, tables ``[2 R - 1, d]`` with ``R >= H`` (height) and ``R >= W`` (width)."""
+    n, hw, d = q.shape
+    q2 = q.reshape(n, height, width, d)
+    logits_w = relative_logits_1d(q2, relative_table(table_w, width, name))  # [N, H, W(x), W(x')]
+    logits_h = relative_logits_1d(q2.transpose(1, 2), relative_table(table_h, height, name))  # [N, W, H, H']
+    # in place (two [N, HW, HW] temporaries less); chained so that an FX graph keeps both additions
+    attn = attn.view(n, height, width, height, width).add_(
+        logits_w.unsqueeze(3)).add_(  # [N, H(y), W(x), 1, W(x')]: the same for every key row y'
+        logits_h.transpose(1, 2).unsqueeze(4))  # [N, H(y), W(x), H(y'), 1]: the same for every key column x'
+    return attn.view(n, hw, hw)
+
+
+class RelPosSelfAttention2d(BottleneckAttn):
+    """Global multi-head self-attention with 2-D relative position logits (AA eq. 3-4), any size up to
+    ``feat_size``.
+
+    timm's :class:`~timm.layers.BottleneckAttn` (BoTNet's layer; its relative logits are the AA paper's):
+    same ``qkv`` projection (no bias), ``pos_embed.height_rel``/``width_rel`` tables of ``2 H_max - 1`` and
+    ``2 W_max - 1`` rows shared by the heads, the same initialisation; both the content and the position
+    logits are scaled by ``d_k^h ** -0.5`` (AA eq. 4; timm's ``scale_pos_embed=True``). Differences from
+    timm's forward: see the module docstring (inputs up to ``feat_size``, in-place logits, 3x3 pool).
+
+    Args:
+        dim: input channels.
+        dim_out: total value depth (output channels), default ``dim``.
+        feat_size: (H, W) of the largest input (sizes the relative tables).
+        stride: 1, or 2 for 3x3 average pooling with stride 2 after the attention.
+        num_heads: heads ``N_h``; must divide ``dim_out``.
+        dim_head: key/query depth per head ``d_k^h`` (default ``dim_out * qk_ratio / num_heads``).
+        qk_ratio: total key depth relative to ``dim_out`` when ``dim_head`` is not given.
+        qkv_bias: bias in the q/k/v projection.
+        device, dtype: factory kwargs.
+
+    Shapes: ``[B, dim, H, W] -> [B, dim_out, ceil(H / stride), ceil(W / stride)]`` for ``H, W <= feat_size``.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            dim_out: Optional[int] = None,
+            feat_size: Optional[Tuple[int, int]] = None,
+            stride: int = 1,
+            num_heads: int = 8,
+            dim_head: Optional[int] = None,
+            qk_ratio: float = 1.0,
+            qkv_bias: bool = False,
+            device=None,
+            dtype=None,
+    ):
+        dim = to_int(dim, 'dim')
+        dim_out = to_int(dim if dim_out is None else dim_out, 'dim_out')
+        num_heads = check_heads(num_heads, dim_out)
+        if feat_size is None:
+            raise ValueError('feat_size=(H, W) of the largest input is required: it sizes the relative tables')
+        feat_size = to_pair(feat_size, 'feat_size')
+        stride = check_stride(stride)
+        dim_head = None if dim_head is None else to_int(dim_head, 'dim_head')
+        qk_ratio = check_ratio(qk_ratio, 'qk_ratio')
+        super().__init__(dim, dim_out, feat_size=feat_size, stride=1, num_heads=num_heads, dim_head=dim_head,
+                         qk_ratio=qk_ratio, qkv_bias=bool(qkv_bias), scale_pos_embed=True, device=device, dtype=dtype)
+        self.pool = same_avg_pool(stride)
+        self.stride = stride
+        self.feat_size = feat_size
+
+    def extra_repr(self) -> str:
+        return (f'num_heads={self.num_heads}, dim_head_qk={self.dim_head_qk}, dim_head_v={self.dim_head_v}, '
+                f'feat_size={self.feat_size}, stride={self.stride}')
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, C, H, W = x.shape
+        x = self.qkv(x)
+        q, k, v = torch.split(x, [self.dim_out_qk, self.dim_out_qk, self.dim_out_v], dim=1)
+        q = q.reshape(B * self.num_heads, self.dim_head_qk, -1).transpose(-1, -2) * self.scale  # [BN, HW, dk]
+        k = k.reshape(B * self.num_heads, self.dim_head_qk, -1)
+        v = v.reshape(B * self.num_heads, self.dim_head_v, -1).transpose(-1, -2)
+        attn = add_relative_logits_2d(q @ k, q, self.pos_embed.height_rel, self.pos_embed.width_rel, H, W,
+                                      'RelPosSelfAttention2d')
+        attn = attn.softmax(dim=-1)
+        out = (attn @ v).transpose(-1, -2).reshape(B, self.dim_out_v, H, W)
+        return self.pool(out)
+
+
+class AxialAttention1d(nn.Module):
+    """Multi-head self-attention along the width axis of ``[B, C, H, W]`` (every row on its own) with 1-D
+    relative logits ``q_i . (k_j + r[j - i]) / sqrt(d_k^h)``; the table has ``2 length - 1`` rows."""
+
+    def __init__(self, dim: int, dim_out: int, length: int, num_heads: int, dim_head_qk: int,
+                 qkv_bias: bool = False, device=None, dtype=None):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.num_heads = num_heads
+        self.dim_head_qk = dim_head_qk
+        self.dim_head_v = dim_out // num_heads
+        self.dim_out_qk = num_heads * dim_head_qk
+        self.dim_out_v = dim_out
+        self.scale = dim_head_qk ** -0.5
+        self.length = length
+        self.qkv = nn.Conv2d(dim, 2 * self.dim_out_qk + self.dim_out_v, 1, bias=qkv_bias, **dd)
+        self.rel = nn.Parameter(torch.empty(2 * length - 1, dim_head_qk, **dd))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        trunc_normal_(self.qkv.weight, std=self.qkv.weight.shape[1] ** -0.5)  # fan-in, as timm's attention layers
+        trunc_normal_(self.rel, std=self.scale)
+
+    def extra_repr(self) -> str:
+        return f'num_heads={self.num_heads}, dim_head_qk={self.dim_head_qk}, length={self.length}'
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, C, H, W = x.shape
+        q, k, v = torch.split(self.qkv(x), [self.dim_out_qk, self.dim_out_qk, self.dim_out_v], dim=1)
+        n = B * self.num_heads
+        q = q.reshape(n, self.dim_head_qk, H, W).permute(0, 2, 3, 1) * self.scale  # [N, H, W, dk]
+        k = k.reshape(n, self.dim_head_qk, H, W).permute(0, 2, 1, 3)  # [N, H, dk, W]
+        v = v.reshape(n, self.dim_head_v, H, W).permute(0, 2, 3, 1)  # [N, H, W, dv]
+        attn = q @ k + relative_logits_1d(q, relative_table(self.rel, W, 'AxialSelfAttention2d'))  # [N, H, W, W]
+        out = attn.softmax(dim=-1) @ v  # [N, H, W, dv]
+        return out.permute(0, 3, 1, 2).reshape(B, self.dim_out_v, H, W)
+
+
+class AxialSelfAttention2d(nn.Module):
+    """Axial self-attention: attention along every column (height axis), then along every row (width axis).
+
+    Each pass is multi-head attention over the whole axis with 1-D relative logits and its own q/k/v
+    projection; memory ``Theta(b h n (H + W))`` instead of ``Theta(b h n^2)``.
+
+    Args:
+        dim: input channels.
+        dim_out: output channels (value depth of both passes), default ``dim``.
+        feat_size: (H, W) of the largest input (sizes the relative tables).
+        stride: 1, or 2 for 3x3 average pooling with stride 2 after the attention.
+        num_heads: heads; must divide ``dim_out``.
+        qk_ratio: total query/key depth relative to ``dim_out`` (default 0.5, Axial-DeepLab's choice).
+        qkv_bias: bias in the q/k/v projections.
+        norm_layer: accepted for the mixer interface; the layer has no normalisation of its own.
+        device, dtype: factory kwargs.
+    """
+
+    def __init__(self, dim: int, dim_out: Optional[int] = None, feat_size: Optional[Tuple[int, int]] = None,
+                 stride: int = 1, num_heads: int = 8, qk_ratio: float = 0.5, qkv_bias: bool = False,
+                 norm_layer=None, device=None, dtype=None):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        dim = to_int(dim, 'dim')
+        dim_out = to_int(dim if dim_out is None else dim_out, 'dim_out')
+        num_heads = check_heads(num_heads, dim_out)
+        if feat_size is None:
+            raise ValueError('feat_size=(H, W) of the largest input is required: it sizes the relative tables')
+        feat_size = to_pair(feat_size, 'feat_size')
+        qk_ratio = check_ratio(qk_ratio, 'qk_ratio')
+        dim_head_qk = max(1, int(dim_out * qk_ratio) // num_heads)
+        self.stride = check_stride(stride)
+        self.feat_size = feat_size
+        # the height pass runs on the transposed map: its "width" axis is the height
+        self.height_attn = AxialAttention1d(dim, dim_out, feat_size[0], num_heads, dim_head_qk, bool(qkv_bias), **dd)
+        self.width_attn = AxialAttention1d(dim_out, dim_out, feat_size[1], num_heads, dim_head_qk, bool(qkv_bias), **dd)
+        self.pool = same_avg_pool(self.stride)
+
+    def reset_parameters(self) -> None:
+        self.height_attn.reset_parameters()
+        self.width_attn.reset_parameters()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.height_attn(x.transpose(2, 3)).transpose(2, 3)
+        x = self.width_attn(x)
+        return self.pool(x)
+
+
+class LocalSelfAttention2d(HaloAttn):
+    """Local self-attention over the ``kernel_size x kernel_size`` neighbourhood of every pixel (SASA).
+
+    timm's :class:`~timm.layers.HaloAttn` with one-pixel query blocks and a halo of ``kernel_size // 2``
+    (its forward, parameters and initialisation unchanged); see the module docstring for where it
+    differs from Ramachandran et al. (2019). Serves any input size.
+
+    Args:
+        dim: input channels.
+        dim_out: output channels (total value depth), default ``dim``.
+        stride: 1, or 2 for 3x3 average pooling with stride 2 after the attention.
+        num_heads: heads; must divide ``dim_out`` (default 8, SASA).
+        kernel_size: odd neighbourhood side >= 3 (default 7, SASA and LambdaNetworks Table 4).
+        qk_ratio: total query/key depth relative to ``dim_out``.
+        qkv_bias: bias in the q/k/v projections.
+        device, dtype: factory kwargs.
+    """
+
+    def __init__(self, dim: int, dim_out: Optional[int] = None, stride: int = 1, num_heads: int = 8,
+                 kernel_size: int = 7, qk_ratio: float = 1.0, qkv_bias: bool = False, device=None, dtype=None):
+        dim = to_int(dim, 'dim')
+        dim_out = to_int(dim if dim_out is None else dim_out, 'dim_out')
+        num_heads = check_heads(num_heads, dim_out)
+        kernel_size = to_int(kernel_size, 'kernel_size', 3)
+        if kernel_size % 2 == 0:
+            raise ValueError(f'kernel_size must be odd and >= 3, got {kernel_size}')
+        stride = check_stride(stride)
+        qk_ratio = check_ratio(qk_ratio, 'qk_ratio')
+        super().__init__(dim, dim_out, stride=1, num_heads=num_heads, block_size=1, halo_size=kernel_size // 2,
+                         qk_ratio=qk_ratio, qkv_bias=bool(qkv_bias), device=device, dtype=dtype)
+        self.pool = same_avg_pool(stride)
+        self.stride = stride
+        self.kernel_size = kernel_size
+
+    def extra_repr(self) -> str:
+        return (f'num_heads={self.num_heads}, dim_head_qk={self.dim_head_qk}, dim_head_v={self.dim_head_v}, '
+                f'kernel_size={self.kernel_size}, stride={self.stride}')
