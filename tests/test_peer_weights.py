@@ -343,6 +343,18 @@ def test_fine_tuning_from_their_weights_drops_only_the_head(peer_file, peer_sd):
     assert torch.equal(model.layer4[2].conv2.qkv.weight, peer_sd['layer4.2.conv2.conv_qkv.weight'])
 
 
+def test_tagged_model_round_trips_through_save_for_hf(tmp_path):
+    """timm's save_for_hf keeps the tag in config.json, so local-dir: rebuilds the model with both conventions."""
+    from timm.models import save_for_hf
+    model = _tiny_dli14()
+    save_for_hf(model, tmp_path, model_args=dict(layers=(1, 1, 1, 1), num_classes=5))
+    again = timm.create_model(f'local-dir:{tmp_path}', pretrained=True).eval()
+    assert again.layer2[0].conv2.pos_bias is not None and again.layer2[0].conv2.pool.count_include_pad
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(again(x), model(x))
+
+
 def test_their_checkpoint_into_the_default_model_is_refused(peer_file):
     with pytest.raises(ValueError, match='dli14_in1k'):
         timm.create_model('resnet50_lambda', pretrained=True, pretrained_cfg_overlay=dict(file=peer_file))
