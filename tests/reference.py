@@ -13,7 +13,8 @@ helpers or any of their forward code, so an indexing bug there cannot cancel out
 import torch
 from torch import nn
 
-__all__ = ['lambda_layer_reference', 'masked_lambda_reference', 'multihead_lambda_reference']
+__all__ = ['lambda_layer_reference', 'masked_lambda_reference', 'multihead_lambda_reference',
+           'dli14_lambda_reference', 'dli14_resnet_reference']
 
 
 def _embedding_of(layer) -> nn.Module:
@@ -59,8 +60,9 @@ def _rel_embedding(table: torch.Tensor, ny: int, nx: int, my: torch.Tensor, mx: 
     return e
 
 
-def _avg_pool_3x3_s2(y: torch.Tensor) -> torch.Tensor:
-    """3x3 average pool, stride 2, padding 1, averaging the in-image positions only (TF 'SAME' borders)."""
+def _avg_pool_3x3_s2(y: torch.Tensor, count_include_pad: bool = False) -> torch.Tensor:
+    """3x3 average pool, stride 2, padding 1, averaging the in-image positions only (TF 'SAME' borders), or,
+    with ``count_include_pad``, dividing every window's in-image sum by 9 (the zero padding counted)."""
     B, C, H, W = y.shape
     Ho, Wo = (H + 1) // 2, (W + 1) // 2
     out = torch.zeros(B, C, Ho, Wo, dtype=y.dtype)
@@ -71,7 +73,7 @@ def _avg_pool_3x3_s2(y: torch.Tensor) -> torch.Tensor:
                 for b in range(2 * j - 1, 2 * j + 2):
                     if 0 <= a < H and 0 <= b < W:
                         acc, count = acc + y[:, :, a, b], count + 1
-            out[:, :, i, j] = acc / count
+            out[:, :, i, j] = acc / (9 if count_include_pad else count)
     return out
 
 
@@ -85,6 +87,8 @@ def lambda_layer_reference(layer, x: torch.Tensor) -> torch.Tensor:
     w_q, w_k, w_v = w[:h * k], w[h * k:h * k + k * u], w[h * k + k * u:]
     assert w_v.shape[0] == v * u
     table = _embedding_of(layer).weight.detach().double() if layer.position else None
+    bias = getattr(layer, 'pos_bias', None)
+    bias = bias.detach().double() if bias is not None else None  # [k]: lambda^p_n[k, :] += b_k
     pos = torch.arange(H * W)
     py, px = pos // W, pos % W  # context coordinates, row-major like the NCHW flattening
     y = torch.zeros(B, h * v, H, W, dtype=torch.float64)
@@ -102,10 +106,12 @@ def lambda_layer_reference(layer, x: torch.Tensor) -> torch.Tensor:
             if layer.position:
                 E = _rel_embedding(table, ny, nx, py, px)  # [m, k, u]
                 lam += torch.einsum('mku,muv->kv', E, V)
+                if bias is not None:
+                    lam += bias[:, None]
             out = torch.einsum('kv,hk->hv', lam, Q[n])  # lambda_n^T q_n^h
             y[b, :, ny, nx] = out.reshape(h * v)
     if layer.stride == 2:
-        y = _avg_pool_3x3_s2(y)
+        y = _avg_pool_3x3_s2(y, getattr(layer, 'pool_count_include_pad', False))
     return y
 
 
@@ -173,3 +179,85 @@ def multihead_lambda_reference(layer, x: torch.Tensor) -> torch.Tensor:
     if isinstance(layer.pool, nn.AvgPool2d):  # stride 2
         y = _avg_pool_3x3_s2(y)
     return y
+
+
+# --- d-li14/lambda.pytorch conventions, read from their state_dict ------------------------------------
+# Their LambdaLayer (lambda_layer.py at commit 646de55) holds ``conv_qkv`` (1x1, no bias; output channels
+# split [q: Nh*dk, k: dk*du, v: dv*du]), ``norm_q``/``norm_v`` (BatchNorm2d) and ``lambda_conv =
+# Conv3d(du, dk, (1, r, r), padding=(0, r//2, r//2))`` WITH its default bias, applied to the values viewed
+# as [N, du, dv, H, W]; stride 2 is ``nn.AvgPool2d(3, 2, padding=1)`` (count_include_pad=True) after the
+# layer. Their ResNet is torchvision's ResNet-50 v1.5 layout with ``conv2`` the lambda layer.
+# Written from those definitions (conv3d as cross-correlation), not from timm_lambda's code.
+
+
+def _bn_eval_sd(sd: dict, prefix: str, t: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """Eval-mode BatchNorm from raw state_dict tensors over the channel axis 1 of an NCHW ``t``."""
+    shape = (1, -1) + (1,) * (t.dim() - 2)
+    mean, var = sd[prefix + 'running_mean'].double(), sd[prefix + 'running_var'].double()
+    w, b = sd[prefix + 'weight'].double(), sd[prefix + 'bias'].double()
+    return (t - mean.view(shape)) / torch.sqrt(var.view(shape) + eps) * w.view(shape) + b.view(shape)
+
+
+@torch.no_grad()
+def dli14_lambda_reference(sd: dict, prefix: str, x: torch.Tensor, heads: int = 4, dim_k: int = 16,
+                           dim_u: int = 1, stride: int = 1) -> torch.Tensor:
+    """Float64 per-query reference of one d-li14 lambda layer from its state_dict entries ``prefix + ...``.
+
+    For query n and context m, their lambda convolution contributes ``W[k, u, 0, m - n + c] v_m`` (conv3d is a
+    cross-correlation: out[n] = sum_i W[i] in[n + i - c], zero outside the input) plus ``b_k`` once per n:
+    lambda_n[k, :] = sum_m softmax_m(K)[k] v_m + sum_{m in scope} W[k, u, 0, m - n + c] v_m + b_k.
+    """
+    h, k, u = heads, dim_k, dim_u
+    x = x.detach().double()
+    B, d, H, W = x.shape
+    v = d // h
+    w = sd[prefix + 'conv_qkv.weight'].double()[:, :, 0, 0]
+    assert w.shape == (h * k + k * u + v * u, d)
+    w_q, w_k, w_v = w[:h * k], w[h * k:h * k + k * u], w[h * k + k * u:]
+    kernel = sd[prefix + 'lambda_conv.weight'].double()  # [k, u, 1, r, r]
+    bias = sd[prefix + 'lambda_conv.bias'].double()  # [k]
+    r = kernel.shape[-1]
+    c = (r - 1) // 2
+    y = torch.zeros(B, h * v, H, W, dtype=torch.float64)
+    for b in range(B):
+        X = x[b].reshape(d, H * W)  # [d, n]
+        Q = _bn_eval_sd(sd, prefix + 'norm_q.', (w_q @ X)[None])[0].reshape(h, k, H * W)
+        K = (w_k @ X).reshape(u, k, H * W)
+        V = _bn_eval_sd(sd, prefix + 'norm_v.', (w_v @ X)[None])[0].reshape(u, v, H * W)
+        Kbar = torch.exp(K - K.max(dim=-1, keepdim=True).values)
+        Kbar = Kbar / Kbar.sum(dim=-1, keepdim=True)  # softmax over the context positions m
+        content = torch.einsum('ukm,uvm->kv', Kbar, V)
+        V2 = V.reshape(u, v, H, W)
+        for ny in range(H):
+            for nx in range(W):
+                # context rows my in [y0, y1) (in the image and within the kernel): kernel rows my - ny + c
+                y0, y1, x0, x1 = max(0, ny - c), min(H, ny + c + 1), max(0, nx - c), min(W, nx + c + 1)
+                e = kernel[:, :, 0, y0 - ny + c:y1 - ny + c, x0 - nx + c:x1 - nx + c]  # [k, u, my, mx]
+                lam = content + torch.einsum('kuyx,uvyx->kv', e, V2[:, :, y0:y1, x0:x1]) + bias[:, None]
+                y[b, :, ny, nx] = torch.einsum('kv,hk->hv', lam, Q[:, :, ny * W + nx]).reshape(h * v)
+    if stride == 2:
+        y = _avg_pool_3x3_s2(y, count_include_pad=True)
+    return y
+
+
+@torch.no_grad()
+def dli14_resnet_reference(sd: dict, x: torch.Tensor, layers=(3, 4, 6, 3)) -> torch.Tensor:
+    """Float64 forward of d-li14's LambdaResNet (torchvision ResNet v1.5 layout, ``conv2`` a lambda layer) in
+    eval mode, from their state_dict; the lambda layers by :func:`dli14_lambda_reference`."""
+    import torch.nn.functional as F
+    sd = {key: t.double() if t.is_floating_point() else t for key, t in sd.items()}
+    x = x.detach().double()
+    x = F.conv2d(x, sd['conv1.weight'], stride=2, padding=3)
+    x = F.max_pool2d(F.relu(_bn_eval_sd(sd, 'bn1.', x)), 3, 2, 1)
+    for stage, depth in enumerate(layers, start=1):
+        for i in range(depth):
+            p = f'layer{stage}.{i}.'
+            stride = 2 if stage > 1 and i == 0 else 1
+            out = F.relu(_bn_eval_sd(sd, p + 'bn1.', F.conv2d(x, sd[p + 'conv1.weight'])))
+            out = dli14_lambda_reference(sd, p + 'conv2.', out, stride=stride)
+            out = F.relu(_bn_eval_sd(sd, p + 'bn2.', out))
+            out = _bn_eval_sd(sd, p + 'bn3.', F.conv2d(out, sd[p + 'conv3.weight']))
+            if p + 'downsample.0.weight' in sd:
+                x = _bn_eval_sd(sd, p + 'downsample.1.', F.conv2d(x, sd[p + 'downsample.0.weight'], stride=stride))
+            x = F.relu(out + x)
+    return F.linear(x.mean(dim=(2, 3)), sd['fc.weight'], sd['fc.bias'])

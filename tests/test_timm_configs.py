@@ -29,7 +29,8 @@ ROWS = [(d, s, m, p, sd) for (d, s), (m, p, sd) in sorted(TABLE20.items())]
 RECIPE_350 = {f'lambdaresnet{d}_r{s}_350ep.yaml': (d, s, m, p, sd) for d, s, m, p, sd in ROWS}
 RECIPE_90 = ('resnet50_lambda_90ep.yaml', 'resnet50_lambda_u4_90ep.yaml')
 RECIPE_MBV2 = 'mobilenetv2_100_lambda_350ep.yaml'
-ALL_CONFIGS = sorted([*RECIPE_350, *RECIPE_90, RECIPE_MBV2])
+RECIPE_CIFAR = 'resnet50_lambda_global32_cifar10_90ep.yaml'  # the CIFAR-10 reproduction report's setup
+ALL_CONFIGS = sorted([*RECIPE_350, *RECIPE_90, RECIPE_MBV2, RECIPE_CIFAR])
 
 CORE_ARGS = {
     'model', 'img_size', 'input_size', 'batch_size', 'epochs', 'opt', 'momentum', 'weight_decay',
@@ -153,6 +154,21 @@ def test_mobilenet_recipe():
     ), RECIPE_MBV2)
     assert 'aa' not in cfg
     _no_fixed_lr(cfg, RECIPE_MBV2)
+
+
+def test_cifar10_report_recipe():
+    """timm_lambda.paper.CIFAR10_REPORT: its model, batch, Adam, lr, smoothing and flip, in train.py's terms."""
+    from timm_lambda.paper import CIFAR10_REPORT as R
+    cfg = load(RECIPE_CIFAR)
+    _assert_subset(cfg, dict(
+        model='resnet50_lambda_global32.cifar10', num_classes=R['num_classes'], img_size=R['input_size'],
+        dataset='torch/cifar10', batch_size=R['batch_size'], opt='adam', opt_betas=list(R['betas']),
+        weight_decay=R['weight_decay'], smoothing=R['smoothing'], hflip=0.5, color_jitter=0.0, mixup=0.0,
+        cutmix=0.0, reprob=0.0, crop_pct=1.0, warmup_lr=R['lr'], lr=R['lr'] * R['warmup_epochs'],
+    ), RECIPE_CIFAR)
+    # warm-up prefix + cosine + one cool-down epoch = the report's 90 epochs (schedule: test_timm_scripts.py)
+    assert cfg['warmup_epochs'] + cfg['epochs'] + cfg['cooldown_epochs'] == R['epochs']
+    assert 'aa' not in cfg and 'lr_base' not in cfg
 
 
 # ---------------------------------------------------------------- models

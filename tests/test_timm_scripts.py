@@ -35,7 +35,8 @@ TABLE_18 = [(50, 128), (50, 160), (101, 160), (101, 192), (152, 192), (152, 224)
 TABLE_20_RA = {(50, 128): 10, (50, 160): 10, (101, 160): 10, (101, 192): 15, (152, 192): 15,
                (152, 224): 15, (152, 256): 15, (152, 288): 15, (270, 256): 15, (350, 256): 15,
                (350, 288): 15, (350, 320): 15, (420, 320): 15}
-CONFIGS = sorted(p.name for p in CONFIG_DIR.glob('*.yaml'))
+CIFAR_CONFIG = 'resnet50_lambda_global32_cifar10_90ep.yaml'  # tested on its own below
+CONFIGS = sorted(p.name for p in CONFIG_DIR.glob('*.yaml') if p.name != CIFAR_CONFIG)  # the ImageNet recipes
 
 
 def load(name):
@@ -131,3 +132,47 @@ def test_optimizer_and_lr_schedule_of_config(name):
     assert got == pytest.approx(expected, rel=1e-6, abs=1e-12)
     assert got[warm] == pytest.approx(peak, rel=0.02)
     assert got[-1] < 1e-4 * peak if cfg['sched'] == 'cosine' else got[-1] == pytest.approx(peak * 0.99 ** 116)
+
+
+# ---------------------------------------------------------------- CIFAR-10 report recipe
+def test_cifar10_report_recipe_transforms():
+    """train.py's data path for the CIFAR recipe: 32x32, the report's mean/std, a mild random crop + flip, no
+    colour jitter; evaluation keeps the whole 32x32 image (resize and centre crop are identities)."""
+    from timm_lambda.paper import CIFAR10_MEAN, CIFAR10_STD
+    cfg = load(CIFAR_CONFIG)
+    data_cfg = resolve_data_config(dict(cfg), pretrained_cfg=get_pretrained_cfg(cfg['model']).to_dict())
+    assert data_cfg['input_size'] == (3, 32, 32) and data_cfg['crop_pct'] == 1.0
+    assert data_cfg['mean'] == CIFAR10_MEAN and data_cfg['std'] == CIFAR10_STD
+    train_tf = create_transform(
+        data_cfg['input_size'], is_training=True, scale=cfg['scale'], ratio=cfg['ratio'], hflip=cfg['hflip'],
+        color_jitter=cfg['color_jitter'], interpolation=cfg['train_interpolation'], mean=data_cfg['mean'],
+        std=data_cfg['std'], re_prob=cfg['reprob'])
+    ops = list(train_tf.transforms)
+    rrc = [t for t in ops if type(t).__name__.startswith('RandomResizedCrop')]
+    assert len(rrc) == 1 and tuple(rrc[0].scale) == (0.75, 1.0) and tuple(rrc[0].ratio) == (1.0, 1.0)
+    assert any(isinstance(t, T.RandomHorizontalFlip) and t.p == 0.5 for t in ops)
+    assert not any(isinstance(t, RandAugment) for t in ops)
+    jitter = [t for t in ops if isinstance(t, T.ColorJitter)]
+    assert all(j.brightness is None and j.contrast is None and j.saturation is None for j in jitter)
+    eval_tf = create_transform(**data_cfg, is_training=False)
+    img = Image.fromarray((torch.rand(32, 32, 3) * 255).to(torch.uint8).numpy())
+    expected = (T.functional.to_tensor(img) - torch.tensor(CIFAR10_MEAN)[:, None, None]) / torch.tensor(
+        CIFAR10_STD)[:, None, None]
+    torch.testing.assert_close(eval_tf(img), expected)
+
+
+def test_cifar10_report_recipe_optimizer_and_schedule():
+    """Adam (betas 0.9, 0.9999) and, epoch by epoch, the report's lr: 0.0005 x (e + 1) for e < 5, then
+    0.0025 (1 + cos(pi (e - 4) / 85)) / 2 (its LambdaLR then CosineAnnealingLR), over 90 epochs."""
+    cfg = load(CIFAR_CONFIG)
+    args = Namespace(**{'opt_eps': None, 'layer_decay': None, 'momentum': 0.9, **cfg})  # train.py defaults
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8))
+    opt = create_optimizer_v2(model, **optimizer_kwargs(cfg=args))
+    assert type(opt).__name__ == 'Adam' and opt.param_groups[0]['betas'] == (0.9, 0.9999)
+    assert sorted(g['weight_decay'] for g in opt.param_groups) == [0.0, 1e-4]  # timm: none on biases/norms
+    sched, num_epochs = create_scheduler_v2(opt, **scheduler_kwargs(args))
+    assert num_epochs == 90
+    report = [0.0005 * (e + 1) if e < 5 else 0.0025 * (1 + math.cos(math.pi * (e - 4) / 85)) / 2
+              for e in range(90)]
+    got = [sched._get_lr(e)[0] for e in range(90)]
+    assert got == pytest.approx(report, rel=1e-9, abs=1e-12)

@@ -37,6 +37,9 @@ def _describe(name: str) -> str:
         'resnet50_lambda_k8': 'resnet50_lambda with \\|k\\|=8 (Table 4)',
         'resnet50_lambda_shared': 'resnet50_lambda with one shared position embedding (Table 4)',
         'resnet50_lambda_conv7': 'resnet50_lambda, 7x7 scope by the lambda convolution (Table 4)',
+        'resnet50_lambda_global32': 'the CIFAR-10 report\'s model: ResNet-50, lambda layers with global context at 32x32',
+        'resnet26_lambda_cifar': 'CIFAR stem (3x3 stride 1, no pooling), blocks 2-2-2-2, every 3x3 a lambda layer',
+        'resnet50_lambda_cifar': 'CIFAR stem, blocks 3-4-6-3, every 3x3 a lambda layer',
     }.get(name, '')
 
 
@@ -104,7 +107,9 @@ def recipes_table() -> str:
             ra, drop, dp = TABLE20[int(depth), int(size)]
             lines.append(f'| `{name}` | {depth} @ {size}: {ra}, {drop}, {dp} |')
         else:
-            lines.append(f'| `{name}` | {"F.3 90-epoch setup (Table 3)" if "90ep" in name else "F.3 MobileNet setup (Table 17)"} |')
+            what = ('the CIFAR-10 reproduction report' if 'cifar10' in name else
+                    'F.3 90-epoch setup (Table 3)' if '90ep' in name else 'F.3 MobileNet setup (Table 17)')
+            lines.append(f'| `{name}` | {what} |')
     return '\n'.join(lines)
 
 

@@ -3,7 +3,7 @@
 Each table is written down here once; everything else reads it from here.
 """
 __all__ = ['STAGE_DEPTHS', 'LAMBDA_BLOCKS', 'RESOLUTIONS', 'RESOLUTIONS_C4', 'PARAM_COUNTS', 'TABLE18_TOP1', 'TABLE20',
-           'TABLE3_TOP1', 'TABLE14']
+           'TABLE14', 'CIFAR10_REPORT', 'CIFAR10_MEAN', 'CIFAR10_STD']
 
 # Table 19: blocks per stage c2..c5 (He et al. 2016; ResNet-RS depths).
 STAGE_DEPTHS = {
@@ -127,3 +127,38 @@ __all__ += ['AA_TABLE3', 'AA_TABLE6', 'TABLE3', 'TABLE4']
 
 # Table 3 top-1 by row (the recipes cite it)
 TABLE3_TOP1 = {layer: top1 for layer, _, top1 in TABLE3}
+
+# The seed CIFAR-10 reproduction report ("LambdaNetworks: efficient, accurate, but also accessible? A
+# reproducibility project with CIFAR-10", J. I. de Alvear Cardenas and W. A. J. G. de Vries, TU Delft, 2021;
+# shared/papers/cifar10_reproduction_report_zh.md, code github.com/joigalcar3/LambdaNetworks at 0b1681d).
+# Its model: torchvision's ResNet-50 (7x7 stride-2 stem + max pool) at 32x32 with every bottleneck 3x3 conv
+# replaced by a lambda layer (|k|=16, |h|=4, |u|=1, global context: the layers see 8x8, 4x4, 2x2, 1x1), stride
+# as 3x3 average pooling (padding 1) after the layer, one position-embedding table per resolution shared by
+# the layers at that resolution, 10 classes.
+CIFAR10_REPORT = {
+    'params_lambda': 12.8,      # millions, section 9.1 ("23.5M and 12.8M")
+    'params_resnet50': 23.5,    # millions, torchvision resnet50(num_classes=10)
+    'num_classes': 10,
+    'input_size': 32,
+    'lambda_input_sizes': (8, 4, 2, 1),  # section 5.2: |n| in [8, 4, 2, 1] (per side)
+    'dim_k': 16, 'heads': 4,
+    # Their 12.8M is torchsummary's count (its code prints summary(model)), which adds up the `weight` and
+    # `bias` of every module and so skips the shared embedding tables (an attribute `E` of each layer):
+    # 12,828,926. With them (model.parameters(), each shared table once: 64*64*16 + 16*16*16 + 4*4*16 + 1*1*16
+    # = 69,904) it is 12,898,830. (Counted from their code at 0b1681d.)
+    'params_lambda_torchsummary': 12_828_926,
+    'params_lambda_all': 12_898_830,
+    'position_embedding_params': 69_904,
+    # Training setup (section 6.3, user_input.py, model_preparation.py, main_general.py): 90 epochs, batch 128,
+    # Adam (betas 0.9, 0.9999; L2 weight decay 1e-4 on every parameter), initial lr 0.0005 (best of the
+    # section 9.3 sweep) x (epoch + 1) for the first 5 epochs, then cosine from 0.0025 to 0 over the last 85,
+    # label smoothing 0.1, random 32x32 crop of the 4-pixel zero-padded image + horizontal flip.
+    'epochs': 90, 'batch_size': 128, 'lr': 0.0005, 'warmup_epochs': 5, 'weight_decay': 1e-4,
+    'betas': (0.9, 0.9999), 'smoothing': 0.1,
+    # Result (section 9.1): the lambda model's test accuracy is 3.2 points below ResNet-50's (figures only).
+    'accuracy_gap_vs_resnet50': -3.2,
+}
+# Normalisation the report uses (data_preprocessing.py): the usual CIFAR-10 channel means and the widely
+# copied "std" values (the per-pixel standard deviations of CIFAR-10 train are about 0.247, 0.243, 0.261).
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2023, 0.1994, 0.2010)

@@ -77,6 +77,14 @@ class LambdaLayer(nn.Module):
         max_size: (H, W) of the largest input, required for ``scope='global'``.
         stride: 1, or 2 for 3x3 average pooling with stride 2 after the layer (appendix F.2); padding 1
             as timm's strided 3x3 convs, borders averaged over in-image positions only (as TF 'SAME').
+        pool_count_include_pad: average the stride-2 pooling's border windows over all 9 positions, the
+            zero padding included (PyTorch's ``nn.AvgPool2d(3, 2, 1)`` default), instead of over the
+            in-image positions. Off by default; on for checkpoints trained that way (d-li14/lambda.pytorch).
+            No effect with ``stride=1``.
+        position_bias: a learned bias ``b`` of |k| entries added to every position-lambda entry,
+            ``lambda^p_n[k, :] += b_k``, so each output gains ``sum_k q_n^h[k] b_k`` in every value channel
+            (the bias of a lambda convolution ``Conv3d(|u|, |k|, (1, r, r), bias=True)``). Off by default
+            (not in the paper); on for checkpoints that have it (d-li14/lambda.pytorch). Needs ``position``.
         content: use the content lambda (Table 9).
         position: use the position lambdas (Table 9).
         key_norm: 'softmax' (default), 'l2' or 'none': normalisation of the keys over context
@@ -109,6 +117,8 @@ class LambdaLayer(nn.Module):
             qv_norm: bool = True,
             impl: str = 'auto',
             pos_embedding: Optional[RelativePositionEmbedding] = None,
+            pool_count_include_pad: bool = False,
+            position_bias: bool = False,
             norm_layer: Callable[..., nn.Module] = nn.BatchNorm2d,
             device=None,
             dtype=None,
@@ -132,8 +142,12 @@ class LambdaLayer(nn.Module):
         self.content = check_bool(content, 'content')
         self.position = check_bool(position, 'position')
         check_bool(qv_norm, 'qv_norm')
+        self.pool_count_include_pad = check_bool(pool_count_include_pad, 'pool_count_include_pad')
+        check_bool(position_bias, 'position_bias')
         if not (content or position):
             raise ValueError('at least one of content and position must be True')
+        if position_bias and not position:
+            raise ValueError('position_bias=True adds a bias to the position lambdas; it needs position=True')
         self.key_norm = check_choice(key_norm, 'key_norm', KEY_NORMS)
         self.impl = check_choice(impl, 'impl', POSITION_IMPLS)
         scope = check_scope(scope)
@@ -172,23 +186,33 @@ class LambdaLayer(nn.Module):
         self.global_scope = scope == 'global'
         table_h, table_w = self.embedding_table_size()
         self.tile = tile_size(table_h, table_w)  # block side of the tiled form, fixed at construction
-        self.pool_count_include_pad = False
-        self.pool = nn.AvgPool2d(3, 2, padding=1, count_include_pad=self.pool_count_include_pad) \
-            if self.stride == 2 else nn.Identity()
+        if position_bias:
+            self.pos_bias = nn.Parameter(torch.empty(k, **dd))
+        else:
+            self.register_parameter('pos_bias', None)
+        self.pool = (nn.AvgPool2d(3, 2, padding=1, count_include_pad=self.pool_count_include_pad)
+                     if self.stride == 2 else nn.Identity())
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Appendix F.2: W_K, W_V ~ N(0, d^-1/2); W_Q ~ N(0, (|k| d)^-1/2) (std)."""
+        """Appendix F.2: W_K, W_V ~ N(0, d^-1/2); W_Q ~ N(0, (|k| d)^-1/2) (std). The optional position bias
+        is initialised as PyTorch initialises a Conv3d bias: U(-a, a), a = (|u| x table area)^-1/2."""
         w = self.qkv.weight
         nq = self.heads * self.dim_k
         with torch.no_grad():
             nn.init.normal_(w, std=self.dim ** -0.5)
             nn.init.normal_(w[:nq], std=(self.dim_k * self.dim) ** -0.5)
+            if self.pos_bias is not None:
+                table_h, table_w = self.embedding_table_size()
+                bound = (self.dim_u * table_h * table_w) ** -0.5
+                nn.init.uniform_(self.pos_bias, -bound, bound)
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, dim_out={self.dim_out}, dim_k={self.dim_k}, heads={self.heads}, '
                 f'dim_u={self.dim_u}, dim_v={self.dim_v}, scope={self.scope}, stride={self.stride}, '
-                f'content={self.content}, position={self.position}, key_norm={self.key_norm!r}, impl={self.impl!r}')
+                f'content={self.content}, position={self.position}, key_norm={self.key_norm!r}, impl={self.impl!r}'
+                + (', position_bias=True' if self.pos_bias is not None else '')
+                + (', pool_count_include_pad=True' if self.pool_count_include_pad and self.stride == 2 else ''))
 
     @torch.jit.unused
     def embedding_table_size(self) -> Tuple[int, int]:
@@ -210,10 +234,17 @@ class LambdaLayer(nn.Module):
         q = self.norm_q(q).reshape(B, h, k, n)
         values = self.norm_v(values).reshape(B, u, v, n)
         out: Optional[torch.Tensor] = None
+        full: Optional[torch.Tensor] = None
         if self.content:
             keys = normalize_keys(keys.reshape(B, u, k, n), self.key_norm)
             content_lambda = torch.einsum('bukm,buvm->bkv', [keys, values])  # lambda^c, eq. 1
-            out = self.pool(torch.einsum('bhkn,bkv->bhvn', [q, content_lambda]).reshape(B, h * v, H, W))  # eq. 2
+            full = torch.einsum('bhkn,bkv->bhvn', [q, content_lambda])  # eq. 2
+        if self.pos_bias is not None:
+            # lambda^p_n[k, :] += b_k for every n: y_n^h gains sum_k q_n^h[k] b_k in every value channel
+            bias = torch.einsum('bhkn,k->bhn', [q, self.pos_bias]).unsqueeze(2)
+            full = bias.expand(B, h, v, n) if full is None else full + bias
+        if full is not None:  # the terms computed at full resolution, pooled when the layer downsamples
+            out = self.pool(full.reshape(B, h * v, H, W))
         if self.pos_embedding is not None:
             # position lambdas, average-pooled by the same 3x3 stride-2 pooling when the layer downsamples
             pos = position_lambdas(q, values, self.pos_embedding.weight, H, W, self.impl, self.global_scope,

@@ -2,5 +2,6 @@
 from .lambda_resnet import LambdaResNet
 from .lambda_mobilenetv2 import LambdaMobileNetV2
 from .attention_resnet import AttentionResNet
+from .cifar import CifarLambdaResNet
 
-__all__ = ['LambdaResNet', 'LambdaMobileNetV2', 'AttentionResNet']
+__all__ = ['LambdaResNet', 'LambdaMobileNetV2', 'AttentionResNet', 'CifarLambdaResNet']

@@ -25,7 +25,7 @@ from torch import nn
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import get_attn, get_norm_layer
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
 from timm.models.resnet import ResNet
 
 from ..layers import LambdaLayer, RelativePositionEmbedding
@@ -33,7 +33,8 @@ from ..layers.relative_embedding import check_scope, to_int, to_pair
 from ..paper import LAMBDA_BLOCKS, RESOLUTIONS, RESOLUTIONS_C4, STAGE_DEPTHS
 from ._blocks import StageBlocks, StagePlan
 
-__all__ = ['LambdaResNet', 'norm_with_bn_args', 'stage_block_indices']
+__all__ = ['LambdaResNet', 'norm_with_bn_args', 'stage_block_indices', 'checkpoint_filter_dli14', 'DLI14_TAG',
+           'DLI14_MODEL_ARGS']
 
 StageSpec = Union[None, str, int, Sequence[int]]
 
@@ -80,6 +81,9 @@ class LambdaResNet(ResNet):
         se_ratio: SE squeeze ratio relative to the block output width (0.25 = "ratio of 4").
         dim_k, heads, dim_u, scope, impl, key_norm, qv_norm, content, position: lambda layer
             options (see :class:`~timm_lambda.layers.LambdaLayer`).
+        position_bias, pool_count_include_pad: the two conventions of d-li14/lambda.pytorch (a bias on the
+            position lambdas; stride-2 pooling that counts the zero padding); off by default (paper), set by
+            the ``resnet50_lambda.dli14_in1k`` tag (see :class:`~timm_lambda.layers.LambdaLayer`).
         shared_embeddings: one position-embedding table for every lambda layer (Table 4).
         img_size: input size, int or (H, W); required with ``scope='global'`` (it sizes the
             embedding tables), not accepted with a local scope (which serves any size).
@@ -88,6 +92,7 @@ class LambdaResNet(ResNet):
         device, dtype: factory kwargs.
         **kwargs: timm ResNet arguments (stem_type, avg_down, drop_rate, drop_path_rate, ...).
     """
+    stem_reduction = 4  # input / c2 resolution (7x7 or deep stride-2 stem + stride-2 pool); sizes global tables
 
     def __init__(
             self,
@@ -104,6 +109,8 @@ class LambdaResNet(ResNet):
             qv_norm: bool = True,
             content: bool = True,
             position: bool = True,
+            position_bias: bool = False,
+            pool_count_include_pad: bool = False,
             shared_embeddings: bool = False,
             img_size: Optional[Union[int, Tuple[int, int]]] = None,
             bn_momentum: Optional[float] = None,
@@ -134,20 +141,22 @@ class LambdaResNet(ResNet):
         dd = {'device': device, 'dtype': dtype}
 
         lambda_args = dict(dim_k=dim_k, heads=heads, dim_u=dim_u, scope=scope, impl=impl, key_norm=key_norm,
-                           qv_norm=qv_norm, content=content, position=position)
+                           qv_norm=qv_norm, content=content, position=position, position_bias=position_bias,
+                           pool_count_include_pad=pool_count_include_pad)
 
         def stage_size(reduction: int) -> Optional[Tuple[int, int]]:
             return None if img_size is None else (math.ceil(img_size[0] / reduction), math.ceil(img_size[1] / reduction))
 
+        stem = type(self).stem_reduction
         shared = None
         if shared_embeddings and position and any(positions):
             first = min(i for i, p in enumerate(positions) if p)
-            shared = RelativePositionEmbedding(dim_k, dim_u, scope, stage_size(4 * 2 ** max(first - 1, 0)), **dd)
+            shared = RelativePositionEmbedding(dim_k, dim_u, scope, stage_size(stem * 2 ** max(first - 1, 0)), **dd)
         se_layer = partial(get_attn('se'), rd_ratio=se_ratio)
         plans = []
         for stage, blocks in enumerate(positions):
             # the stage's first lambda layer sees the previous stage's resolution (it downsamples itself)
-            mixer = partial(LambdaLayer, max_size=stage_size(4 * 2 ** max(stage - 1, 0)), pos_embedding=shared,
+            mixer = partial(LambdaLayer, max_size=stage_size(stem * 2 ** max(stage - 1, 0)), pos_embedding=shared,
                             **lambda_args)
             plans.append(StageBlocks(StagePlan(blocks, mixer, attn_layer=se_layer if stage in se_stages else None)))
         super().__init__(block=tuple(plans), layers=layers, norm_layer=norm_layer, **dd, **kwargs)
@@ -199,10 +208,79 @@ def _cfg(res: int, **kwargs):
     }
 
 
+# d-li14/lambda.pytorch: the one public ImageNet-trained paper-faithful lambda network (LambdaResNet-50,
+# "78.208 / 93.820" top-1 / top-5, 14.995M parameters; README of the repository at commit 646de55). Its
+# architecture is resnet50_lambda with two conventions, which this tag turns on: a bias on the lambda
+# convolution (position_bias) and a stride-2 average pooling that counts the zero padding. The checkpoint is
+# hosted outside GitHub (a OneDrive link on the project page): no URL here, the download is manual.
+DLI14_TAG = 'dli14_in1k'
+DLI14_MODEL_ARGS = dict(position_bias=True, pool_count_include_pad=True)
+DLI14_PAGE = 'https://github.com/d-li14/lambda.pytorch'
+
+
+def _dli14_cfg():
+    return _cfg(
+        224, interpolation='bilinear', first_conv='conv1', origin_url=DLI14_PAGE,
+        description='LambdaResNet-50 trained on ImageNet-1k by Duo Li (d-li14/lambda.pytorch)',
+        notes=('Their README: 78.208 top-1 / 93.820 top-5 on ImageNet val, 14.995M parameters, 6.576 GFLOPs; '
+               'SGD lr 0.1, momentum 0.9, weight decay 1e-4, 130 epochs, cosine, batch 256, label smoothing 0.1.',
+               'Weights hosted outside GitHub (link on the project page): download manually and create the '
+               "model with pretrained=True, pretrained_cfg_overlay=dict(file=PATH); checkpoint_filter_dli14 "
+               'converts the keys.',
+               'Their evaluation transform is not stated: standard ImageNet eval assumed (bilinear resize to '
+               '256, centre crop 224, ImageNet mean/std).',
+               'The repository states no license.'),
+    )
+
+
+def checkpoint_filter_dli14(state_dict: dict, model: Optional[nn.Module] = None) -> dict:
+    """A d-li14/lambda.pytorch LambdaResNet checkpoint in timm_lambda's keys (timm ``pretrained_filter_fn``).
+
+    Accepts the bare ``state_dict``, or a training checkpoint holding it under ``'state_dict'`` or
+    ``'model'``, with or without ``DataParallel``/DDP's ``module.`` prefix. Their lambda layer's
+    ``conv_qkv.weight`` is our ``qkv.weight`` (same channel order: queries, keys, values),
+    ``lambda_conv.weight [k, u, 1, r, r]`` is our relative embedding table ``pos_embedding.weight
+    [k, u, r, r]`` (a Conv3d is a cross-correlation: it weighs the value at m - n + centre, our
+    ``e_nm = R[m - n]``) and ``lambda_conv.bias [k]`` is ``pos_bias``. Everything else (torchvision ResNet
+    names) is unchanged. A checkpoint already in our keys passes through.
+
+    With ``model`` given, a d-li14 checkpoint is refused (ValueError) unless the model was built with both of
+    their conventions (``position_bias=True``, ``pool_count_include_pad=True``, as the
+    ``resnet50_lambda.dli14_in1k`` tag does): the weights would load but the outputs would differ.
+    """
+    for key in ('state_dict', 'model'):
+        if isinstance(state_dict.get(key), dict):
+            state_dict = state_dict[key]
+            break
+    out, theirs = {}, False
+    for name, value in state_dict.items():
+        if name.startswith('module.'):
+            name = name[len('module.'):]
+        if name.endswith('.conv_qkv.weight'):
+            name, theirs = name[:-len('conv_qkv.weight')] + 'qkv.weight', True
+        elif name.endswith('.lambda_conv.weight'):
+            if value.dim() != 5 or value.shape[2] != 1:
+                raise ValueError(f'{name}: expected a Conv3d kernel [k, u, 1, r, r], got {tuple(value.shape)}')
+            name, value, theirs = name[:-len('lambda_conv.weight')] + 'pos_embedding.weight', value[:, :, 0], True
+        elif name.endswith('.lambda_conv.bias'):
+            name, theirs = name[:-len('lambda_conv.bias')] + 'pos_bias', True
+        out[name] = value
+    if theirs and model is not None:
+        layers = [m for m in model.modules() if isinstance(m, LambdaLayer)]
+        wrong = [m for m in layers if m.pos_bias is None or (m.stride == 2 and not m.pool_count_include_pad)]
+        if wrong:
+            raise ValueError(
+                'this is a d-li14/lambda.pytorch checkpoint: its lambda layers have a position bias and count the '
+                f"padding in their stride-2 pooling. Create 'resnet50_lambda.{DLI14_TAG}' (or pass "
+                'position_bias=True, pool_count_include_pad=True) to load it')
+    return out
+
+
 default_cfgs = generate_default_cfgs({
     **{f'lambdaresnet{d}.r{r}': _cfg(r) for d, rs in RESOLUTIONS.items() for r in rs},
     **{f'lambdaresnet{d}_c4.r{r}': _cfg(r) for d, rs in RESOLUTIONS_C4.items() for r in rs},
     'resnet50_lambda.r224': _cfg(224, interpolation='bilinear', first_conv='conv1'),
+    f'resnet50_lambda.{DLI14_TAG}': _dli14_cfg(),
     'resnet50_lambda_u4.r224': _cfg(224, interpolation='bilinear', first_conv='conv1'),
     **{f'resnetrs{d}_nose.r{r}': _cfg(r, paper_ids='arXiv:2103.07579') for d, rs in RESOLUTIONS.items() for r in rs},
 })
@@ -334,11 +412,36 @@ def resnetrs420_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
     return _create('resnetrs420_nose', pretrained, **_nose(420, **kwargs))
 
 
+def _pretrained_tag(kwargs) -> Optional[str]:
+    """The pretrained tag create_model passes on (``'name.tag'`` arrives as ``pretrained_cfg='tag'``)."""
+    cfg = kwargs.get('pretrained_cfg')
+    if isinstance(cfg, str):
+        return cfg
+    if isinstance(cfg, dict):
+        return cfg.get('tag')
+    return getattr(cfg, 'tag', None)
+
+
 @register_model
 def resnet50_lambda(pretrained: bool = False, **kwargs) -> LambdaResNet:
-    """Vanilla ResNet-50 with every 3x3 convolution replaced by a lambda layer (Table 3, 15.0M)."""
+    """Vanilla ResNet-50 with every 3x3 convolution replaced by a lambda layer (Table 3, 15.0M).
+
+    ``resnet50_lambda.dli14_in1k`` builds it with d-li14/lambda.pytorch's two conventions (``position_bias``,
+    ``pool_count_include_pad``) and loads their ImageNet checkpoint with ``pretrained=True,
+    pretrained_cfg_overlay=dict(file=PATH)`` (keys converted by :func:`checkpoint_filter_dli14`).
+    """
     args = dict(layers=STAGE_DEPTHS[50], lambda_blocks=('all',) * 4, se_stages=())
-    return _create('resnet50_lambda', pretrained, **dict(args, **kwargs))
+    if _pretrained_tag(kwargs) == DLI14_TAG:
+        args.update(DLI14_MODEL_ARGS)
+        if pretrained:
+            cfg = resolve_pretrained_cfg('resnet50_lambda', kwargs.get('pretrained_cfg'),
+                                         kwargs.get('pretrained_cfg_overlay'))
+            if not (cfg.has_weights or cfg.state_dict is not None):
+                raise RuntimeError(
+                    f'No pretrained weights exist for resnet50_lambda.{DLI14_TAG} in timm: download the '
+                    f'checkpoint by hand from {DLI14_PAGE} and pass pretrained_cfg_overlay=dict(file=PATH)')
+    return _create('resnet50_lambda', pretrained, pretrained_filter_fn=checkpoint_filter_dli14,
+                   **dict(args, **kwargs))
 
 
 @register_model
