@@ -52,26 +52,21 @@ def _size_independent() -> bool:
     """True while a size-specialising tracer records the graph (jit.trace, legacy ONNX, torch.export)."""
     if torch.jit.is_scripting():
         return False
-    return torch.jit.is_tracing() or _is_exporting()
-
-
-@torch.jit.ignore
-def _is_exporting() -> bool:
-    is_exporting = getattr(getattr(torch, 'compiler', None), 'is_exporting', None)
-    return bool(is_exporting()) if is_exporting is not None else False
+    return torch.jit.is_tracing() or _compiler_flag('is_exporting')
 
 
 def _graph_capture() -> bool:
     """True under TorchScript, tracers and torch.compile: plain tensor ops only (no custom autograd.Function)."""
     if torch.jit.is_scripting():
         return True
-    return torch.jit.is_tracing() or _is_compiling()
+    return torch.jit.is_tracing() or _compiler_flag('is_compiling')
 
 
 @torch.jit.ignore
-def _is_compiling() -> bool:
-    is_compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling', None)
-    return bool(is_compiling()) if is_compiling is not None else False
+def _compiler_flag(name: str) -> bool:
+    """``torch.compiler.is_exporting()`` / ``is_compiling()`` where this torch has them."""
+    flag = getattr(getattr(torch, 'compiler', None), name, None)
+    return bool(flag()) if flag is not None else False
 
 
 def choose_impl(impl: str, height: int, width: int, window: int, global_scope: bool) -> str:
