@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from _common import REPO_ROOT
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)  # this checkout's timm_lambda, also when another copy is installed
