@@ -8,7 +8,7 @@
 # Built on mmdet's large-scale-jitter strong baseline (Mask R-CNN R-50 FPN,
 # SyncBN everywhere, 2-conv RPN, 4conv1fc box head, LSJ, COCO bbox+segm
 # evaluation). What differs from that baseline:
-#   * backbone: TimmLambdaResNet (mmdet_plugin) instead of mmdet's ResNet-50;
+#   * backbone: TimmLambdaResNet (timm_lambda_mmdet) instead of mmdet's ResNet-50;
 #   * schedule: 130k iterations (IterBasedTrainLoop, InfiniteSampler, no
 #     RepeatDataset) instead of 100 epochs (RepeatDataset x4, 25 epochs);
 #   * LR: 0.32 for total batch 256 (auto_scale_lr enabled, base 256) instead
