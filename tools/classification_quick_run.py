@@ -14,13 +14,7 @@ import argparse
 import os
 import platform
 import subprocess
-import sys
 import time
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)  # this checkout's timm_lambda, also when another copy is installed
 
 
 def parse_args(argv=None):
