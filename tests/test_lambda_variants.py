@@ -1,10 +1,10 @@
 """Tests of the masked (causal) 1-D lambda layer (Fig. 6) and the multi-head lambda layer (Fig. 7)."""
 import pytest
 import torch
-from torch import nn
 
-from timm_lambda.layers import MaskedLambdaLayer1d, MultiHeadLambdaLayer, RelativePositionEmbedding
+from timm_lambda.layers import MaskedLambdaLayer1d, MultiHeadLambdaLayer
 
+from _layer_helpers import perturb_for_eval
 from reference import masked_lambda_reference, multihead_lambda_reference
 
 
@@ -152,16 +152,7 @@ def _multihead(seed=0, **kw):
     kw.setdefault('heads', 2)
     layer = MultiHeadLambdaLayer(**kw)
     g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in layer.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.copy_(torch.rand(m.num_features, generator=g) - 0.5)
-                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-                m.weight.copy_(torch.rand(m.num_features, generator=g) * 0.5 + 0.5)
-                m.bias.copy_(torch.rand(m.num_features, generator=g) * 0.4 - 0.2)
-            if isinstance(m, RelativePositionEmbedding):
-                m.weight.mul_(0.3)
-    return layer.eval()
+    return perturb_for_eval(layer, g).eval()
 
 
 MH_CASES = [

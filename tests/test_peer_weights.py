@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 import timm
-from timm_lambda.layers import LambdaLayer, RelativePositionEmbedding
+from timm_lambda.layers import LambdaLayer
 from timm_lambda.models.lambda_resnet import DLI14_MODEL_ARGS, checkpoint_filter_dli14
 
+from _layer_helpers import perturb_for_eval
 from reference import dli14_lambda_reference, dli14_resnet_reference, lambda_layer_reference
 
 IMPLS = ['einsum', 'conv', 'dense', 'tiled']
@@ -40,15 +40,8 @@ def _layer(impl, seed=0, **kw) -> LambdaLayer:
     kw = {'dim': 8, 'dim_k': 4, 'heads': 2, **kw}
     layer = LambdaLayer(impl=impl, **kw)
     g = torch.Generator().manual_seed(seed)
+    perturb_for_eval(layer, g)
     with torch.no_grad():
-        for m in layer.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.copy_(torch.rand(m.num_features, generator=g) - 0.5)
-                m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
-                m.weight.copy_(torch.rand(m.num_features, generator=g) * 0.5 + 0.5)
-                m.bias.copy_(torch.rand(m.num_features, generator=g) * 0.4 - 0.2)
-            if isinstance(m, RelativePositionEmbedding):
-                m.weight.mul_(0.3)
         if layer.pos_bias is not None:
             layer.pos_bias.copy_(torch.rand(layer.dim_k, generator=g) * 2 - 1)
     return layer.eval()
