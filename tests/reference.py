@@ -13,7 +13,7 @@ helpers or any of their forward code, so an indexing bug there cannot cancel out
 import torch
 from torch import nn
 
-__all__ = ['lambda_layer_reference', 'masked_lambda_reference', 'multihead_lambda_reference',
+__all__ = ['lambda_layer_reference', 'masked_lambda_reference', 'multihead_lambda_reference', 'position_term_reference',
            'dli14_lambda_reference', 'dli14_resnet_reference']
 
 
@@ -261,3 +261,30 @@ def dli14_resnet_reference(sd: dict, x: torch.Tensor, layers=(3, 4, 6, 3)) -> to
                 x = _bn_eval_sd(sd, p + 'downsample.1.', F.conv2d(x, sd[p + 'downsample.0.weight'], stride=stride))
             x = F.relu(out + x)
     return F.linear(x.mean(dim=(2, 3)), sd['fc.weight'], sd['fc.bias'])
+
+
+def position_term_reference(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, height: int, width: int,
+                            stride: int = 1, count_include_pad: bool = False) -> torch.Tensor:
+    """The position term ``y_n^h = sum_{u, m in scope(n)} (q_n^h . R[m - n, u]) v_{m, u}`` query by query (eq. 1-2
+    with ``e_nm = R[m - n]``), then the 3x3 stride-2 average pool of a downsampling layer; differentiable.
+
+    ``q [B, h, k, n]``, ``v [B, u, V, n]``, ``table [k, u, R_h, R_w]`` centred on offset 0 (a local scope, or a
+    global table covering every offset). Returns ``[B, h, V, n_out]``. Each query reads the table rows and the
+    value window of its own scope: no gather index, no padding, no blocks.
+    """
+    B, h, k, n = q.shape
+    u, dv = v.shape[1], v.shape[2]
+    ch, cw = (table.shape[-2] - 1) // 2, (table.shape[-1] - 1) // 2
+    values = v.reshape(B, u, dv, height, width)
+    out = []
+    for ny in range(height):
+        for nx in range(width):
+            y0, y1, x0, x1 = max(0, ny - ch), min(height, ny + ch + 1), max(0, nx - cw), min(width, nx + cw + 1)
+            e = table[:, :, y0 - ny + ch:y1 - ny + ch, x0 - nx + cw:x1 - nx + cw]  # [k, u, my, mx] = R[m - n]
+            lam = torch.einsum('kuyx,buvyx->bkv', e, values[..., y0:y1, x0:x1])  # lambda^p_n
+            out.append(torch.einsum('bhk,bkv->bhv', q[..., ny * width + nx], lam))  # (lambda^p_n)^T q_n^h
+    y = torch.stack(out, -1) if out else q.new_zeros(B, h, dv, 0)
+    if stride == 2:
+        y = _avg_pool_3x3_s2(y.reshape(B, h * dv, height, width), count_include_pad)
+        return y.reshape(B, h, dv, y.shape[-2] * y.shape[-1])
+    return y

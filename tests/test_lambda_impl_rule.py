@@ -4,12 +4,12 @@ has at most half as many positions as one query block's context window of the ti
 import torch
 
 from timm_lambda.layers import LambdaLayer
-from timm_lambda.layers.position_lambda import tile_size, tile_window
+from timm_lambda.layers.position_lambda import TILE, tile_window
 
 
 def test_default_scope_switches_at_one_window():
     layer = LambdaLayer(16, dim_k=16, heads=4)  # scope 23: 8x8 blocks, 30x30 context windows
-    assert tile_size(23, 23) == 8 and tile_window(23, 23) == 900
+    assert TILE == 8 and tile_window(23, 23) == 900
     assert layer.choose_impl(21, 21) == 'dense'  # 441 <= 450
     assert layer.choose_impl(22, 21) == 'tiled'
     assert layer.choose_impl(1, 1) == 'dense'

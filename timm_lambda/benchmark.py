@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 __all__ = ['LiveTensorBytes', 'peak_step_bytes', 'interleaved_times', 'median', 'machine', 'load_average',
-           'synchronize']
+           'synchronize', 'spread']
 
 
 def load_average() -> str:
@@ -131,3 +131,8 @@ def interleaved_times(steps: Dict[str, Callable[[], object]], repeats: int = 5, 
 
 def median(values: List[float]) -> float:
     return statistics.median(values)
+
+
+def spread(values: List[float]):
+    """(min, median, max) of repeated measurements."""
+    return min(values), statistics.median(values), max(values)

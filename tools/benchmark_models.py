@@ -1,131 +1,245 @@
 #!/usr/bin/env python
-"""LambdaResNets against their convolutional baselines, side by side in one process.
+"""LambdaResNets against their convolutional baselines, side by side in one process, in every execution mode.
 
-One command per comparison; each prints the times, the peak step memory and the ratios:
+One command per comparison; each prints min / median / max over interleaved repeats, the ratios (of medians)
+to the first baseline, and the load average before and after:
 
-    python tools/benchmark_models.py backbone         # LambdaResNet-101 vs ResNet-RS-101 + SE, c2..c5 at 1024x1024, batch 1
-    python tools/benchmark_models.py cifar            # resnet50_lambda (global scope, 32x32, 10 classes) vs resnet50, batch 64
-    python tools/benchmark_models.py classification   # LambdaResNet-101 vs ResNet-RS-101 + SE at 224x224, batch 2
+    python tools/benchmark_models.py backbone         # 1024x1024, batch 1: c2..c5 features as the detectors build them
+    python tools/benchmark_models.py classification   # 224x224, batch 2: classifiers
+    python tools/benchmark_models.py cifar            # resnet50_lambda (global 32x32 scope, 10 classes) vs resnet50, batch 64
+    python tools/benchmark_models.py compile          # torch.compile (inductor) training step, 512x512 batch 1 (--sizes 1024)
+    python tools/benchmark_models.py onnx             # legacy and dynamo ONNX exports in onnxruntime, 224 and 512 px
+    python tools/benchmark_models.py cuda             # on a GPU: float32 and bfloat16 autocast, img/s (never in CI)
 
-``backbone`` builds the backbones as the detection configs do (timm ``features_only``, c2..c5, BN in training
-mode) and measures a training step (forward, a scalar loss over the four maps, backward), inference
-(forward under ``no_grad``) and the peak memory of the training step. ``--sizes 512 768 1024 --plot f.png``
-also plots time and memory against the input size. Method: timm_lambda/benchmark.py.
+``backbone``, ``classification`` and ``cifar`` measure a training step (BN in training mode: forward, a scalar
+loss, backward), inference as users run it (eval mode, BN running statistics, ``torch.no_grad``) and the peak
+memory of the training step. ``backbone`` compares LambdaResNet-101 with ResNet-RS-101 with SE (the paper's
+Table 13 baseline), without SE, and with the model's own convolutional twin (every lambda layer a 3x3 conv), so
+that the SE placement is not mistaken for lambda speed. Method: timm_lambda/benchmark.py.
 """
 import argparse
 import json
+import time
 
 import torch
 
 import timm
-from timm_lambda.benchmark import interleaved_times, machine, median, peak_step_bytes
+from timm_lambda.benchmark import interleaved_times, load_average, machine, peak_step_bytes, spread
+
+LAMBDA101, RS101 = ('LambdaResNet-101', 'lambdaresnet101', {}), ('ResNet-RS-101+SE', 'resnetrs101', {})
+RS101_NOSE = ('ResNet-RS-101 without SE', 'resnetrs101_nose', {})
+CONV_TWIN = ('LambdaResNet-101 conv twin', 'lambdaresnet101', dict(lambda_blocks=(None,) * 4))
 
 COMPARISONS = {
-    # name: (candidate, baseline, batch, input size, what is built)
-    'backbone': (('lambdaresnet101', {}), ('resnetrs101', {}), 1, 1024, 'features'),
-    'cifar': (('resnet50_lambda', dict(scope='global', img_size=32, num_classes=10)),
-              ('resnet50', dict(num_classes=10)), 64, 32, 'classifier'),
-    'classification': (('lambdaresnet101', {}), ('resnetrs101', {}), 2, 224, 'classifier'),
+    # name: (models (label, timm name, kwargs), the first is the candidate, the second the baseline; batch, size, kind)
+    'backbone': ([LAMBDA101, RS101, RS101_NOSE, CONV_TWIN], 1, 1024, 'features'),
+    'classification': ([LAMBDA101, RS101], 2, 224, 'classifier'),
+    'cifar': ([('resnet50_lambda global', 'resnet50_lambda', dict(scope='global', img_size=32, num_classes=10)),
+               ('ResNet-50', 'resnet50', dict(num_classes=10))], 64, 32, 'classifier'),
 }
 
 
-def _build(name, kwargs, kind, device):
+def build(name, kwargs, kind, device='cpu'):
     torch.manual_seed(0)
     if kind == 'features':
         kwargs = dict(kwargs, features_only=True, out_indices=(1, 2, 3, 4))
-    return timm.create_model(name, **kwargs).to(device).train()
+    return timm.create_model(name, **kwargs).to(device)
 
 
-def _loss(out):
+def loss_of(out):
     return sum(o.float().mean() for o in out) if isinstance(out, (list, tuple)) else out.float().mean()
 
 
+def train_step(model, x, dtype=torch.float32):
+    def run():
+        model.train()
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
+            out = model(x)
+        loss_of(out).backward()
+    return run
+
+
+def infer_step(model, x, dtype=torch.float32):
+    def run():
+        model.eval()
+        with torch.no_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
+            model(x)
+    return run
+
+
+def table(title, rows, columns, baseline):
+    """Print ``rows`` {label: {column: [seconds...]}}: min / median / max per cell, ratio of medians to
+    ``baseline``'s row."""
+    print(f'# {title}')
+    print('| model | ' + ' | '.join(f'{c} (s) min / median / max | x {baseline}' for c in columns) + ' |')
+    print('|---|' + '---|---|' * len(columns))
+    for label, cells in rows.items():
+        out = []
+        for c in columns:
+            lo, mid, hi = spread(cells[c])
+            ref = spread(rows[baseline][c])[1]
+            out += [f'{lo:.3f} / {mid:.3f} / {hi:.3f}', f'{mid / ref:.2f}x']
+        print(f'| {label} | ' + ' | '.join(out) + ' |', flush=True)
+
+
 def compare(which, size, batch, device, repeats):
-    (cand, cand_kw), (base, base_kw), default_batch, default_size, kind = COMPARISONS[which]
+    models, default_batch, default_size, kind = COMPARISONS[which]
     size, batch = size or default_size, batch or default_batch
-    models = {cand: _build(cand, cand_kw, kind, device), base: _build(base, base_kw, kind, device)}
+    built = {label: build(name, kw, kind, device) for label, name, kw in models}
     x = torch.randn(batch, 3, size, size, device=device)
-
-    def train(m):
-        def run():
-            m.zero_grad(set_to_none=True)
-            _loss(m(x)).backward()
-        return run
-
-    def infer(m):
-        def run():
-            with torch.no_grad():
-                m(x)
-        return run
-
-    steps = {f'{n}/train': train(m) for n, m in models.items()}
-    steps.update({f'{n}/infer': infer(m) for n, m in models.items()})
+    steps = {}
+    for label, m in built.items():
+        steps[(label, 'training step')] = train_step(m, x)
+        steps[(label, 'inference')] = infer_step(m, x)
+    before = load_average()
     times = interleaved_times(steps, repeats=repeats, device=device)
-    out = dict(comparison=which, size=size, batch=batch, machine=machine(device))
-    for n, m in models.items():
+    rows = {label: {kind_: times[(label, kind_)] for kind_ in ('training step', 'inference')} for label in built}
+    table(f'{which}: {size}x{size}, batch {batch}; {machine(device)} (load before: {before})', rows,
+          ['training step', 'inference'], models[1][0])
+    print('| model | params (M) | peak training-step memory (MiB) |\n|---|---:|---:|')
+    memory = {}
+    for label, m in built.items():
         params = list(m.parameters())
         m.zero_grad(set_to_none=True)
-        peak = peak_step_bytes(train(m), exclude=[x, *params, *m.buffers()], device=device)
-        out[n] = dict(train_s=median(times[f'{n}/train']), infer_s=median(times[f'{n}/infer']),
-                      peak_mib=peak / 2 ** 20, params_m=sum(p.numel() for p in params) / 1e6)
-    out['ratio'] = {k: out[cand][k] / out[base][k] for k in ('train_s', 'infer_s', 'peak_mib')}
-    return out
+        memory[label] = peak_step_bytes(train_step(m, x), exclude=[x, *params, *m.buffers()], device=device) / 2 ** 20
+        print(f'| {label} | {sum(p.numel() for p in params) / 1e6:.2f} | {memory[label]:.0f} |')
+    print(f'load average after: {load_average()}\n', flush=True)
+    return dict(comparison=which, size=size, batch=batch, machine=machine(device), load_before=before,
+                load_after=load_average(), times={f'{k[0]}/{k[1]}': v for k, v in times.items()}, peak_mib=memory)
 
 
-def report(r):
-    names = [k for k in r if isinstance(r[k], dict) and 'params_m' in r[k]]
-    print(f"# {r['comparison']}: {r['size']}x{r['size']}, batch {r['batch']}; {r['machine']}")
-    print('| model | params (M) | training step (s) | inference (s) | peak step memory (MiB) |')
-    print('|---|---:|---:|---:|---:|')
-    for n in names:
-        m = r[n]
-        print(f"| {n} | {m['params_m']:.2f} | {m['train_s']:.3f} | {m['infer_s']:.3f} | {m['peak_mib']:.0f} |")
-    q = r['ratio']
-    print(f"| **ratio** | | **{q['train_s']:.2f}x** | **{q['infer_s']:.2f}x** | **{q['peak_mib']:.2f}x** |", flush=True)
+def compile_comparison(size, batch, device, repeats):
+    """Inductor (default mode) training steps of the classifiers: compiled LambdaResNet-101, compiled
+    ResNet-RS-101+SE, eager LambdaResNet-101; and each compiled model's first step (compilation included)."""
+    batch = batch or 1
+    x = torch.randn(batch, 3, size, size, device=device)
+    before = load_average()
+    steps, first = {}, {}
+    for label, name, kw in (LAMBDA101, RS101):
+        model = build(name, kw, 'classifier', device)
+        compiled = torch.compile(model)
+        t0 = time.perf_counter()
+        train_step(compiled, x)()
+        first[label] = time.perf_counter() - t0
+        print(f'{label}: first compiled training step {first[label]:.1f} s', flush=True)
+        steps[f'{label} compiled'] = train_step(compiled, x)
+    steps['LambdaResNet-101 eager'] = train_step(build(LAMBDA101[1], {}, 'classifier', device), x)
+    times = interleaved_times(steps, repeats=repeats, device=device)
+    rows = {label: {'training step': t} for label, t in times.items()}
+    table(f'torch.compile (inductor): training step {size}x{size}, batch {batch}; {machine(device)} '
+          f'(load before: {before})', rows, ['training step'], 'ResNet-RS-101+SE compiled')
+    ratio = first[LAMBDA101[0]] / first[RS101[0]]
+    print(f'first compiled step: {first[LAMBDA101[0]]:.1f} s vs {first[RS101[0]]:.1f} s = {ratio:.2f}x; '
+          f'load average after: {load_average()}\n', flush=True)
+    return dict(comparison='compile', size=size, batch=batch, machine=machine(device), load_before=before,
+                load_after=load_average(), times=times, first_step_s=first)
 
 
-def _plot(rows, path):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    names = [k for k in rows[0] if isinstance(rows[0][k], dict) and 'params_m' in rows[0][k]]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for n in names:
-        sizes = [r['size'] for r in rows]
-        axes[0].plot(sizes, [r[n]['train_s'] for r in rows], 'o-', label=f'{n} training step')
-        axes[0].plot(sizes, [r[n]['infer_s'] for r in rows], 'x--', label=f'{n} inference')
-        axes[1].plot(sizes, [r[n]['peak_mib'] for r in rows], 'o-', label=n)
-    axes[0].set_ylabel('seconds')
-    axes[1].set_ylabel('peak training-step memory (MiB)')
-    for ax in axes:
-        ax.set_xlabel('input side (px)')
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{rows[0]['comparison']}, batch {rows[0]['batch']}: {rows[-1]['machine']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f'plot: {path}')
+def onnx_comparison(sizes, repeats, export_size=224, workdir='/tmp'):
+    """Both exporters (legacy TorchScript-based and dynamo), dynamic H/W, run by onnxruntime with as many
+    threads as torch uses; checks every exported model against eager at every size (relative error)."""
+    import onnxruntime as ort
+    threads = torch.get_num_threads()
+    example = torch.randn(1, 3, export_size, export_size)
+    sessions, eager = {}, {}
+    for label, name, kw in (LAMBDA101, RS101):
+        model = build(name, kw, 'classifier').eval()
+        eager[label] = model
+        for exporter in ('legacy', 'dynamo'):
+            path = f'{workdir}/{name}_{exporter}.onnx'
+            if exporter == 'legacy':
+                torch.onnx.export(model, (example,), path, dynamo=False, opset_version=17, input_names=['x'],
+                                  output_names=['y'], dynamic_axes={'x': {0: 'b', 2: 'h', 3: 'w'}})
+            else:
+                dim = torch.export.Dim.DYNAMIC
+                torch.onnx.export(model, (example,), path, dynamo=True, input_names=['x'], output_names=['y'],
+                                  dynamic_shapes={'x': {0: dim, 2: dim, 3: dim}})
+            options = ort.SessionOptions()
+            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+            sessions[f'{label} {exporter}'] = ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
+    results = []
+    for size in sizes:
+        x = torch.randn(1, 3, size, size)
+        feed = {'x': x.numpy()}
+        errors = {}
+        for key, session in sessions.items():
+            with torch.no_grad():
+                ref = eager[key.rsplit(' ', 1)[0]](x)
+            got = torch.from_numpy(session.run(None, feed)[0])
+            errors[key] = float((got - ref).abs().max() / ref.abs().max())
+        before = load_average()
+        steps = {key: (lambda s=session: s.run(None, feed)) for key, session in sessions.items()}
+        times = interleaved_times(steps, repeats=repeats)
+        for exporter in ('legacy', 'dynamo'):
+            rows = {label: {'inference': times[f'{label} {exporter}']} for label, _, _ in (LAMBDA101, RS101)}
+            table(f'onnxruntime, {exporter} export (dynamic H/W, made at {export_size} px), {size}x{size}, batch 1, '
+                  f'{threads} threads; {machine()} (load before: {before})', rows, ['inference'], RS101[0])
+        print('max relative error vs eager: ' + ', '.join(f'{k} {v:.1e}' for k, v in errors.items()))
+        print(f'load average after: {load_average()}\n', flush=True)
+        results.append(dict(size=size, machine=machine(), load_before=before, load_after=load_average(),
+                            times=times, max_rel_error=errors))
+    return results
+
+
+def cuda_comparison(device, repeats, backbone_batch, classifier_batch, sizes=(1024, 224)):
+    """Throughput on an accelerator, float32 and bfloat16 autocast: LambdaResNet-101 vs ResNet-RS-101+SE at
+    1024 px (backbone training step and inference), our LambdaResNet-50 vs timm's lambda_resnet50ts at 224 px
+    (classifier training step and inference)."""
+    results = []
+    groups = [('backbone', [LAMBDA101, RS101], 'features', backbone_batch, sizes[0]),
+              ('classification', [('LambdaResNet-50', 'lambdaresnet50', {}),
+                                  ("timm's lambda_resnet50ts", 'lambda_resnet50ts', {})],
+               'classifier', classifier_batch, sizes[1])]
+    for dtype in (torch.float32, torch.bfloat16):
+        for which, models, kind, batch, size in groups:
+            built = {label: build(name, kw, kind, device) for label, name, kw in models}
+            x = torch.randn(batch, 3, size, size, device=device)
+            steps = {}
+            for label, m in built.items():
+                steps[(label, 'training step')] = train_step(m, x, dtype)
+                steps[(label, 'inference')] = infer_step(m, x, dtype)
+            before = load_average()
+            times = interleaved_times(steps, repeats=repeats, warmup=3, device=device)
+            rows = {label: {k: times[(label, k)] for k in ('training step', 'inference')} for label in built}
+            table(f'{which}, {str(dtype).split(".")[-1]}: {size}x{size}, batch {batch}; {machine(device)} '
+                  f'(load before: {before})', rows, ['training step', 'inference'], models[1][0])
+            print('| model | training img/s | inference img/s |\n|---|---:|---:|')
+            for label in built:
+                print(f"| {label} | {batch / spread(rows[label]['training step'])[1]:.1f} | "
+                      f"{batch / spread(rows[label]['inference'])[1]:.1f} |")
+            print(flush=True)
+            results.append(dict(comparison=which, dtype=str(dtype), size=size, batch=batch, machine=machine(device),
+                                times={f'{k[0]}/{k[1]}': v for k, v in times.items()}))
+    return results
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('comparison', choices=sorted(COMPARISONS))
-    p.add_argument('--sizes', type=int, nargs='+', default=[None], help='input sides (default: the comparison\'s)')
+    p.add_argument('comparison', choices=sorted(COMPARISONS) + ['compile', 'onnx', 'cuda'])
+    p.add_argument('--sizes', type=int, nargs='+', default=None, help="input sides (default: the comparison's)")
     p.add_argument('--batch', type=int, default=None)
-    p.add_argument('--repeats', type=int, default=3)
-    p.add_argument('--device', default='cpu')
-    p.add_argument('--plot', default=None, help='with several --sizes: PNG of time and memory vs input size')
-    p.add_argument('--json', default=None)
+    p.add_argument('--repeats', type=int, default=5, help='interleaved rounds (>= 5 for reported figures)')
+    p.add_argument('--device', default=None, help="default: cpu ('cuda' for the cuda comparison)")
+    p.add_argument('--threads', type=int, default=None, help='torch.set_num_threads (CPU)')
+    p.add_argument('--classifier-batch', type=int, default=64, help='cuda: batch of the 224 px classifiers')
+    p.add_argument('--json', default=None, help='also write the results here')
     args = p.parse_args(argv)
-    rows = []
-    for size in args.sizes:
-        rows.append(compare(args.comparison, size, args.batch, args.device, args.repeats))
-        report(rows[-1])
-    if args.plot:
-        _plot(rows, args.plot)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device or ('cuda' if args.comparison == 'cuda' else 'cpu')
+    if args.comparison == 'compile':
+        results = [compile_comparison(s, args.batch, device, args.repeats) for s in args.sizes or [512]]
+    elif args.comparison == 'onnx':
+        results = onnx_comparison(args.sizes or [224, 512], args.repeats)
+    elif args.comparison == 'cuda':
+        results = cuda_comparison(device, args.repeats, args.batch or 4, args.classifier_batch,
+                                  tuple(args.sizes) if args.sizes else (1024, 224))
+    else:
+        results = [compare(args.comparison, s, args.batch, device, args.repeats) for s in args.sizes or [None]]
     if args.json:
         with open(args.json, 'w') as f:
-            json.dump(rows, f, indent=1)
+            json.dump(results, f, indent=1, default=str)
 
 
 if __name__ == '__main__':

@@ -20,7 +20,7 @@ from torch import nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
-from .position_lambda import POSITION_IMPLS, choose_impl, position_lambdas, tile_size, tile_window
+from .position_lambda import POSITION_IMPLS, choose_impl, position_lambdas, tile_window
 from .relative_embedding import RelativePositionEmbedding, check_scope, to_int
 
 __all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS', 'check_choice', 'check_input']
@@ -184,8 +184,6 @@ class LambdaLayer(nn.Module):
             self.pos_embedding = RelativePositionEmbedding(k, u, scope, max_size, **dd)
         self.scope = scope
         self.global_scope = scope == 'global'
-        table_h, table_w = self.embedding_table_size()
-        self.tile = tile_size(table_h, table_w)  # block side of the tiled form, fixed at construction
         if position_bias:
             self.pos_bias = nn.Parameter(torch.empty(k, **dd))
         else:
@@ -248,7 +246,7 @@ class LambdaLayer(nn.Module):
         if self.pos_embedding is not None:
             # position lambdas, average-pooled by the same 3x3 stride-2 pooling when the layer downsamples
             pos = position_lambdas(q, values, self.pos_embedding.weight, H, W, self.impl, self.global_scope,
-                                   self.tile, self.stride, self.pool_count_include_pad)
+                                   self.stride, self.pool_count_include_pad)
             pos = pos.reshape(B, h * v, (H + self.stride - 1) // self.stride, (W + self.stride - 1) // self.stride)
             out = pos if out is None else out + pos
         assert out is not None

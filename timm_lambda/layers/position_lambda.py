@@ -5,47 +5,65 @@ the output of one query head is::
 
     y_n^h = sum_{u, m} (q_n^h . R[m - n, u]) v_{m, u}                                        in R^{|v|}
 
-Four implementations over the same table ``R`` (all take ``q [B, h, k, n]``, ``v [B, u, V, n]`` with
-``n = H * W`` in row-major order and return ``[B, h, V, n]``):
+Every form takes ``q [B, h, k, n]``, ``v [B, u, V, n]`` (``n = H * W``, row-major) and returns ``[B, h, V, n]``:
 
 * ``'einsum'``: the lambda form of Fig. 3: gather ``E [k, u, n, m]``, contract it with the values into
-  ``lambda^p [B, n, k, V]``, then apply the queries. The reference; memory grows with ``|n|^2``.
-* ``'conv'``: the lambda convolution (section 3.4, appendix C.1): ``lambda^p`` by a 3-D convolution with
-  the value depth as an extra axis; never builds ``n x m``. Its CPU backward is slow (conv3d with one
-  input channel): kept for comparison.
-* ``'dense'``: the attention form: logits ``a_nm = q_n . E_nm`` for all pairs, then ``y = a v``. It costs
-  ``|h| (|k| + |v|)`` instead of ``|k| |v|`` per (n, m) pair (3-4x less at |k|=16, |h|=4), all batched GEMMs.
-* ``'tiled'``: the attention form on ``T x T`` query blocks, each against its own context window (the block
-  plus a halo of the scope radius). Translation equivariance makes the block-to-window embedding matrix
-  the same for every block (:func:`tile_embedding`), so every contraction is one dense batched GEMM, in the
-  forward and in the backward, and memory grows with ``|n|`` times the window, not ``|n|^2``.
+  ``lambda^p [B, n, k, V]``, then apply the queries. Memory grows with ``|n|^2``. Reference.
+* ``'conv'``: the lambda convolution (section 3.4, appendix C.1): ``lambda^p`` by a 3-D convolution with the
+  value depth as an extra axis. Reference (its CPU backward is slow).
+* ``'dense'``: the attention form: logits ``a_nm = q_n . E_nm`` for all pairs, then ``y = a v``: ``|h| (|k| + |v|)``
+  instead of ``|k| |v|`` per (n, m) pair, all batched GEMMs.
+* ``'tiled'``: the attention form on ``T x T`` query blocks, each against its context window (the block plus
+  a halo of the scope radius). Translation equivariance makes the block-to-window embedding the same for
+  every block (:func:`~.relative_embedding.block_embedding`), so every contraction is a batched GEMM and memory
+  grows with ``|n|`` times the window. A stride-2 layer (3x3 average pooling after it, appendix F.2) is
+  computed at the output resolution: pooling is linear, so an output's logits are the sum of its nine
+  inputs' logits, one GEMM of the queries' 3x3 patches against the nine shifted kernels (4x fewer rows).
 
-``'auto'`` picks ``'dense'`` for inputs of up to half a block window's positions (and for global scopes)
-and ``'tiled'`` above (see :func:`choose_impl`). Inside ``torch.jit.trace``, a legacy ONNX export or
-``torch.export``, ``'auto'`` always takes the size-independent choice (``'tiled'`` for local scopes,
-``'dense'`` for global ones), so the traced graph is right at every input size.
+``'einsum'`` and ``'conv'`` are references for tests and benchmarks; ``'auto'`` picks ``'dense'`` or ``'tiled'``
+(:func:`choose_impl`). ``'dense'`` and ``'tiled'`` each have two executions of the same arithmetic:
+
+* **kernels** (``timm_lambda::dense_attention``, ``timm_lambda::banded_attention``): custom operators with a
+  hand-written backward. Blocks go in chunks whose logits stay cache-sized on a CPU (one chunk per layer on
+  other devices) and are recomputed in the backward instead of being saved. Eager mode and
+  ``torch.compile`` (an opaque node of the compiled graph; the glue around it is compiled).
+* **graphs** (:func:`_dense_graph`, :func:`_banded_graph`): plain tensor ops, shape arithmetic only. TorchScript,
+  ``jit.trace``, both ONNX exporters, ``torch.export``, ``torch.func`` transforms, and higher-order gradients
+  (a kernel's backward differentiates the graph form when ``create_graph=True``). Inside a size-specialising
+  trace or export, ``'auto'`` takes the size-independent choice (``'tiled'``, or ``'dense'`` for a global
+  scope), so the traced graph is right at every input size.
 """
-import contextlib
-from typing import List
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 from timm.layers import register_notrace_function
 
-from .relative_embedding import dense_embedding, dense_embedding_cached, relative_kernel, tile_embedding
+from .relative_embedding import block_embedding, dense_embedding, dense_embedding_cached, relative_kernel
 
-__all__ = ['POSITION_IMPLS', 'position_lambdas', 'choose_impl', 'tile_size', 'tile_window']
+__all__ = ['POSITION_IMPLS', 'TILE', 'POOLED_TILE', 'position_lambdas', 'choose_impl', 'tile_window']
 
 POSITION_IMPLS = ('auto', 'einsum', 'conv', 'dense', 'tiled')
 
 
-def tile_size(kernel_h: int, kernel_w: int) -> int:
-    """Query block side T of the tiled form: 8 (measured best of 4, 6, 8, 12 for 23x23 and 7x7 scopes).
-
-    A block's context window holds (T + K - 1)^2 keys for T^2 queries: large enough blocks make efficient
-    GEMMs (|h| T^2 rows), small enough blocks keep the window from being mostly outside every query's scope.
-    """
+def _tile() -> int:
+    """Query block side of the tiled form: measured best of 4, 6, 8, 12 (23x23 and 7x7 scopes, CPU)."""
     return 8
+
+
+def _pooled_tile() -> int:
+    """Output block side of the stride-2 tiled form (8x8 inputs)."""
+    return 4
+
+
+TILE, POOLED_TILE = _tile(), _pooled_tile()  # (functions: TorchScript reads no module-level ints)
+CPU_CHUNK_ROWS = 512  # logit rows (queries x heads) of one kernel chunk on a CPU: cache-sized (measured 256-1024 best)
+DEVICE_CHUNK_ELEMENTS = 1 << 26  # logits of one chunk elsewhere (256 MiB in float32): one chunk per layer
+
+
+# ----------------------------------------------------------------------------------------------------------
+# execution mode and the 'auto' rule
 
 
 def _size_independent() -> bool:
@@ -55,11 +73,12 @@ def _size_independent() -> bool:
     return torch.jit.is_tracing() or _compiler_flag('is_exporting')
 
 
-def _graph_capture() -> bool:
-    """True under TorchScript, tracers and torch.compile: plain tensor ops only (no custom autograd.Function)."""
+def _use_kernels() -> bool:
+    """True where the custom operators run: eager mode and torch.compile, outside torch.func transforms
+    (TorchScript, tracers and exporters record the graph forms instead)."""
     if torch.jit.is_scripting():
-        return True
-    return torch.jit.is_tracing() or _compiler_flag('is_compiling')
+        return False
+    return not (torch.jit.is_tracing() or _compiler_flag('is_exporting') or _functorch_active())
 
 
 @torch.jit.ignore
@@ -69,10 +88,25 @@ def _compiler_flag(name: str) -> bool:
     return bool(flag()) if flag is not None else False
 
 
+@torch.jit.ignore
+def _functorch_active() -> bool:
+    """True inside a ``torch.func`` transform (grad, vmap, jacrev, jvp, ...)."""
+    active = getattr(torch._C, '_are_functorch_transforms_active', None)
+    return bool(active()) if active is not None else False
+
+
+def tile_window(kernel_h: int, kernel_w: int) -> int:
+    """Context positions of one query block of the tiled form: ``(T + K_h - 1)(T + K_w - 1)``."""
+    return (_tile() + kernel_h - 1) * (_tile() + kernel_w - 1)
+
+
 def choose_impl(impl: str, height: int, width: int, window: int, global_scope: bool) -> str:
     """The implementation ``impl`` resolves to for an ``height x width`` input (the ``'auto'`` rule).
 
     ``window`` is the number of context positions of one query block of the tiled form (:func:`tile_window`).
+    The dense form costs ~|n|^2 per image, the tiled one ~|n| x window with a larger constant: measured
+    crossovers (``tools/benchmark_lambda_layer.py --sweep``, CPU, docs/lambda_layer_benchmark.md) at
+    |n| ~ window / 2. The rule is the same on every device (no GPU measurement exists yet).
     """
     if impl != 'auto':
         return impl
@@ -80,358 +114,438 @@ def choose_impl(impl: str, height: int, width: int, window: int, global_scope: b
         return 'dense'
     if _size_independent():
         return 'tiled'
-    # The dense form costs ~|n|^2 per image, the tiled one ~|n| x window with a larger constant: measured
-    # crossovers (tools/benchmark_lambda_layer.py --sweep, CPU) at 20x20 for the 23x23 scope (window 900) and
-    # 12-14 px for the 7x7 scope with |u|=4 (window 196), i.e. |n| ~ window / 2.
     return 'dense' if 2 * height * width <= window else 'tiled'
 
 
-def tile_window(kernel_h: int, kernel_w: int) -> int:
-    """Context positions of one query block of the tiled form: ``(T + K_h - 1)(T + K_w - 1)``."""
-    t = tile_size(kernel_h, kernel_w)
-    return (t + kernel_h - 1) * (t + kernel_w - 1)
+def _chunk_blocks(device: torch.device, rows_per_block: int, columns: int) -> int:
+    """Query blocks per kernel chunk: ``CPU_CHUNK_ROWS`` logit rows on a CPU, ``DEVICE_CHUNK_ELEMENTS`` logits
+    elsewhere (a GPU runs a layer in one chunk: a few launches instead of a loop of small kernels)."""
+    if device.type == 'cpu':
+        return max(1, CPU_CHUNK_ROWS // rows_per_block)
+    return max(1, DEVICE_CHUNK_ELEMENTS // (rows_per_block * columns))
 
 
-def _einsum(q: torch.Tensor, v: torch.Tensor, kernel: torch.Tensor, height: int, width: int,
-            masked: bool) -> torch.Tensor:
+@torch.jit.unused
+def _kernel_dtype(*tensors: Tensor) -> Tuple[torch.dtype, bool]:
+    """The one dtype a kernel runs in, and whether autocast is on: autocast's lower precision where it is on
+    (as for any matmul), else the inputs' common dtype."""
+    device = tensors[0].device.type
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device), True
+    dtype = tensors[0].dtype
+    for t in tensors[1:]:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype, False
+
+
+def _run_kernel(op, tensors: Sequence[Tensor], *args):
+    """Call a kernel with its tensors contiguous and in one dtype, autocast off inside."""
+    dtype, autocast = _kernel_dtype(*tensors)
+    tensors = [t.to(dtype).contiguous() for t in tensors]
+    if autocast:
+        with torch.autocast(tensors[0].device.type, enabled=False):
+            return op(*tensors, *args)
+    return op(*tensors, *args)
+
+
+@torch.jit.unused
+def _graph_vjp(graph, inputs: Tuple[Tensor, ...], args: tuple, grad: Tensor, needs: Sequence[bool]):
+    """Vector-Jacobian product of ``graph(*inputs, *args)`` that is itself differentiable: a kernel's
+    backward when higher-order gradients are requested (``create_graph=True``)."""
+    with torch.enable_grad():
+        out = graph(*inputs, *args)
+    wrt = [x for x, need in zip(inputs, needs) if need]
+    got = iter(torch.autograd.grad(out, wrt, grad, create_graph=True, allow_unused=True)) if wrt else iter(())
+    grads = []
+    for x, need in zip(inputs, needs):
+        g = next(got) if need else None
+        grads.append(torch.zeros_like(x) if need and g is None else g)
+    return tuple(grads)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# references: the lambda form (Fig. 3) and the lambda convolution (section 3.4)
+
+
+def _einsum(q: Tensor, v: Tensor, kernel: Tensor, height: int, width: int, masked: bool) -> Tensor:
     emb = dense_embedding(kernel, height, width, masked).to(v.dtype)  # [k, u, n, m]
     lambdas = torch.einsum('kunm,buvm->bnkv', [emb, v])  # lambda^p_n (eq. 1)
     return torch.einsum('bhkn,bnkv->bhvn', [q, lambdas.to(q.dtype)])  # (lambda^p_n)^T q_n (eq. 2)
 
 
-def _conv(q: torch.Tensor, v: torch.Tensor, kernel: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    b, u, dv, n = v.shape
+def _conv(q: Tensor, v: Tensor, kernel: Tensor, height: int, width: int) -> Tensor:
+    b, u, dv = v.shape[0], v.shape[1], v.shape[2]
     k, kh, kw = kernel.shape[0], kernel.shape[-2], kernel.shape[-1]
     # [B, u, V, H, W] * [k, u, 1, kh, kw] -> lambda^p [B, k, V, H, W]; explicit padding: a global kernel's
     # size follows the input, and a tracer records F.pad's amounts but freezes conv3d's padding argument
     vp = F.pad(v.reshape(b, u, dv, height, width), [(kw - 1) // 2, (kw - 1) // 2, (kh - 1) // 2, (kh - 1) // 2])
     lambdas = F.conv3d(vp, kernel.unsqueeze(2).to(v.dtype))
-    return torch.einsum('bhkn,bkvn->bhvn', [q, lambdas.reshape(b, k, dv, n).to(q.dtype)])
+    return torch.einsum('bhkn,bkvn->bhvn', [q, lambdas.reshape(b, k, dv, height * width).to(q.dtype)])
 
 
-def _dense(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, height: int, width: int,
-           global_scope: bool) -> torch.Tensor:
+# ----------------------------------------------------------------------------------------------------------
+# the dense form: q [n, B h, k], v [B, u m, V], E [n, k, u m] -> y [B, n h, V]
+
+
+def _dense_graph(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
+    """``y[b, (n, h)] = sum_m (q[n, (b, h)] . E[n, :, m]) v[b, m]``, in plain ops."""
+    n, bh = q.shape[0], q.shape[1]
+    b, m = v.shape[0], v.shape[1]
+    logits = torch.bmm(q, emb.to(q.dtype)).reshape(n, b, heads, m).transpose(0, 1).reshape(b, n * heads, m)
+    return torch.bmm(logits, v.to(logits.dtype))
+
+
+@torch.library.custom_op('timm_lambda::dense_attention', mutates_args=())
+def _dense_attention(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
+    """The dense form's kernel: every contraction one batched GEMM on contiguous operands (an einsum over
+    these layouts copies every batch entry separately on the CPU)."""
+    return _dense_graph(q.contiguous(), v.contiguous(), emb.contiguous(), heads).contiguous()
+
+
+@_dense_attention.register_fake
+def _(q, v, emb, heads):
+    return v.new_empty(v.shape[0], q.shape[0] * heads, v.shape[2])
+
+
+@torch.library.custom_op('timm_lambda::dense_attention_backward', mutates_args=())
+def _dense_attention_backward(gy: Tensor, q: Tensor, v: Tensor, emb: Tensor, heads: int
+                              ) -> Tuple[Tensor, Tensor, Tensor]:
+    q, v, emb, gy = q.contiguous(), v.contiguous(), emb.contiguous(), gy.contiguous()
+    n, bh, k = q.shape
+    b, m = v.shape[0], v.shape[1]
+    logits = torch.bmm(q, emb).view(n, b, heads, m).transpose(0, 1).reshape(b, n * heads, m)  # recomputed
+    gv = torch.bmm(logits.transpose(1, 2), gy)
+    glogits = torch.bmm(gy, v.transpose(1, 2)).view(b, n, heads, m).transpose(0, 1).reshape(n, bh, m)
+    gq, gemb = torch.bmm(glogits, emb.transpose(1, 2)), torch.bmm(q.transpose(1, 2), glogits)
+    return gq.contiguous(), gv.contiguous(), gemb.contiguous()  # bmm may hand back a transposed layout
+
+
+@_dense_attention_backward.register_fake
+def _(gy, q, v, emb, heads):
+    return q.new_empty(q.shape), v.new_empty(v.shape), emb.new_empty(emb.shape)  # contiguous, as the kernel's
+
+
+def _dense_setup(ctx, inputs, output):
+    q, v, emb, heads = inputs
+    ctx.save_for_backward(q, v, emb)
+    ctx.heads = heads
+
+
+def _dense_backward(ctx, gy):
+    q, v, emb = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+        grads = _graph_vjp(_dense_graph, (q, v, emb), (ctx.heads,), gy, ctx.needs_input_grad[:3])
+    else:
+        grads = _dense_attention_backward(gy, q, v, emb, ctx.heads)
+    return grads[0], grads[1], grads[2], None
+
+
+_dense_attention.register_autograd(_dense_backward, setup_context=_dense_setup)
+
+
+@torch.jit.unused
+def _dense_kernel(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, global_scope: bool,
+                  heads: int) -> Tensor:
+    k, u, n = table.shape[0], table.shape[1], height * width
+    emb = dense_embedding_cached(table, height, width, not global_scope)  # [k, u, n, m]
+    emb = emb.permute(2, 0, 1, 3).reshape(n, k, u * n)
+    return _run_kernel(_dense_attention, (q, v, emb), heads)
+
+
+def _dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, global_scope: bool,
+           kernels: bool) -> Tensor:
     b, h, k, n = q.shape
     u, dv = v.shape[1], v.shape[2]
-    v = v.transpose(2, 3).reshape(b, u * n, dv)
-    if _graph_capture():
-        # one einsum (shape arithmetic only: traces, exports, compiles)
-        kernel = relative_kernel(table, height, width, global_scope)
-        emb = dense_embedding(kernel, height, width, not global_scope).to(q.dtype)  # [k, u, n, m]
-        logits = torch.einsum('bhkn,kunm->bnhum', [q, emb]).reshape(b, n * h, u * n)
-        y = torch.bmm(logits, v.to(logits.dtype))  # [B, n h, V]
+    q_by_position = q.permute(3, 0, 1, 2).reshape(n, b * h, k)
+    v_by_position = v.transpose(2, 3).reshape(b, u * n, dv)
+    if kernels:
+        y = _dense_kernel(q_by_position, v_by_position, table, height, width, global_scope, h)
     else:
-        y = _dense_attention(q, v, dense_embedding_cached(table, height, width, not global_scope))
+        kernel = relative_kernel(table, height, width, global_scope)
+        emb = dense_embedding(kernel, height, width, not global_scope).permute(2, 0, 1, 3).reshape(n, k, u * n)
+        y = _dense_graph(q_by_position, v_by_position, emb, h)
     return y.reshape(b, n, h, dv).permute(0, 2, 3, 1)
 
 
-@torch.jit.unused
-def _dense_attention(q: torch.Tensor, v: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-    """Eager form of the dense contraction (:class:`_DenseAttention`) in one dtype (:func:`_one_dtype`)."""
-    k, u, n, m = emb.shape
-    with _one_dtype(q, v) as dtype:
-        q_by_position = q.permute(3, 0, 1, 2).reshape(n, -1, k).to(dtype)  # [n, B h, k]
-        emb_by_position = emb.permute(2, 0, 1, 3).reshape(n, k, u * m).to(dtype)  # [n, k, u m]
-        return _DenseAttention.apply(q_by_position, v.to(dtype), emb_by_position)
+# ----------------------------------------------------------------------------------------------------------
+# the tiled form: q [G, T, T, h, c] query blocks, vp [B, H', W', u V] padded values (channels last),
+# R [c, u, K_h, K_w]; block g = (b, by, bx) sees the window vp[b, s T by + (0..M_h), s T bx + (0..M_w)],
+# M = s (T - 1) + K, with query (qy, qx) at window position (s qy, s qx) (s = step) -> y [G, T T h, V]
 
 
-class _DenseAttention(torch.autograd.Function):
-    """``y[b, (n, h)] = sum_m a[b, n, h, m] v[b, m]`` with ``a[., n, ., m] = q[., n, .] . E[n, :, m]``: the dense form.
-
-    ``q [n, B h, k]``, ``v [B, m, V]``, ``E [n, k, m]`` -> ``[B, n h, V]``. Every contraction is one batched GEMM
-    on contiguous operands (an einsum over these layouts copies every batch entry separately on the CPU).
-    """
-
-    @staticmethod
-    def forward(ctx, q, v, emb):
-        q, v, emb = q.contiguous(), v.contiguous(), emb.contiguous()
-        n, bh, k = q.shape
-        b, m, dv = v.shape
-        h = bh // b
-        logits = torch.bmm(q, emb).view(n, b, h, m).transpose(0, 1).reshape(b, n * h, m)
-        ctx.save_for_backward(q, v, emb, logits)
-        return torch.bmm(logits, v)
-
-    @staticmethod
-    def backward(ctx, gy):
-        q, v, emb, logits = ctx.saved_tensors
-        n, bh, k = q.shape
-        b, m, dv = v.shape
-        h = bh // b
-        gy = gy.contiguous()
-        gv = torch.bmm(logits.transpose(1, 2), gy)
-        glogits = torch.bmm(gy, v.transpose(1, 2)).view(b, n, h, m).transpose(0, 1).reshape(n, bh, m)
-        return torch.bmm(glogits, emb.transpose(1, 2)), gv, torch.bmm(q.transpose(1, 2), glogits)
+def _banded_graph(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int) -> Tensor:
+    """The tiled contraction in plain ops: windows by two index gathers, logits by one matmul with the
+    block embedding (:func:`~.relative_embedding.block_embedding`), then one batched GEMM."""
+    g, t, h, c = q.shape[0], q.shape[1], q.shape[3], q.shape[4]
+    b, hv, cv = vp.shape[0], vp.shape[1], vp.shape[3]
+    u, kh, kw = table.shape[1], table.shape[2], table.shape[3]
+    dv = cv // u
+    mh, mw = step * (t - 1) + kh, step * (t - 1) + kw
+    dev = vp.device
+    rows = (torch.arange(blocks_y, device=dev)[:, None] * (step * t) + torch.arange(mh, device=dev)).reshape(-1)
+    cols = (torch.arange(blocks_x, device=dev)[:, None] * (step * t) + torch.arange(mw, device=dev)).reshape(-1)
+    w = vp.index_select(2, cols).reshape(b, hv, blocks_x, mw, cv).index_select(1, rows)
+    w = w.reshape(b, blocks_y, mh, blocks_x, mw, cv).permute(0, 1, 3, 2, 4, 5).reshape(g, mh * mw * u, dv)
+    emb = block_embedding(table, t, step).to(q.dtype)  # [T T, c, M u]
+    logits = torch.matmul(q.reshape(g, t * t, h, c), emb).reshape(g, t * t * h, mh * mw * u)
+    return torch.bmm(logits, w.to(logits.dtype))
 
 
-def _tiled(q: torch.Tensor, v: torch.Tensor, kernel: torch.Tensor, height: int, width: int, t: int) -> torch.Tensor:
-    b, h, k, n = q.shape
-    u, dv = v.shape[1], v.shape[2]
-    kh, kw = kernel.shape[-2], kernel.shape[-1]
-    ty, tx = (height + t - 1) // t, (width + t - 1) // t  # blocks per axis
-    hp, wp = ty * t, tx * t
-    mh, mw = t + kh - 1, t + kw - 1  # context window of a block
-    # queries by block: [B ty tx, T, T, h, k]
-    qb = F.pad(q.reshape(b, h, k, height, width), [0, wp - width, 0, hp - height])
-    qb = qb.reshape(b, h, k, ty, t, tx, t).permute(0, 3, 5, 4, 6, 1, 2).reshape(b * ty * tx, t, t, h, k)
-    # context windows: [B ty tx, u M, V]
-    vp = F.pad(v.reshape(b, u, dv, height, width),
-               [(kw - 1) // 2, (kw - 1) // 2 + wp - width, (kh - 1) // 2, (kh - 1) // 2 + hp - height])
-    # overlapping windows by index gathers (exportable to ONNX with dynamic sizes, unlike Tensor.unfold)
-    rows = (torch.arange(ty, device=v.device)[:, None] * t + torch.arange(mh, device=v.device)).reshape(-1)
-    cols = (torch.arange(tx, device=v.device)[:, None] * t + torch.arange(mw, device=v.device)).reshape(-1)
-    vw = vp.index_select(3, rows).index_select(4, cols).reshape(b, u, dv, ty, mh, tx, mw)
-    vw = vw.permute(0, 3, 5, 1, 4, 6, 2).reshape(b * ty * tx, u * mh * mw, dv)
-    if _graph_capture():
-        # one einsum with the block embedding matrix (shape arithmetic only: traces, exports and compiles)
-        emb = tile_embedding(kernel, t).to(q.dtype)  # [k, u, T T, M]
-        logits = torch.einsum('tnhk,kunm->tnhum', [qb.reshape(b * ty * tx, t * t, h, k), emb])
-        y = torch.bmm(logits.reshape(b * ty * tx, t * t * h, u * mh * mw), vw.to(q.dtype))
-    else:
-        y = _banded_block_attention(qb, vw, kernel)
-    y = y.reshape(b, ty, tx, t, t, h, dv).permute(0, 5, 6, 1, 3, 2, 4).reshape(b, h, dv, hp, wp)  # [B, h, V, .., ..]
-    return y[:, :, :, :height, :width].reshape(b, h, dv, n)
+def _windows(vp: Tensor, b: int, by: int, rows: int, bx: int, cols: int, shift: int, mh: int, mw: int,
+             every: int = 1) -> Tensor:
+    """Context windows of ``rows x cols`` blocks from block ``(by, bx)`` of image ``b`` (every ``every``-th block
+    column) as one strided view ``[rows, cols, M_h, M_w, C]`` of the contiguous ``vp [B, H', W', C]``."""
+    _, hv, wv, cv = vp.shape
+    offset = vp.storage_offset() + ((b * hv + by * shift) * wv + bx * shift) * cv
+    return vp.as_strided((rows, cols, mh, mw, cv), (shift * wv * cv, every * shift * cv, wv * cv, cv, 1), offset)
 
 
-@torch.jit.unused
-def _tiled_pooled(q: torch.Tensor, v: torch.Tensor, kernel: torch.Tensor, height: int, width: int,
-                  count_include_pad: bool) -> torch.Tensor:
-    """The tiled form followed by 3x3 average pooling with stride 2 and padding 1, computed directly at the
-    output resolution: ``out_o = 1/c_o sum_{d in 3x3} y_{2o+d} = 1/c_o sum_m (sum_d a_{2o+d, m}) v_m``, the
-    nine shifted logits summed into one ``[T_o^2 h, M]`` matrix per block of ``T_o x T_o`` outputs, so the big
-    GEMM runs once per output instead of once per input position (4x fewer rows). Returns
-    ``[B, h, V, ceil(H/2) ceil(W/2)]``; eager only (graph capture computes the full map, then pools)."""
-    b, h, k, n = q.shape
-    u, dv = v.shape[1], v.shape[2]
-    kh, kw = kernel.shape[-2], kernel.shape[-1]
-    t = 4  # output block side: a block sees (2T + 1)^2 query positions and a (2T + K)^2 context window
-    ho, wo = (height + 1) // 2, (width + 1) // 2
-    ty, tx = (ho + t - 1) // t, (wo + t - 1) // t
-    hop, wop = ty * t, tx * t
-    mh, mw = 2 * t + kh, 2 * t + kw
-    dev = q.device
-    # query regions [B ty tx, 2T+1, 2T+1, h, k] around each output block (input rows 2 o - 1 .. 2 o + 1)
-    qp = F.pad(q.reshape(b, h * k, height, width), [1, 2 * wop - width, 1, 2 * hop - height])
-    rows = (torch.arange(ty, device=dev)[:, None] * (2 * t) + torch.arange(2 * t + 1, device=dev)).reshape(-1)
-    cols = (torch.arange(tx, device=dev)[:, None] * (2 * t) + torch.arange(2 * t + 1, device=dev)).reshape(-1)
-    qr = qp.index_select(2, rows).index_select(3, cols).reshape(b, h, k, ty, 2 * t + 1, tx, 2 * t + 1)
-    qr = qr.permute(0, 3, 5, 4, 6, 1, 2).reshape(b * ty * tx, 2 * t + 1, 2 * t + 1, h, k)
-    # context windows [B ty tx, u M, V]
-    ry, rx = (kh - 1) // 2, (kw - 1) // 2
-    vp = F.pad(v.reshape(b, u, dv, height, width), [1 + rx, 2 * wop - width + rx, 1 + ry, 2 * hop - height + ry])
-    rows = (torch.arange(ty, device=dev)[:, None] * (2 * t) + torch.arange(mh, device=dev)).reshape(-1)
-    cols = (torch.arange(tx, device=dev)[:, None] * (2 * t) + torch.arange(mw, device=dev)).reshape(-1)
-    vw = vp.index_select(3, rows).index_select(4, cols).reshape(b, u, dv, ty, mh, tx, mw)
-    vw = vw.permute(0, 3, 5, 1, 4, 6, 2).reshape(b * ty * tx, u * mh * mw, dv)
-    with _one_dtype(qr, vw) as dtype:
-        y = _PooledBandedBlockAttention.apply(qr.to(dtype), vw.to(dtype), kernel.to(dtype))
-    y = y.reshape(b, ty, tx, t, t, h, dv).permute(0, 5, 6, 1, 3, 2, 4).reshape(b, h, dv, hop, wop)[..., :ho, :wo]
-    if count_include_pad:
-        return y.reshape(b, h, dv, ho * wo) / 9
-    in_rows = 3 - (torch.arange(ho, device=dev) == 0).to(y.dtype) - (2 * torch.arange(ho, device=dev) + 1 >= height).to(y.dtype)
-    in_cols = 3 - (torch.arange(wo, device=dev) == 0).to(y.dtype) - (2 * torch.arange(wo, device=dev) + 1 >= width).to(y.dtype)
-    return (y / (in_rows[:, None] * in_cols[None, :])).reshape(b, h, dv, ho * wo)
-
-
-def _pooled_band(buf: torch.Tensor, t: int, h: int, u: int, kh: int, kw: int, dy: int, dx: int) -> torch.Tensor:
-    """Entries of the output-block logits ``buf [C, (oy ox h), (u my mx)]`` that query ``2 o + (dy, dx)`` (window
-    coordinates) reaches at kernel offset ``(ky, kx)``, as a view ``[C, oy, ox, h, u, ky, kx]``."""
-    mh, mw = 2 * t + kh, 2 * t + kw
-    s_u = mh * mw
-    s_h = u * s_u
-    s_ox = h * s_h
-    s_oy = t * s_ox
+def _band(buf: Tensor, t: int, h: int, u: int, kh: int, kw: int, mw: int, step: int) -> Tensor:
+    """The band of block logits ``buf [C, (qy qx h), (my mx u)]`` as a view ``[C, qy, qx, h, u, ky, kx]``:
+    entry ``(qy, qx, h, my = step qy + ky, mx = step qx + kx, u)``. One strided view, no index tensor."""
+    s_h = buf.shape[2]
+    s_qx, s_my = h * s_h, mw * u
+    s_qy = t * s_qx
     return buf.as_strided((buf.shape[0], t, t, h, u, kh, kw),
-                          (t * s_oy, s_oy + 2 * mw, s_ox + 2, s_h, s_u, mw, 1),
-                          buf.storage_offset() + dy * mw + dx)
+                          (t * s_qy, s_qy + step * s_my, s_qx + step * u, s_h, 1, s_my, u), buf.storage_offset())
 
 
-class _PooledBandedBlockAttention(torch.autograd.Function):
-    """The tiled form summed over the nine input positions of each stride-2 output (see :func:`_tiled_pooled`).
+def _chunks(batch: int, blocks_y: int, blocks_x: int, per_chunk: int) -> List[Tuple[int, int, int, int, int]]:
+    """``(image, first block row, block rows, first block column, block columns)`` of each kernel chunk:
+    whole block rows of one image, or a part of one row, so that a chunk's windows are one strided view."""
+    out = []
+    for b in range(batch):
+        if per_chunk >= blocks_x:
+            rows = per_chunk // blocks_x
+            for by in range(0, blocks_y, rows):
+                out.append((b, by, min(rows, blocks_y - by), 0, blocks_x))
+        else:
+            for by in range(blocks_y):
+                for bx in range(0, blocks_x, per_chunk):
+                    out.append((b, by, 1, bx, min(per_chunk, blocks_x - bx)))
+    return out
 
-    Inputs: ``q [G, 2T+1, 2T+1, h, k]`` query regions, ``w [G, u M, V]`` context windows, ``R [k, u, K_h, K_w]``;
-    output ``[G, T T h, V]`` (sums; the caller divides by the pooling counts).
-    """
-    CHUNK_ROWS = 1024
 
-    @staticmethod
-    def _logits(buf, qc, rm, t, h, u, kh, kw):
-        c, side = qc.shape[0], qc.shape[1]
-        compact = torch.mm(qc.reshape(-1, qc.shape[-1]), rm).view(c, side, side, h, u, kh, kw)
-        buf.zero_()
+class _BandedPlan:
+    """Shapes, chunks and reusable buffers of one kernel call (forward or backward)."""
+
+    def __init__(self, q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int):
+        self.g, self.t, _, self.h, self.c = q.shape
+        self.batch, _, _, self.cv = vp.shape
+        _, self.u, self.kh, self.kw = table.shape
+        self.dv = self.cv // self.u
+        self.step, self.blocks_y, self.blocks_x = step, blocks_y, blocks_x
+        self.mh, self.mw = step * (self.t - 1) + self.kh, step * (self.t - 1) + self.kw
+        self.rows = self.t * self.t * self.h  # logit rows of a block
+        self.cols = self.mh * self.mw * self.u  # logit columns of a block
+        per_chunk = _chunk_blocks(q.device, self.rows, self.cols)
+        self.chunks = _chunks(self.batch, blocks_y, blocks_x, per_chunk)
+        n = min(per_chunk, max(self.g, 1))
+        self.logits = vp.new_zeros(n, self.rows, self.cols)  # off-band entries stay zero
+        self.windows = vp.new_empty(n, self.mh, self.mw, self.cv)
+        self.compact = vp.new_empty(n * self.rows, self.u * self.kh * self.kw)
+
+    def block_logits(self, q: Tensor, vp: Tensor, rm: Tensor, chunk) -> Tuple[int, int, Tensor, Tensor]:
+        """Windows and band logits of one chunk: ``(first block, blocks, logits [n, rows, cols],
+        windows [n, M u, V])``; the compact logits ``q R`` come from one GEMM with the small table."""
+        b, by, nr, bx, nc = chunk
+        g0, n = (b * self.blocks_y + by) * self.blocks_x + bx, nr * nc
+        windows = self.windows[:n]
+        windows.view(nr, nc, self.mh, self.mw, self.cv).copy_(
+            _windows(vp, b, by, nr, bx, nc, self.step * self.t, self.mh, self.mw))
+        compact = self.compact[:n * self.rows]
+        torch.mm(q[g0:g0 + n].view(n * self.rows, self.c), rm, out=compact)
+        logits = self.logits[:n]
+        _band(logits, self.t, self.h, self.u, self.kh, self.kw, self.mw, self.step).copy_(
+            compact.view(n, self.t, self.t, self.h, self.u, self.kh, self.kw))
+        return g0, n, logits, windows.view(n, self.mh * self.mw * self.u, self.dv)
+
+
+def _banded_forward(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int) -> Tensor:
+    q, vp, table = q.contiguous(), vp.contiguous(), table.contiguous()
+    p = _BandedPlan(q, vp, table, step, blocks_y, blocks_x)
+    y = vp.new_empty(p.g, p.rows, p.dv)
+    rm = table.view(p.c, p.u * p.kh * p.kw)
+    for chunk in p.chunks:
+        g0, n, logits, windows = p.block_logits(q, vp, rm, chunk)
+        torch.bmm(logits, windows, out=y[g0:g0 + n])
+    return y
+
+
+def _banded_backward(gy: Tensor, q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int,
+                     blocks_x: int) -> Tuple[Tensor, Tensor, Tensor]:
+    q, vp, table, gy = q.contiguous(), vp.contiguous(), table.contiguous(), gy.contiguous()
+    p = _BandedPlan(q, vp, table, step, blocks_y, blocks_x)
+    rm = table.view(p.c, p.u * p.kh * p.kw)
+    gq = torch.empty_like(q)
+    gvp = torch.zeros_like(vp)
+    grm = torch.zeros(rm.shape, dtype=torch.promote_types(rm.dtype, torch.float32), device=rm.device)
+    n_max = p.logits.shape[0]
+    gwindows = vp.new_empty(n_max, p.mh * p.mw * p.u, p.dv)
+    glogits = vp.new_empty(n_max, p.rows, p.cols)
+    gcompact = vp.new_empty(n_max * p.rows, p.u * p.kh * p.kw)
+    phases = -(-p.mw // (step * p.t))  # windows of blocks this many columns apart do not overlap
+    for chunk in p.chunks:
+        b, by, nr, bx, nc = chunk
+        g0, n, logits, windows = p.block_logits(q, vp, rm, chunk)
+        gyc = gy[g0:g0 + n]
+        gw = gwindows[:n]
+        torch.bmm(logits.transpose(1, 2), gyc, out=gw)
+        gw = gw.view(nr, nc, p.mh, p.mw, p.cv)
+        for r in range(nr):  # overlap-add into the padded values: one non-overlapping set of windows at a time
+            for phase in range(min(phases, nc)):
+                count = len(range(phase, nc, phases))
+                _windows(gvp, b, by + r, 1, bx + phase, count, step * p.t, p.mh, p.mw, phases).add_(
+                    gw[r:r + 1, phase::phases])
+        gl = glogits[:n]
+        torch.bmm(gyc, windows.transpose(1, 2), out=gl)
+        gc = gcompact[:n * p.rows]
+        gc.view(n, p.t, p.t, p.h, p.u, p.kh, p.kw).copy_(_band(gl, p.t, p.h, p.u, p.kh, p.kw, p.mw, step))
+        torch.mm(gc, rm.t(), out=gq[g0:g0 + n].view(n * p.rows, p.c))
+        qc = q[g0:g0 + n].view(n * p.rows, p.c)
+        if grm.dtype == gc.dtype:
+            grm.addmm_(qc.t(), gc)
+        else:  # accumulate a low-precision table gradient in float32
+            grm.add_(torch.mm(qc.t(), gc))
+    return gq, gvp, grm.to(table.dtype).view_as(table)
+
+
+@torch.library.custom_op('timm_lambda::banded_attention', mutates_args=())
+def _banded_attention(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int) -> Tensor:
+    """The tiled form's kernel: compact logits ``q R`` by one GEMM with the small table, written into the
+    band of a reused zero buffer through a strided view, then one batched GEMM with the chunk's windows."""
+    return _banded_forward(q, vp, table, step, blocks_y, blocks_x)
+
+
+@_banded_attention.register_fake
+def _(q, vp, table, step, blocks_y, blocks_x):
+    return vp.new_empty(q.shape[0], q.shape[1] * q.shape[2] * q.shape[3], vp.shape[3] // table.shape[1])
+
+
+@torch.library.custom_op('timm_lambda::banded_attention_backward', mutates_args=())
+def _banded_attention_backward(gy: Tensor, q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int,
+                               blocks_x: int) -> Tuple[Tensor, Tensor, Tensor]:
+    return _banded_backward(gy, q, vp, table, step, blocks_y, blocks_x)
+
+
+@_banded_attention_backward.register_fake
+def _(gy, q, vp, table, step, blocks_y, blocks_x):
+    return q.new_empty(q.shape), vp.new_empty(vp.shape), table.new_empty(table.shape)  # contiguous, as the kernel's
+
+
+def _banded_setup(ctx, inputs, output):
+    q, vp, table, step, blocks_y, blocks_x = inputs
+    ctx.save_for_backward(q, vp, table)
+    ctx.args = (step, blocks_y, blocks_x)
+
+
+def _banded_backward_rule(ctx, gy):
+    q, vp, table = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True: a differentiable backward
+        grads = _graph_vjp(_banded_graph, (q, vp, table), ctx.args, gy, ctx.needs_input_grad[:3])
+    else:
+        grads = _banded_attention_backward(gy, q, vp, table, *ctx.args)
+    return grads[0], grads[1], grads[2], None, None, None
+
+
+_banded_attention.register_autograd(_banded_backward_rule, setup_context=_banded_setup)
+
+
+@torch.jit.unused
+def _banded_kernel(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int) -> Tensor:
+    return _run_kernel(_banded_attention, (q, vp, table), step, blocks_y, blocks_x)
+
+
+def _pooled_table(kernel: Tensor) -> Tensor:
+    """The nine shifted kernels of a 3x3 average pool: ``[9 k, u, K_h + 2, K_w + 2]``, rows ``(dy, dx, k)``,
+    ``out[(d, k), u, e] = kernel[k, u, e - d]`` (zero outside)."""
+    shifted: List[Tensor] = []
+    for dy in range(3):
+        for dx in range(3):
+            shifted.append(F.pad(kernel, [dx, 2 - dx, dy, 2 - dy]))
+    return torch.cat(shifted, 0)
+
+
+def _tiled(q: Tensor, v: Tensor, kernel: Tensor, height: int, width: int, stride: int, count_include_pad: bool,
+           kernels: bool) -> Tensor:
+    """The tiled form, average-pooled (3x3, stride 2, padding 1) when ``stride == 2``: ``[B, h, V, n_out]``."""
+    b, h, k, n = q.shape
+    u, dv = v.shape[1], v.shape[2]
+    kh, kw = kernel.shape[-2], kernel.shape[-1]
+    qn = q.reshape(b, h * k, height, width).permute(0, 2, 3, 1)  # channels last
+    vn = v.reshape(b, u * dv, height, width).permute(0, 2, 3, 1)
+    if stride == 1:
+        t, step, table, c = _tile(), 1, kernel, k
+        ho, wo = height, width
+        blocks_y, blocks_x = (ho + t - 1) // t, (wo + t - 1) // t
+        qb = F.pad(qn, [0, 0, 0, blocks_x * t - width, 0, blocks_y * t - height])
+        pad_y, pad_x = (kh - 1) // 2, (kw - 1) // 2  # values before the first query's window
+    else:
+        # output o averages inputs 2 o - 1 .. 2 o + 1: its queries are the 3x3 patch (d, k) of q, its table the
+        # nine shifted kernels, and its window starts two input positions further for the next output
+        t, step, table, c = _pooled_tile(), 2, _pooled_table(kernel), 9 * k
+        ho, wo = (height + 1) // 2, (width + 1) // 2
+        blocks_y, blocks_x = (ho + t - 1) // t, (wo + t - 1) // t
+        qp = F.pad(qn, [0, 0, 1, 2 * blocks_x * t - width, 1, 2 * blocks_y * t - height])
+        patch: List[Tensor] = []
         for dy in range(3):
             for dx in range(3):
-                _pooled_band(buf, t, h, u, kh, kw, dy, dx).add_(compact[:, dy:dy + 2 * t:2, dx:dx + 2 * t:2])
-        return buf
-
-    @staticmethod
-    def forward(ctx, q, w, table):
-        q, w, table = q.contiguous(), w.contiguous(), table.contiguous()
-        g, side, _, h, k = q.shape
-        t = (side - 1) // 2
-        _, u, kh, kw = table.shape
-        m, dv = w.shape[1], w.shape[2]
-        chunk = max(1, _PooledBandedBlockAttention.CHUNK_ROWS // (t * t * h))
-        rm = table.reshape(k, u * kh * kw)
-        y = w.new_empty(g, t * t * h, dv)
-        buf = w.new_empty(min(chunk, g), t * t * h, m)
-        for c0 in range(0, g, chunk):
-            c1 = min(g, c0 + chunk)
-            logits = _PooledBandedBlockAttention._logits(buf[:c1 - c0], q[c0:c1], rm, t, h, u, kh, kw)
-            torch.bmm(logits, w[c0:c1], out=y[c0:c1])
-        ctx.save_for_backward(q, w, table)
-        return y
-
-    @staticmethod
-    def backward(ctx, gy):
-        q, w, table = ctx.saved_tensors
-        g, side, _, h, k = q.shape
-        t = (side - 1) // 2
-        _, u, kh, kw = table.shape
-        m, dv = w.shape[1], w.shape[2]
-        chunk = max(1, _PooledBandedBlockAttention.CHUNK_ROWS // (t * t * h))
-        rm = table.reshape(k, u * kh * kw)
-        gy = gy.contiguous()
-        gq = q.new_empty(q.shape)
-        gw = w.new_empty(w.shape)
-        grm = rm.new_zeros(rm.shape)
-        buf = w.new_empty(min(chunk, g), t * t * h, m)
-        for c0 in range(0, g, chunk):
-            c1 = min(g, c0 + chunk)
-            c = c1 - c0
-            qc = q[c0:c1]
-            logits = _PooledBandedBlockAttention._logits(buf[:c], qc, rm, t, h, u, kh, kw)
-            torch.bmm(logits.transpose(1, 2), gy[c0:c1], out=gw[c0:c1])
-            glogits = torch.bmm(gy[c0:c1], w[c0:c1].transpose(1, 2))
-            gcompact = q.new_zeros(c, side, side, h, u, kh, kw)
-            for dy in range(3):
-                for dx in range(3):
-                    gcompact[:, dy:dy + 2 * t:2, dx:dx + 2 * t:2].add_(_pooled_band(glogits, t, h, u, kh, kw, dy, dx))
-            gcompact = gcompact.view(-1, u * kh * kw)
-            torch.mm(gcompact, rm.t(), out=gq[c0:c1].view(-1, k))
-            grm.addmm_(qc.reshape(-1, k).t(), gcompact)
-        return gq, gw, grm.view_as(table)
-
-
-@torch.jit.unused
-def _banded_block_attention(qb: torch.Tensor, vw: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """Eager form of the tiled contraction (:class:`_BandedBlockAttention`) in one dtype (:func:`_one_dtype`)."""
-    with _one_dtype(qb, vw) as dtype:
-        return _BandedBlockAttention.apply(qb.to(dtype), vw.to(dtype), kernel.to(dtype))
-
-
-@contextlib.contextmanager
-def _one_dtype(q: torch.Tensor, v: torch.Tensor):
-    """The dtype a custom contraction runs in: autocast's lower precision where it is on (as for any matmul),
-    with autocast off inside; else the inputs' common dtype."""
-    device = v.device.type
-    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
-        with torch.autocast(device, enabled=False):
-            yield torch.get_autocast_dtype(device)
+                patch.append(qp[:, dy:dy + 2 * blocks_y * t:2, dx:dx + 2 * blocks_x * t:2]
+                             .reshape(b, blocks_y * t, blocks_x * t, h, k))
+        qb = torch.cat(patch, -1)
+        pad_y, pad_x = (kh - 1) // 2 + 1, (kw - 1) // 2 + 1
+    qb = qb.reshape(b, blocks_y, t, blocks_x, t, h, c).permute(0, 1, 3, 2, 4, 5, 6)
+    qb = qb.reshape(b * blocks_y * blocks_x, t, t, h, c)
+    mh, mw = step * (t - 1) + table.shape[-2], step * (t - 1) + table.shape[-1]
+    vp = F.pad(vn, [0, 0, pad_x, step * t * (blocks_x - 1) + mw - width - pad_x,
+                    pad_y, step * t * (blocks_y - 1) + mh - height - pad_y])
+    if kernels:
+        y = _banded_kernel(qb, vp, table, step, blocks_y, blocks_x)
     else:
-        yield torch.promote_types(q.dtype, v.dtype)
+        y = _banded_graph(qb, vp, table.to(qb.dtype), step, blocks_y, blocks_x)
+    y = y.reshape(b, blocks_y, blocks_x, t, t, h * dv).permute(0, 1, 3, 2, 4, 5)
+    y = y.reshape(b, blocks_y * t, blocks_x * t, h * dv)[:, :ho, :wo].permute(0, 3, 1, 2)  # [B, h V, Ho, Wo]
+    if stride == 2:
+        if count_include_pad:
+            y = y / 9
+        else:  # average over the in-image inputs of each output
+            oy, ox = torch.arange(ho, device=y.device), torch.arange(wo, device=y.device)
+            in_rows = 3 - (oy == 0).to(y.dtype) - (2 * oy + 1 >= height).to(y.dtype)
+            in_cols = 3 - (ox == 0).to(y.dtype) - (2 * ox + 1 >= width).to(y.dtype)
+            y = y / (in_rows[:, None] * in_cols[None, :])
+    return y.reshape(b, h, dv, ho * wo)
 
 
-def _band(buf: torch.Tensor, t: int, h: int, u: int, kh: int, kw: int) -> torch.Tensor:
-    """The band of block logits ``buf [C, (qy qx h), (u my mx)]`` as a view ``[C, qy, qx, h, u, ky, kx]``:
-    entry ``(qy, qx, h, u, qy + ky, qx + kx)``. One strided view, no index tensor."""
-    mh, mw = t + kh - 1, t + kw - 1
-    s_u = mh * mw
-    s_h = u * s_u
-    s_qx = h * s_h
-    s_qy = t * s_qx
-    return buf.as_strided((buf.shape[0], t, t, h, u, kh, kw), (t * s_qy, s_qy + mw, s_qx + 1, s_h, s_u, mw, 1),
-                          buf.storage_offset())
+# ----------------------------------------------------------------------------------------------------------
 
 
-class _BandedBlockAttention(torch.autograd.Function):
-    """``y[g, (n, h)] = sum_m a[g, n, h, m] w[g, m]``, ``a[g, n, h, n + r] = q[g, n, h] . R[r]``: the tiled form.
-
-    Inputs: ``q [G, T, T, h, k]`` query blocks, ``w [G, u M, V]`` their context windows, ``R [k, u, K_h, K_w]``.
-    Compact logits ``q R`` come from one GEMM with the small table ``R`` (no ``[T^2, k, M]`` embedding matrix
-    to stream through memory) and are written into the band of a reused zero buffer by a strided view. Blocks
-    go in chunks of ``CHUNK_ROWS`` query rows, so the ``[rows, M]`` logits stay cache-sized and are recomputed
-    in the backward instead of being saved (memory: ``q``, ``w`` and ``R`` only).
-    """
-    CHUNK_ROWS = 1024
-
-    @staticmethod
-    def forward(ctx, q, w, table):
-        q, w, table = q.contiguous(), w.contiguous(), table.contiguous()
-        g, t, _, h, k = q.shape
-        _, u, kh, kw = table.shape
-        m, dv = w.shape[1], w.shape[2]
-        chunk = max(1, _BandedBlockAttention.CHUNK_ROWS // (t * t * h))
-        rm = table.reshape(k, u * kh * kw)
-        y = w.new_empty(g, t * t * h, dv)
-        buf = w.new_zeros(min(chunk, g), t * t * h, m)
-        for c0 in range(0, g, chunk):
-            c1 = min(g, c0 + chunk)
-            logits = buf[:c1 - c0]
-            _band(logits, t, h, u, kh, kw).copy_(torch.mm(q[c0:c1].reshape(-1, k), rm).view(c1 - c0, t, t, h, u, kh, kw))
-            torch.bmm(logits, w[c0:c1], out=y[c0:c1])
-        ctx.save_for_backward(q, w, table)
-        return y
-
-    @staticmethod
-    def backward(ctx, gy):
-        q, w, table = ctx.saved_tensors
-        g, t, _, h, k = q.shape
-        _, u, kh, kw = table.shape
-        m, dv = w.shape[1], w.shape[2]
-        chunk = max(1, _BandedBlockAttention.CHUNK_ROWS // (t * t * h))
-        rm = table.reshape(k, u * kh * kw)
-        gy = gy.contiguous()
-        gq = q.new_empty(q.shape)
-        gw = w.new_empty(w.shape)
-        grm = rm.new_zeros(rm.shape)
-        buf = w.new_zeros(min(chunk, g), t * t * h, m)
-        for c0 in range(0, g, chunk):
-            c1 = min(g, c0 + chunk)
-            qc = q[c0:c1].reshape(-1, k)
-            logits = buf[:c1 - c0]
-            _band(logits, t, h, u, kh, kw).copy_(torch.mm(qc, rm).view(c1 - c0, t, t, h, u, kh, kw))
-            torch.bmm(logits.transpose(1, 2), gy[c0:c1], out=gw[c0:c1])
-            glogits = torch.bmm(gy[c0:c1], w[c0:c1].transpose(1, 2))
-            gcompact = _band(glogits, t, h, u, kh, kw).reshape(-1, u * kh * kw)
-            torch.mm(gcompact, rm.t(), out=gq[c0:c1].view(-1, k))
-            grm.addmm_(qc.t(), gcompact)
-        return gq, gw, grm.view_as(table)
-
-
-def position_lambdas(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, height: int, width: int,
-                     impl: str, global_scope: bool, tile: int, stride: int = 1,
-                     count_include_pad: bool = False) -> torch.Tensor:
+def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, impl: str,
+                     global_scope: bool, stride: int = 1, count_include_pad: bool = False) -> Tensor:
     """``y_n^h = (lambda^p_n)^T q_n^h`` for every query: ``q [B, h, k, n], v [B, u, V, n] -> [B, h, V, n]``.
 
     ``table`` is the relative embedding ``[k, u, R_h, R_w]`` (:class:`RelativePositionEmbedding`), ``impl``
-    one of :data:`POSITION_IMPLS`, ``tile`` the block side of the tiled form (:func:`tile_size` of the
-    table). ``stride=2``: the result average-pooled (3x3, stride 2, padding 1; ``count_include_pad`` as
-    ``nn.AvgPool2d``), ``[B, h, V, ceil(H/2) ceil(W/2)]``. An FX leaf: its Python size logic runs at call
-    time, not at trace time.
+    one of :data:`POSITION_IMPLS`. ``stride=2``: the result average-pooled (3x3, stride 2, padding 1;
+    ``count_include_pad`` as ``nn.AvgPool2d``), ``[B, h, V, ceil(H/2) ceil(W/2)]``. An FX leaf: its Python size
+    logic runs at call time, not at trace time.
     """
     if global_scope and not torch.jit.is_tracing() and (
             2 * height - 1 > table.shape[-2] or 2 * width - 1 > table.shape[-1]):
         raise ValueError(f'input of {height}x{width} is larger than max_size=({(table.shape[-2] + 1) // 2}, '
                          f'{(table.shape[-1] + 1) // 2}) of the global position embedding; build the layer '
                          f'with a larger max_size (img_size) or use a local scope')
-    window = (tile + table.shape[-2] - 1) * (tile + table.shape[-1] - 1)
-    impl = choose_impl(impl, height, width, window, global_scope)
-    if impl == 'tiled' and stride == 2 and not _graph_capture():
-        return _tiled_pooled(q, v, relative_kernel(table, height, width, global_scope), height, width,
-                             count_include_pad)
-    if impl == 'dense':
-        y = _dense(q, v, table, height, width, global_scope)
-    else:
+    impl = choose_impl(impl, height, width, tile_window(table.shape[-2], table.shape[-1]), global_scope)
+    kernels = _use_kernels()
+    if impl == 'tiled':
         kernel = relative_kernel(table, height, width, global_scope)
-        if impl == 'tiled':
-            y = _tiled(q, v, kernel, height, width, tile)
-        elif impl == 'conv':
-            y = _conv(q, v, kernel, height, width)
-        elif impl == 'einsum':
-            y = _einsum(q, v, kernel, height, width, not global_scope)
-        else:
-            raise ValueError("impl must be one of 'auto', 'einsum', 'conv', 'dense', 'tiled', got '" + impl + "'")
+        return _tiled(q, v, kernel, height, width, stride, count_include_pad, kernels)
+    if impl == 'dense':
+        y = _dense(q, v, table, height, width, global_scope, kernels)
+    elif impl == 'einsum':
+        y = _einsum(q, v, relative_kernel(table, height, width, global_scope), height, width, not global_scope)
+    elif impl == 'conv':
+        y = _conv(q, v, relative_kernel(table, height, width, global_scope), height, width)
+    else:
+        raise ValueError("impl must be one of 'auto', 'einsum', 'conv', 'dense', 'tiled', got '" + impl + "'")
     if stride == 1:
         return y
     b, h, dv = y.shape[0], y.shape[1], y.shape[2]

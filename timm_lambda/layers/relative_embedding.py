@@ -14,7 +14,7 @@ convolution (appendix C.1). The functions below turn it into the embeddings an `
 uses. They are written with shape arithmetic only (no data-dependent Python branches), so a
 ``torch.jit.trace`` or ONNX export made at one size is right at every size.
 """
-import functools
+import collections
 import operator
 from typing import Optional, Tuple, Union
 
@@ -23,7 +23,7 @@ from torch import nn
 import torch.nn.functional as F
 
 __all__ = ['RelativePositionEmbedding', 'check_scope', 'relative_kernel', 'dense_embedding', 'dense_embedding_cached',
-           'tile_embedding', 'to_int', 'to_pair']
+           'block_embedding', 'to_int', 'to_pair']
 
 Size2 = Tuple[int, int]
 
@@ -155,7 +155,7 @@ def dense_embedding_cached(table: torch.Tensor, height: int, width: int, masked:
     """:func:`dense_embedding` straight from the whole table (local or global) with an index built once per
     input size: one gather, for eager runs (tracers and TorchScript use the shape-arithmetic version)."""
     k, u, th, tw = table.shape
-    index = _dense_index(height, width, th, tw, masked, str(table.device))
+    index = _dense_index(height, width, th, tw, masked, table.device)
     flat = table.reshape(k, u, th * tw)
     if masked:
         flat = F.pad(flat, [0, 1])  # slot th * tw: zero embedding outside the scope
@@ -163,40 +163,55 @@ def dense_embedding_cached(table: torch.Tensor, height: int, width: int, masked:
     return flat.index_select(2, index).reshape(k, u, n, n)
 
 
-@functools.lru_cache(maxsize=64)
-def _dense_index(height: int, width: int, table_h: int, table_w: int, masked: bool, device: str) -> torch.Tensor:
-    ys, xs = torch.arange(height, device=device), torch.arange(width, device=device)
-    dy = ys[None, :] - ys[:, None] + (table_h - 1) // 2  # [n_y, m_y]: table row of the offset m - n
-    dx = xs[None, :] - xs[:, None] + (table_w - 1) // 2
-    index = dy[:, None, :, None] * table_w + dx[None, :, None, :]
-    if masked:
-        inside = ((dy >= 0) & (dy < table_h))[:, None, :, None] & ((dx >= 0) & (dx < table_w))[None, :, None, :]
-        index = torch.where(inside, index, table_h * table_w)
-    return index.reshape(-1)
+# Gather indices of dense_embedding_cached, by (height, width, table size, masked, device): at most
+# _INDEX_CACHE_ENTRIES of them, none over _INDEX_CACHE_MAX_ELEMENTS (a 45x45 input; larger ones are rebuilt
+# per call, and take the tiled form under 'auto' anyway). Built outside inference mode, so an entry made
+# under torch.inference_mode() is an ordinary tensor that a later training step can save for backward.
+_INDEX_CACHE: 'collections.OrderedDict[tuple, torch.Tensor]' = collections.OrderedDict()
+_INDEX_CACHE_ENTRIES = 16
+_INDEX_CACHE_MAX_ELEMENTS = 1 << 22
 
 
-def _skew(x: torch.Tensor) -> torch.Tensor:
-    """``[..., T, K] -> [..., T, T + K - 1]`` with ``out[..., t, t + j] = x[..., t, j]`` and zeros elsewhere.
+def _dense_index(height: int, width: int, table_h: int, table_w: int, masked: bool,
+                 device: torch.device) -> torch.Tensor:
+    key = (height, width, table_h, table_w, masked, str(device))
+    index = _INDEX_CACHE.get(key)
+    if index is not None:
+        _INDEX_CACHE.move_to_end(key)
+        return index
+    with torch.inference_mode(False):
+        ys, xs = torch.arange(height, device=device), torch.arange(width, device=device)
+        dy = ys[None, :] - ys[:, None] + (table_h - 1) // 2  # [n_y, m_y]: table row of the offset m - n
+        dx = xs[None, :] - xs[:, None] + (table_w - 1) // 2
+        index = dy[:, None, :, None] * table_w + dx[None, :, None, :]
+        if masked:
+            inside = ((dy >= 0) & (dy < table_h))[:, None, :, None] & ((dx >= 0) & (dx < table_w))[None, :, None, :]
+            index = torch.where(inside, index, table_h * table_w)
+        index = index.reshape(-1)
+    if index.numel() <= _INDEX_CACHE_MAX_ELEMENTS:
+        _INDEX_CACHE[key] = index
+        while len(_INDEX_CACHE) > _INDEX_CACHE_ENTRIES:
+            _INDEX_CACHE.popitem(last=False)
+    return index
 
-    The relative-to-absolute shift of the Attention Augmented Networks paper (appendix A.3):
-    pad, flatten, drop the tail, reshape. Views and one pad only.
+
+def block_embedding(table: torch.Tensor, tile: int, step: int = 1) -> torch.Tensor:
+    """Embeddings between the queries of a ``tile x tile`` block and the block's context window, as the
+    right-hand side of one matmul: ``[T*T, c, M_h * M_w * u]`` for a table ``[c, u, K_h, K_w]``, with
+    ``M = step (T - 1) + K`` (the block plus a halo of the kernel radius) and columns in ``(my, mx, u)`` order.
+
+    ``E[(qy, qx), :, (my, mx, u)] = table[:, u, my - step qy, mx - step qx]`` (window coordinates), zero where
+    that is outside the table. By translation equivariance (section 3.3) the same matrix serves every block
+    of every input. ``step=2`` places query ``q`` at window position ``2 q``: the pooled tiled form, whose
+    table holds the nine shifted kernels of a 3x3 average pool (see :mod:`.position_lambda`).
     """
-    t, kk = x.shape[-2], x.shape[-1]
-    x = F.pad(x, [0, t])
-    x = x.flatten(-2)[..., :t * (t + kk - 1)]
-    return x.unflatten(-1, (t, t + kk - 1))
-
-
-def tile_embedding(kernel: torch.Tensor, tile: int) -> torch.Tensor:
-    """Embeddings between the queries of a ``tile x tile`` block and the block's context window:
-    ``[k, u, T*T, M_h * M_w]`` with ``M = T + K - 1`` (the block plus a halo of the kernel radius).
-
-    ``E[:, :, (qy, qx), (my, mx)] = kernel[my - qy, mx - qx]`` (window coordinates). By translation
-    equivariance (section 3.3) the same matrix serves every block of every input.
-    """
-    k, u, kh, kw = kernel.shape
-    e = kernel[:, :, None, :, None, :].expand(k, u, tile, kh, tile, kw)  # qy, ky, qx, kx
-    e = _skew(e)  # qy, ky, qx, mx
-    e = _skew(e.permute(0, 1, 4, 5, 2, 3))  # qx, mx, qy, my
-    e = e.permute(0, 1, 4, 2, 5, 3)  # qy, qx, my, mx
-    return e.reshape(k, u, tile * tile, (tile + kh - 1) * (tile + kw - 1))
+    c, u, kh, kw = table.shape
+    mh, mw = step * (tile - 1) + kh, step * (tile - 1) + kw
+    q = torch.arange(tile, device=table.device)
+    ey = torch.arange(mh, device=table.device)[None, :] - step * q[:, None]  # [qy, my]: table row
+    ex = torch.arange(mw, device=table.device)[None, :] - step * q[:, None]  # [qx, mx]: table column
+    inside = ((ey >= 0) & (ey < kh))[:, None, :, None] & ((ex >= 0) & (ex < kw))[None, :, None, :]
+    index = torch.where(inside, ey[:, None, :, None] * kw + ex[None, :, None, :], kh * kw)  # slot kh kw: zero
+    flat = F.pad(table.permute(0, 2, 3, 1).reshape(c, kh * kw, u), [0, 0, 0, 1])  # [c, K + 1, u]
+    e = flat.index_select(1, index.reshape(tile * tile * mh * mw)).reshape(c, tile * tile, mh * mw * u)
+    return e.transpose(0, 1)
