@@ -22,7 +22,7 @@ import json
 import torch
 from torch import nn
 
-from timm_lambda.benchmark import interleaved_times, machine, median, peak_step_bytes
+from timm_lambda.benchmark import interleaved_times, load_average, machine, peak_step_bytes, spread
 from timm_lambda.layers import LambdaLayer
 
 DETECTION_SHAPES = [(256, 64, 1), (512, 64, 2), (512, 32, 1)]  # width, input side, stride
@@ -53,25 +53,28 @@ def measure(width, size, stride, batch, impls, device, dtype, repeats, max_secon
     rows = {}
     for k, m in layers.items():
         peak = peak_step_bytes(steps[k], exclude=[x, *m.parameters(), *m.buffers()], device=device)
-        rows[k] = dict(ms=1e3 * median(times[k]), peak_mib=peak / 2 ** 20)
+        lo, mid, hi = spread(times[k])
+        rows[k] = dict(ms=1e3 * mid, min_ms=1e3 * lo, max_ms=1e3 * hi, peak_mib=peak / 2 ** 20)
     return rows
 
 
 def detection_table(args):
     print(f'# lambda layer vs 3x3 conv, training step, batch {args.batch}, {args.dtype}, {machine(args.device)}')
-    print('| width, input, stride | ' + ' | '.join(f'{k} ms (x conv), MiB' for k in ['conv3x3'] + args.impls) + ' |')
+    print('| width, input, stride | ' + ' | '.join(f'{k} median ms [min-max] (x conv), MiB'
+                                                   for k in ['conv3x3'] + args.impls) + ' |')
     print('|---|' + '---|' * (1 + len(args.impls)))
     totals, results = {}, []
     for width, size, stride in DETECTION_SHAPES:
         rows = measure(width, size, stride, args.batch, args.impls, args.device, args.dtype, args.repeats)
         conv = rows['conv3x3']['ms']
-        cells = [f"{r['ms']:.1f} ({r['ms'] / conv:.2f}x), {r['peak_mib']:.0f}" for r in rows.values()]
+        cells = [f"{r['ms']:.1f} [{r['min_ms']:.1f}-{r['max_ms']:.1f}] ({r['ms'] / conv:.2f}x), {r['peak_mib']:.0f}"
+                 for r in rows.values()]
         print(f'| {width}, {size}x{size}, s{stride} | ' + ' | '.join(cells) + ' |', flush=True)
         for k, r in rows.items():
             totals[k] = totals.get(k, 0.0) + r['ms']
         results.append(dict(width=width, size=size, stride=stride, **{k: r for k, r in rows.items()}))
     print('| **total** | ' + ' | '.join(f"{totals[k]:.1f} ({totals[k] / totals['conv3x3']:.2f}x)" for k in totals) + ' |')
-    print(f'load average after: {machine(args.device).split("load average ")[-1]}')
+    print(f'load average after: {load_average()}')
     return results
 
 
@@ -89,6 +92,7 @@ def sweep(args):
         results.append(dict(size=size, **rows))
         print(f'{size}x{size}: ' + ', '.join(f"{k} {r['ms']:.1f} ms / {r['peak_mib']:.0f} MiB" for k, r in rows.items()),
               flush=True)
+    print(f'load average after: {load_average()}')
     faster = [r['size'] for r in results if 'dense' in r and r['tiled']['ms'] < r['dense']['ms']]
     auto = [r['size'] for r in results if LambdaLayer(8, dim_k=4, heads=2, scope=args.scope).choose_impl(
         r['size'], r['size']) == 'tiled']

@@ -13,14 +13,14 @@ translation-equivariant relative embeddings (section 3.3, :mod:`.relative_embedd
 by one of the implementations of :mod:`.position_lambda` (all over the same parameters). Intra-depth
 ``|u|`` (appendix C.4, Fig. 8) adds a dimension to keys, embeddings and values that is summed over.
 """
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
-from .position_lambda import POSITION_IMPLS, choose_impl, position_lambdas, tile_window
+from .position_lambda import POSITION_IMPLS, choose_impl, position_lambdas, tile_window, warn_torchscript
 from .relative_embedding import RelativePositionEmbedding, check_scope, to_int
 
 __all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS', 'check_choice', 'check_input']
@@ -184,6 +184,7 @@ class LambdaLayer(nn.Module):
             self.pos_embedding = RelativePositionEmbedding(k, u, scope, max_size, **dd)
         self.scope = scope
         self.global_scope = scope == 'global'
+        self.table_size: List[int] = list(self.embedding_table_size())  # Python ints, also inside jit.trace
         if position_bias:
             self.pos_bias = nn.Parameter(torch.empty(k, **dd))
         else:
@@ -213,6 +214,12 @@ class LambdaLayer(nn.Module):
                 + (', pool_count_include_pad=True' if self.pool_count_include_pad and self.stride == 2 else ''))
 
     @torch.jit.unused
+    def __prepare_scriptable__(self):
+        if self.position:
+            warn_torchscript()
+        return self
+
+    @torch.jit.unused
     def embedding_table_size(self) -> Tuple[int, int]:
         return tuple(self.pos_embedding.weight.shape[-2:]) if self.pos_embedding is not None else (1, 1)
 
@@ -235,8 +242,8 @@ class LambdaLayer(nn.Module):
         full: Optional[torch.Tensor] = None
         if self.content:
             keys = normalize_keys(keys.reshape(B, u, k, n), self.key_norm)
-            content_lambda = torch.einsum('bukm,buvm->bkv', [keys, values])  # lambda^c, eq. 1
-            full = torch.einsum('bhkn,bkv->bhvn', [q, content_lambda])  # eq. 2
+            content_lambda = torch.matmul(keys, values.transpose(2, 3)).sum(1)  # lambda^c [B, k, v], eq. 1
+            full = torch.matmul(content_lambda.transpose(1, 2).unsqueeze(1), q)  # [B, h, v, n], eq. 2
         if self.pos_bias is not None:
             # lambda^p_n[k, :] += b_k for every n: y_n^h gains sum_k q_n^h[k] b_k in every value channel
             bias = torch.einsum('bhkn,k->bhn', [q, self.pos_bias]).unsqueeze(2)
@@ -246,7 +253,7 @@ class LambdaLayer(nn.Module):
         if self.pos_embedding is not None:
             # position lambdas, average-pooled by the same 3x3 stride-2 pooling when the layer downsamples
             pos = position_lambdas(q, values, self.pos_embedding.weight, H, W, self.impl, self.global_scope,
-                                   self.stride, self.pool_count_include_pad)
+                                   self.stride, self.pool_count_include_pad, self.table_size)
             pos = pos.reshape(B, h * v, (H + self.stride - 1) // self.stride, (W + self.stride - 1) // self.stride)
             out = pos if out is None else out + pos
         assert out is not None

@@ -33,6 +33,7 @@ Every form takes ``q [B, h, k, n]``, ``v [B, u, V, n]`` (``n = H * W``, row-majo
   trace or export, ``'auto'`` takes the size-independent choice (``'tiled'``, or ``'dense'`` for a global
   scope), so the traced graph is right at every input size.
 """
+import warnings
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -42,7 +43,8 @@ from timm.layers import register_notrace_function
 
 from .relative_embedding import block_embedding, dense_embedding, dense_embedding_cached, relative_kernel
 
-__all__ = ['POSITION_IMPLS', 'TILE', 'POOLED_TILE', 'position_lambdas', 'choose_impl', 'tile_window']
+__all__ = ['POSITION_IMPLS', 'TILE', 'POOLED_TILE', 'position_lambdas', 'choose_impl', 'tile_window',
+           'warn_torchscript']
 
 POSITION_IMPLS = ('auto', 'einsum', 'conv', 'dense', 'tiled')
 
@@ -88,11 +90,41 @@ def _compiler_flag(name: str) -> bool:
     return bool(flag()) if flag is not None else False
 
 
+_WARNED = set()
+
+
+@torch.jit.ignore
+def _warn_once(key: str, message: str) -> None:
+    """One RuntimeWarning per process and ``key``."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+@torch.jit.ignore
+def _note_graph_form() -> None:
+    """Warn once where the slower graph forms run instead of the kernels for a reason other than a trace or
+    an export (which record the graph forms by design): inside torch.func transforms."""
+    if _functorch_active():
+        _warn_once('functorch', 'timm_lambda: inside torch.func transforms the position lambdas run as plain tensor '
+                                'ops (the kernels have no batching rules): correct, but slower and with more memory '
+                                'than in eager mode (docs/execution_modes.md)')
+
+
 @torch.jit.ignore
 def _functorch_active() -> bool:
     """True inside a ``torch.func`` transform (grad, vmap, jacrev, jvp, ...)."""
     active = getattr(torch._C, '_are_functorch_transforms_active', None)
     return bool(active()) if active is not None else False
+
+
+def warn_torchscript() -> None:
+    """Called when a layer is scripted (``__prepare_scriptable__``): once per process, say that TorchScript runs
+    the graph forms (a scripted model must load without this package's custom operators)."""
+    _warn_once('torchscript', 'timm_lambda: TorchScript runs the position lambdas as plain tensor ops (a scripted '
+                              'model must load without this package\'s custom operators): inference is fine, training '
+                              'is 4-5x slower per lambda layer than eager mode or torch.compile '
+                              '(docs/execution_modes.md)')
 
 
 def tile_window(kernel_h: int, kernel_w: int) -> int:
@@ -152,6 +184,9 @@ def _run_kernel(op, tensors: Sequence[Tensor], *args):
 def _graph_vjp(graph, inputs: Tuple[Tensor, ...], args: tuple, grad: Tensor, needs: Sequence[bool]):
     """Vector-Jacobian product of ``graph(*inputs, *args)`` that is itself differentiable: a kernel's
     backward when higher-order gradients are requested (``create_graph=True``)."""
+    _warn_once('create_graph', 'timm_lambda: higher-order gradients (create_graph=True) differentiate the plain-op '
+                               'form of the position lambdas: correct, but slower and with more memory than the '
+                               'first-order kernels (docs/execution_modes.md)')
     with torch.enable_grad():
         out = graph(*inputs, *args)
     wrt = [x for x, need in zip(inputs, needs) if need]
@@ -273,20 +308,31 @@ def _dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, global_
 # M = s (T - 1) + K, with query (qy, qx) at window position (s qy, s qx) (s = step) -> y [G, T T h, V]
 
 
-def _banded_graph(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int) -> Tensor:
+def _banded_graph(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int,
+                  kernel_size: Optional[List[int]] = None) -> Tensor:
     """The tiled contraction in plain ops: windows by two index gathers, logits by one matmul with the
-    block embedding (:func:`~.relative_embedding.block_embedding`), then one batched GEMM."""
+    block embedding (:func:`~.relative_embedding.block_embedding`), then one batched GEMM. ``kernel_size``:
+    the table's ``[K_h, K_w]`` as Python ints where they are fixed (see ``block_embedding``)."""
     g, t, h, c = q.shape[0], q.shape[1], q.shape[3], q.shape[4]
     b, hv, cv = vp.shape[0], vp.shape[1], vp.shape[3]
-    u, kh, kw = table.shape[1], table.shape[2], table.shape[3]
+    u = table.shape[1]
+    if kernel_size is None:
+        kh, kw = table.shape[2], table.shape[3]
+    else:
+        kh, kw = kernel_size[0], kernel_size[1]
     dv = cv // u
     mh, mw = step * (t - 1) + kh, step * (t - 1) + kw
+    # every window position of every block as one index into the flattened values: one gather whose rows
+    # are whole channel vectors, in block order (a permute of gathered windows would make torch.export guard
+    # on the number of blocks being 1 and specialise the input size)
     dev = vp.device
-    rows = (torch.arange(blocks_y, device=dev)[:, None] * (step * t) + torch.arange(mh, device=dev)).reshape(-1)
-    cols = (torch.arange(blocks_x, device=dev)[:, None] * (step * t) + torch.arange(mw, device=dev)).reshape(-1)
-    w = vp.index_select(2, cols).reshape(b, hv, blocks_x, mw, cv).index_select(1, rows)
-    w = w.reshape(b, blocks_y, mh, blocks_x, mw, cv).permute(0, 1, 3, 2, 4, 5).reshape(g, mh * mw * u, dv)
-    emb = block_embedding(table, t, step).to(q.dtype)  # [T T, c, M u]
+    by = torch.arange(blocks_y, device=dev) * (step * t)
+    bx = torch.arange(blocks_x, device=dev) * (step * t)
+    rows = by[:, None, None, None] + torch.arange(mh, device=dev)[None, None, :, None]  # [by, 1, my, 1]
+    cols = bx[None, :, None, None] + torch.arange(mw, device=dev)[None, None, None, :]  # [1, bx, 1, mx]
+    index = (rows * vp.shape[2] + cols).reshape(blocks_y * blocks_x * mh * mw)
+    w = vp.reshape(b, hv * vp.shape[2], cv).index_select(1, index).reshape(g, mh * mw * u, dv)
+    emb = block_embedding(table, t, step, kernel_size).to(q.dtype)  # [T T, c, M u]
     logits = torch.matmul(q.reshape(g, t * t, h, c), emb).reshape(g, t * t * h, mh * mw * u)
     return torch.bmm(logits, w.to(logits.dtype))
 
@@ -467,18 +513,36 @@ def _pooled_table(kernel: Tensor) -> Tensor:
 
 
 def _tiled(q: Tensor, v: Tensor, kernel: Tensor, height: int, width: int, stride: int, count_include_pad: bool,
-           kernels: bool) -> Tensor:
-    """The tiled form, average-pooled (3x3, stride 2, padding 1) when ``stride == 2``: ``[B, h, V, n_out]``."""
+           kernels: bool, kernel_size: Optional[List[int]] = None) -> Tensor:
+    """The tiled form, average-pooled (3x3, stride 2, padding 1) when ``stride == 2``: ``[B, h, V, n_out]``.
+    ``kernel_size``: the kernel's ``[K_h, K_w]`` as Python ints where they are fixed (a local scope)."""
+    if stride == 1 or kernels:
+        return _tiled_blocks(q, v, kernel, height, width, stride, count_include_pad, kernels, kernel_size)
+    # graphs compute the full map and pool it: the pooled contraction's logits matmul (9 |k| deep, on small
+    # per-query GEMMs) costs more in onnxruntime than the 4x larger full-resolution one plus AveragePool
+    b, h, dv = q.shape[0], q.shape[1], v.shape[2]
+    y = _tiled_blocks(q, v, kernel, height, width, 1, count_include_pad, kernels, kernel_size)
+    y = F.avg_pool2d(y.reshape(b, h * dv, height, width), 3, 2, 1, count_include_pad=count_include_pad)
+    return y.reshape(b, h, dv, y.shape[-2] * y.shape[-1])
+
+
+def _tiled_blocks(q: Tensor, v: Tensor, kernel: Tensor, height: int, width: int, stride: int,
+                  count_include_pad: bool, kernels: bool, kernel_size: Optional[List[int]]) -> Tensor:
     b, h, k, n = q.shape
     u, dv = v.shape[1], v.shape[2]
-    kh, kw = kernel.shape[-2], kernel.shape[-1]
-    qn = q.reshape(b, h * k, height, width).permute(0, 2, 3, 1)  # channels last
-    vn = v.reshape(b, u * dv, height, width).permute(0, 2, 3, 1)
+    if kernel_size is None:
+        kh, kw = kernel.shape[-2], kernel.shape[-1]
+    else:
+        kh, kw = kernel_size[0], kernel_size[1]
+    # pads on the contiguous NCHW maps, then one permute each (a pad of a permuted tensor makes torch.export
+    # guard on sizes of 1 and specialise the input size)
+    qn = q.reshape(b, h * k, height, width)
     if stride == 1:
         t, step, table, c = _tile(), 1, kernel, k
         ho, wo = height, width
         blocks_y, blocks_x = (ho + t - 1) // t, (wo + t - 1) // t
-        qb = F.pad(qn, [0, 0, 0, blocks_x * t - width, 0, blocks_y * t - height])
+        qb = F.pad(qn, [0, blocks_x * t - width, 0, blocks_y * t - height])
+        qb = qb.reshape(b, h, k, blocks_y, t, blocks_x, t).permute(0, 3, 5, 4, 6, 1, 2)  # [B, by, bx, T, T, h, k]
         pad_y, pad_x = (kh - 1) // 2, (kw - 1) // 2  # values before the first query's window
     else:
         # output o averages inputs 2 o - 1 .. 2 o + 1: its queries are the 3x3 patch (d, k) of q, its table the
@@ -486,30 +550,34 @@ def _tiled(q: Tensor, v: Tensor, kernel: Tensor, height: int, width: int, stride
         t, step, table, c = _pooled_tile(), 2, _pooled_table(kernel), 9 * k
         ho, wo = (height + 1) // 2, (width + 1) // 2
         blocks_y, blocks_x = (ho + t - 1) // t, (wo + t - 1) // t
-        qp = F.pad(qn, [0, 0, 1, 2 * blocks_x * t - width, 1, 2 * blocks_y * t - height])
+        qp = F.pad(qn, [1, 2 * blocks_x * t - width, 1, 2 * blocks_y * t - height])
         patch: List[Tensor] = []
         for dy in range(3):
             for dx in range(3):
-                patch.append(qp[:, dy:dy + 2 * blocks_y * t:2, dx:dx + 2 * blocks_x * t:2]
-                             .reshape(b, blocks_y * t, blocks_x * t, h, k))
-        qb = torch.cat(patch, -1)
+                patch.append(qp[:, :, dy:dy + 2 * blocks_y * t:2, dx:dx + 2 * blocks_x * t:2])
+        qb = torch.stack(patch, 2).reshape(b, h, k, 9, blocks_y, t, blocks_x, t)
+        qb = qb.permute(0, 4, 6, 5, 7, 1, 3, 2)  # [B, by, bx, T, T, h, 9, k]
         pad_y, pad_x = (kh - 1) // 2 + 1, (kw - 1) // 2 + 1
-    qb = qb.reshape(b, blocks_y, t, blocks_x, t, h, c).permute(0, 1, 3, 2, 4, 5, 6)
     qb = qb.reshape(b * blocks_y * blocks_x, t, t, h, c)
-    mh, mw = step * (t - 1) + table.shape[-2], step * (t - 1) + table.shape[-1]
-    vp = F.pad(vn, [0, 0, pad_x, step * t * (blocks_x - 1) + mw - width - pad_x,
-                    pad_y, step * t * (blocks_y - 1) + mh - height - pad_y])
+    table_size = [kh + 2 * (step - 1), kw + 2 * (step - 1)]  # the pooled table is 2 larger
+    mh, mw = step * (t - 1) + table_size[0], step * (t - 1) + table_size[1]
+    vp = F.pad(v.reshape(b, u * dv, height, width), [pad_x, step * t * (blocks_x - 1) + mw - width - pad_x,
+                                                    pad_y, step * t * (blocks_y - 1) + mh - height - pad_y])
+    vp = vp.permute(0, 2, 3, 1)  # channels last: a window's rows (my, mx, u) are whole channel vectors
     if kernels:
         y = _banded_kernel(qb, vp, table, step, blocks_y, blocks_x)
     else:
-        y = _banded_graph(qb, vp, table.to(qb.dtype), step, blocks_y, blocks_x)
-    y = y.reshape(b, blocks_y, blocks_x, t, t, h * dv).permute(0, 1, 3, 2, 4, 5)
-    y = y.reshape(b, blocks_y * t, blocks_x * t, h * dv)[:, :ho, :wo].permute(0, 3, 1, 2)  # [B, h V, Ho, Wo]
+        y = _banded_graph(qb, vp, table.to(qb.dtype), step, blocks_y, blocks_x,
+                          None if kernel_size is None else table_size)
+    # back to the output positions by one gather of whole rows (not a permute: see _banded_graph)
+    oy, ox = torch.arange(ho, device=y.device), torch.arange(wo, device=y.device)
+    row = ((oy // t) * blocks_x)[:, None] * (t * t) + (oy % t)[:, None] * t + ((ox // t) * (t * t) + ox % t)[None, :]
+    y = y.reshape(b, blocks_y * blocks_x * t * t, h * dv).index_select(1, row.reshape(ho * wo))
+    y = y.permute(0, 2, 1).reshape(b, h * dv, ho, wo)
     if stride == 2:
         if count_include_pad:
             y = y / 9
         else:  # average over the in-image inputs of each output
-            oy, ox = torch.arange(ho, device=y.device), torch.arange(wo, device=y.device)
             in_rows = 3 - (oy == 0).to(y.dtype) - (2 * oy + 1 >= height).to(y.dtype)
             in_cols = 3 - (ox == 0).to(y.dtype) - (2 * ox + 1 >= width).to(y.dtype)
             y = y / (in_rows[:, None] * in_cols[None, :])
@@ -520,13 +588,16 @@ def _tiled(q: Tensor, v: Tensor, kernel: Tensor, height: int, width: int, stride
 
 
 def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, impl: str,
-                     global_scope: bool, stride: int = 1, count_include_pad: bool = False) -> Tensor:
+                     global_scope: bool, stride: int = 1, count_include_pad: bool = False,
+                     table_size: Optional[List[int]] = None) -> Tensor:
     """``y_n^h = (lambda^p_n)^T q_n^h`` for every query: ``q [B, h, k, n], v [B, u, V, n] -> [B, h, V, n]``.
 
     ``table`` is the relative embedding ``[k, u, R_h, R_w]`` (:class:`RelativePositionEmbedding`), ``impl``
     one of :data:`POSITION_IMPLS`. ``stride=2``: the result average-pooled (3x3, stride 2, padding 1;
-    ``count_include_pad`` as ``nn.AvgPool2d``), ``[B, h, V, ceil(H/2) ceil(W/2)]``. An FX leaf: its Python size
-    logic runs at call time, not at trace time.
+    ``count_include_pad`` as ``nn.AvgPool2d``), ``[B, h, V, ceil(H/2) ceil(W/2)]``. ``table_size``: the table's
+    ``[R_h, R_w]`` as Python ints (a layer knows them at construction): inside ``jit.trace`` a local scope's
+    block embedding then becomes a constant that onnxruntime folds. An FX leaf: its Python size logic runs at
+    call time, not at trace time.
     """
     if global_scope and not torch.jit.is_tracing() and (
             2 * height - 1 > table.shape[-2] or 2 * width - 1 > table.shape[-1]):
@@ -535,9 +606,12 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
                          f'with a larger max_size (img_size) or use a local scope')
     impl = choose_impl(impl, height, width, tile_window(table.shape[-2], table.shape[-1]), global_scope)
     kernels = _use_kernels()
+    if not kernels and not torch.jit.is_scripting() and (impl == 'dense' or impl == 'tiled'):
+        _note_graph_form()
     if impl == 'tiled':
         kernel = relative_kernel(table, height, width, global_scope)
-        return _tiled(q, v, kernel, height, width, stride, count_include_pad, kernels)
+        return _tiled(q, v, kernel, height, width, stride, count_include_pad, kernels,
+                      None if global_scope else table_size)
     if impl == 'dense':
         y = _dense(q, v, table, height, width, global_scope, kernels)
     elif impl == 'einsum':

@@ -16,14 +16,14 @@ uses. They are written with shape arithmetic only (no data-dependent Python bran
 """
 import collections
 import operator
-from typing import Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
 __all__ = ['RelativePositionEmbedding', 'check_scope', 'relative_kernel', 'dense_embedding', 'dense_embedding_cached',
-           'block_embedding', 'to_int', 'to_pair']
+           'block_embedding', 'block_index', 'to_int', 'to_pair']
 
 Size2 = Tuple[int, int]
 
@@ -195,7 +195,44 @@ def _dense_index(height: int, width: int, table_h: int, table_w: int, masked: bo
     return index
 
 
-def block_embedding(table: torch.Tensor, tile: int, step: int = 1) -> torch.Tensor:
+def block_index(tile: int, step: int, kernel_h: int, kernel_w: int, device: torch.device) -> torch.Tensor:
+    """Gather index of :func:`block_embedding`: ``[T*T * M_h * M_w]``, entry ``(qy, qx, my, mx)`` the flat kernel
+    position ``(my - step qy, mx - step qx)``, or ``K_h K_w`` (a zero slot) outside the kernel."""
+    mh, mw = step * (tile - 1) + kernel_h, step * (tile - 1) + kernel_w
+    q = torch.arange(tile, device=device)
+    ey = torch.arange(mh, device=device)[None, :] - step * q[:, None]  # [qy, my]: kernel row
+    ex = torch.arange(mw, device=device)[None, :] - step * q[:, None]  # [qx, mx]: kernel column
+    inside = ((ey >= 0) & (ey < kernel_h))[:, None, :, None] & ((ex >= 0) & (ex < kernel_w))[None, :, None, :]
+    index = torch.where(inside, ey[:, None, :, None] * kernel_w + ex[None, :, None, :], kernel_h * kernel_w)
+    return index.reshape(tile * tile * mh * mw)
+
+
+_BLOCK_INDEX_CACHE: 'collections.OrderedDict[tuple, torch.Tensor]' = collections.OrderedDict()
+
+
+@torch.jit.unused
+def _block_index_cached(tile: int, step: int, kernel_h: int, kernel_w: int, device: torch.device) -> torch.Tensor:
+    """:func:`block_index` built once per kernel size (outside inference mode, at most 16 kept): a constant in
+    traces and exports, so that onnxruntime folds the whole block embedding of a local scope at load time."""
+    if torch.compiler.is_compiling():  # Dynamo (compile, export): plain ops, no global state to mutate
+        return block_index(tile, step, kernel_h, kernel_w, device)
+    key = (tile, step, kernel_h, kernel_w, str(device))
+    index = _BLOCK_INDEX_CACHE.get(key)
+    if index is None:
+        tracing = torch._C._get_tracing_state()  # built outside a jit.trace in progress: a constant of the trace
+        torch._C._set_tracing_state(None)
+        try:
+            with torch.inference_mode(False), torch.no_grad():
+                index = _BLOCK_INDEX_CACHE[key] = block_index(tile, step, kernel_h, kernel_w, device)
+        finally:
+            torch._C._set_tracing_state(tracing)
+        while len(_BLOCK_INDEX_CACHE) > 16:
+            _BLOCK_INDEX_CACHE.popitem(last=False)
+    return index
+
+
+def block_embedding(table: torch.Tensor, tile: int, step: int = 1,
+                    kernel_size: Optional[List[int]] = None) -> torch.Tensor:
     """Embeddings between the queries of a ``tile x tile`` block and the block's context window, as the
     right-hand side of one matmul: ``[T*T, c, M_h * M_w * u]`` for a table ``[c, u, K_h, K_w]``, with
     ``M = step (T - 1) + K`` (the block plus a halo of the kernel radius) and columns in ``(my, mx, u)`` order.
@@ -204,14 +241,17 @@ def block_embedding(table: torch.Tensor, tile: int, step: int = 1) -> torch.Tens
     that is outside the table. By translation equivariance (section 3.3) the same matrix serves every block
     of every input. ``step=2`` places query ``q`` at window position ``2 q``: the pooled tiled form, whose
     table holds the nine shifted kernels of a 3x3 average pool (see :mod:`.position_lambda`).
+    ``kernel_size``: ``[K_h, K_w]`` as Python ints where the table's size is fixed (a local scope) but its
+    shape would be traced (``jit.trace``): the gather index is then a constant of the trace.
     """
-    c, u, kh, kw = table.shape
+    c, u = table.shape[0], table.shape[1]
+    if kernel_size is not None and not torch.jit.is_scripting():
+        kh, kw = kernel_size[0], kernel_size[1]
+        index = _block_index_cached(tile, step, kh, kw, table.device)
+    else:
+        kh, kw = table.shape[2], table.shape[3]
+        index = block_index(tile, step, kh, kw, table.device)
     mh, mw = step * (tile - 1) + kh, step * (tile - 1) + kw
-    q = torch.arange(tile, device=table.device)
-    ey = torch.arange(mh, device=table.device)[None, :] - step * q[:, None]  # [qy, my]: table row
-    ex = torch.arange(mw, device=table.device)[None, :] - step * q[:, None]  # [qx, mx]: table column
-    inside = ((ey >= 0) & (ey < kh))[:, None, :, None] & ((ex >= 0) & (ex < kw))[None, :, None, :]
-    index = torch.where(inside, ey[:, None, :, None] * kw + ex[None, :, None, :], kh * kw)  # slot kh kw: zero
     flat = F.pad(table.permute(0, 2, 3, 1).reshape(c, kh * kw, u), [0, 0, 0, 1])  # [c, K + 1, u]
-    e = flat.index_select(1, index.reshape(tile * tile * mh * mw)).reshape(c, tile * tile, mh * mw * u)
+    e = flat.index_select(1, index).reshape(c, tile * tile, mh * mw * u)
     return e.transpose(0, 1)

@@ -1,0 +1,155 @@
+"""Whole models in the execution modes users run: evaluation under torch.inference_mode() before and between
+training steps, empty batches, torch.func per-sample gradients, and (slow) torch.compile as timm's
+``train.py --torchcompile`` and mmengine's ``compile=True`` use it. The layer-level checks of every form
+against the per-query reference are in tests/test_position_lambda.py."""
+import pytest
+import timm
+import torch
+from torch import nn
+
+import timm_lambda
+from timm_lambda.layers import LambdaLayer
+
+
+def _input_size(name):
+    cfg = timm.models.get_pretrained_cfg(name)
+    return tuple(cfg.input_size) if cfg is not None else (3, 224, 224)
+
+
+@pytest.mark.parametrize('name', timm_lambda.registered_models())
+def test_empty_batch_gives_timms_shapes(name):
+    """timm's resnet50 returns [0, num_classes] for an empty batch in eval mode; so does every model of ours."""
+    model = timm.create_model(name, num_classes=7).eval()
+    with torch.no_grad():
+        out = model(torch.randn(0, *_input_size(name)))
+    assert out.shape == (0, 7)
+
+
+@pytest.mark.parametrize('name,kw,size', [
+    ('lambdaresnet50', dict(layers=(1, 1, 1, 1), lambda_blocks=(None, None, 'all', 'all')), 96),
+    ('resnet50_lambda_global32', {}, 32),
+    ('mobilenetv2_100_lambda', {}, 64),
+])
+def test_inference_mode_before_and_between_training_steps(name, kw, size):
+    """Evaluation first (Lightning's validate-then-fit, timm's benchmark.py --bench both), then training steps,
+    evaluation between them, at the same size: every step trains."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=5, **kw)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(2, 3, size, size)
+    for _ in range(2):
+        model.eval()
+        with torch.inference_mode():
+            model(x)
+        with torch.no_grad():
+            model(x)
+        model.train()
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), torch.tensor([1, 3]))
+        loss.backward()
+        opt.step()
+        assert torch.isfinite(loss)
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+
+
+def test_per_sample_gradients_of_a_model():
+    """torch.func per-sample gradients (vmap over grad over functional_call) of a LambdaResNet with GroupNorm
+    (see tests/test_position_lambda.py for why not BatchNorm) equal gradients taken one sample at a time."""
+    torch.manual_seed(0)
+    model = timm.create_model('lambdaresnet50', layers=(1, 1, 1, 1), lambda_blocks=(None, None, 'all', 'all'),
+                              norm_layer='groupnorm1', num_classes=3).double().eval()
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    y = torch.tensor([0, 2])
+    params = {n: p.detach() for n, p in model.named_parameters()}
+
+    def loss(p, xi, yi):
+        return nn.functional.cross_entropy(torch.func.functional_call(model, p, (xi[None],)), yi[None])
+
+    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    for i in range(2):
+        model.zero_grad()
+        loss(dict(model.named_parameters()), x[i], y[i]).backward()
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(per_sample[n][i], p.grad, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize('impl', ['dense', 'tiled'])
+def test_double_backward_through_a_model(impl):
+    """A gradient penalty (create_graph=True, then backward) through a LambdaResNet: equal to the einsum
+    reference's."""
+    def penalty_grads(impl):
+        torch.manual_seed(0)
+        model = timm.create_model('lambdaresnet50', layers=(1, 1, 1, 1), lambda_blocks=(None, None, 'all', 'all'),
+                                  num_classes=3, impl=impl).double().train()
+        x = torch.randn(2, 3, 64, 64, dtype=torch.float64, requires_grad=True)
+        out = model(x).square().sum()
+        (gx,) = torch.autograd.grad(out, x, create_graph=True)
+        (out + gx.square().sum()).backward()
+        return [p.grad for p in model.parameters()]
+
+    for got, want in zip(penalty_grads(impl), penalty_grads('einsum')):
+        torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10)
+
+
+# --- torch.compile end to end -------------------------------------------------------------------------------
+
+def _train_steps(model, steps=3, seed=0):
+    """SGD steps of timm's train.py kind on a fixed batch: the losses and the final parameters."""
+    torch.manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = torch.randn(4, 3, 64, 64), torch.randint(0, 10, (4,))
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.slow
+def test_train_py_torchcompile_flow():
+    """train.py --torchcompile: create_model, torch.compile(model) (inductor), then train: the compiled
+    model's losses and parameters track the eager model's over three steps; the lambda layers run their
+    kernels inside the compiled graph (no fallback to plain ops)."""
+    def small():
+        torch.manual_seed(0)
+        return timm.create_model('lambdaresnet50', num_classes=10, layers=(1, 1, 1, 1),
+                                 lambda_blocks=(None, None, 'all', 'all')).train()
+
+    eager_losses, eager_params = _train_steps(small())
+    torch._dynamo.reset()
+    compiled_losses, compiled_params = _train_steps(torch.compile(small()))
+    assert compiled_losses == pytest.approx(eager_losses, rel=1e-3)
+    for a, b in zip(compiled_params, eager_params):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_mmengine_compile_true_on_a_shrunk_table14_config(tmp_path):
+    """MMDetection's Mask R-CNN from the Table 14 config (shrunk: 64 px, one block per stage, batch 2) with
+    mmengine's ``compile=True`` (torch.compile of the model's train_step): its losses follow the eager
+    run's, iteration by iteration."""
+    import _det  # noqa: F401  (skips without the [det] extra)
+    import os.path as osp
+    from mmengine.runner import Runner
+    from timm_lambda_mmdet.quickstart import build_config
+    from timm_lambda_mmdet.synthetic_coco import make_coco_dataset
+    from _mmdet_helpers import CONFIG_DIR
+
+    data = make_coco_dataset(str(tmp_path / 'data'), num_train=8, num_val=2, image_size=96, seed=0)
+    config = osp.join(CONFIG_DIR, 'mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco.py')
+    losses = {}
+    for mode in ('eager', 'compile'):
+        cfg = build_config(data, str(tmp_path / mode), config, image_size=64, batch_size=2, iters=3, warmup_iters=2,
+                           log_interval=1, model_kwargs=dict(layers=(1, 1, 1, 1), lambda_blocks=(None, None, 'all', 'all')))
+        cfg.compile = mode == 'compile'
+        cfg.train_dataloader.num_workers = 0
+        cfg.train_dataloader.persistent_workers = False
+        torch._dynamo.reset()
+        runner = Runner.from_cfg(cfg)
+        runner.train()
+        losses[mode] = list(runner.message_hub.get_scalar('train/loss').data[0])
+    assert len(losses['compile']) == 3
+    assert losses['compile'] == pytest.approx(losses['eager'], rel=2e-3)
