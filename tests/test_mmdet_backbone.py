@@ -198,6 +198,21 @@ def test_pretrained_checkpoint_errors(tmp_path):
         b.init_weights()
     with pytest.raises(ValueError, match='use_ema'):
         build(init_cfg=dict(type='Pretrained', checkpoint='x.pth', ema=True))
+    for bad in ('', 3, ['x.pth']):
+        with pytest.raises(ValueError, match='init_cfg.checkpoint must be a file path'):
+            build(init_cfg=dict(type='Pretrained', checkpoint=bad))
+
+
+def test_checkpoint_none_trains_from_scratch():
+    """dict(type='Pretrained', checkpoint=None), the configs' default, is timm's from-scratch initialisation."""
+    torch.manual_seed(0)
+    scratch = build(init_cfg=None).body.state_dict()
+    torch.manual_seed(0)
+    b = build(init_cfg=dict(type='Pretrained', checkpoint=None))
+    b.init_weights()
+    assert b.is_init
+    for k, v in b.body.state_dict().items():
+        assert torch.equal(v, scratch[k]), k
 
 
 def test_backbone_1024_lambdaresnet101_cpu():

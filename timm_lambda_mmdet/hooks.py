@@ -51,8 +51,8 @@ class PreflightHook(Hook):
                 f'the checkpoint does not match the model ({type(model).__name__}): {len(missing)} missing keys '
                 f'{missing[:6]}{" ..." if len(missing) > 6 else ""}, {len(unexpected)} unexpected keys '
                 f'{unexpected[:6]}{" ..." if len(unexpected) > 6 else ""}. Is it a checkpoint of this config? '
-                "(A timm ImageNet checkpoint belongs in model.backbone.init_cfg=dict(type='Pretrained', "
-                "checkpoint=...); set custom_hooks PreflightHook(strict_checkpoint=False) to load partially.)")
+                "(A timm ImageNet checkpoint belongs in model.backbone.init_cfg.checkpoint, e.g. --cfg-options "
+                "model.backbone.init_cfg.checkpoint=PATH; set custom_hooks PreflightHook(strict_checkpoint=False) to load partially.)")
 
 
 def _check_writable(path: Optional[str], what: str) -> None:
