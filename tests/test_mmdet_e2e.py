@@ -296,3 +296,24 @@ def test_pretrained_backbone_route_of_the_readme(dataset, timm_train_checkpoint,
     assert f'Loaded 408 tensors of lambdaresnet50 from {path} (EMA weights where present)' in out, out[-3000:]
     state = torch.load(osp.join(work, 'iter_1.pth'), map_location='cpu', weights_only=True)['state_dict']
     _assert_backbone_is(state, ema, raw)
+
+
+def test_empty_checkpoint_names_the_file(dataset, tmp_path):
+    """An empty checkpoint (an interrupted save or copy) for tools/test.py and for --resume: an error naming the
+    file and the setting before the run, instead of torch's bare EOFError."""
+    empty = tmp_path / 'empty.pth'
+    empty.write_bytes(b'')
+    rc, out = run(python_m('timm_lambda_mmdet', 'test', CONFIG, str(empty), '--work-dir', str(tmp_path / 't'),
+                           '--cfg-options') + options(dataset), timeout=300)
+    assert rc != 0
+    assert f"load_from (the config's, or tools/test.py CHECKPOINT): checkpoint file '{empty}' is empty" in out, \
+        out[-3000:]
+    work = tmp_path / 'work'
+    work.mkdir()
+    (work / 'iter_2.pth').write_bytes(b'')
+    (work / 'last_checkpoint').write_text(str(work / 'iter_2.pth'))  # as mmengine's CheckpointHook writes it
+    rc, out = run(python_m('timm_lambda_mmdet', 'train', CONFIG, '--work-dir', str(work), '--resume',
+                           '--cfg-options') + options(dataset, max_iters=3), timeout=300)
+    assert rc != 0
+    assert f"checkpoint file '{work / 'iter_2.pth'}' is empty" in out and 'resume' in out, out[-3000:]
+    assert 'Iter(train)' not in out

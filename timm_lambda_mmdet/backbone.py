@@ -12,6 +12,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmdet.registry import MODELS
 
+from .checkpoint_compat import check_checkpoint_file
+
 __all__ = ['TimmLambdaResNet', 'norm_layer_from_cfg', 'load_timm_checkpoint']
 
 # Stride of the deepest feature map (c5); inputs must be padded to it.
@@ -222,7 +224,14 @@ def load_timm_checkpoint(feature_net: nn.Module, path: str, model_name: Optional
     """
     from timm.models import load_state_dict
     logger = MMLogger.get_current_instance()
-    state = load_state_dict(_local_file(path), use_ema=use_ema, device=map_location)
+    local = _local_file(path)
+    check_checkpoint_file(local, 'init_cfg.checkpoint')
+    try:
+        state = load_state_dict(local, use_ema=use_ema, device=map_location)
+    except Exception as e:  # a truncated pickle fails anywhere (EOFError, IndexError, ...): name the file
+        kind = 'safetensors' if type(e).__name__ == 'SafetensorError' else 'a checkpoint'
+        raise ValueError(f'init_cfg.checkpoint {path}: cannot read the file as {kind} '
+                         f'({type(e).__name__}: {e})') from e
     if prefix:
         state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         if not state:
