@@ -24,9 +24,9 @@ class PreflightHook(Hook):
       checkpoint of another architecture, or a timm ImageNet state dict, would be scored with untrained heads.
       ``strict_checkpoint=False`` keeps mmengine's behaviour.
     * ``before_run``: the checkpoint to load (``load_from``, the test checkpoint, ``--resume``'s) must not be
-      empty or a truncated zip (an error names the file instead of torch's bare ``EOFError``); every output file of the built test/val evaluators (mmdet ``tools/test.py --out``,
-      ``CocoMetric.outfile_prefix``) must be in an existing, writable directory, checked before the
-      evaluation runs rather than after it.
+      empty or a truncated zip (an error names the file instead of torch's bare ``EOFError``); every output
+      file of the built test/val evaluators (mmdet ``tools/test.py --out``, ``CocoMetric.outfile_prefix``)
+      must be in an existing, writable directory, checked before the evaluation runs rather than after it.
     """
     priority = 'VERY_HIGH'
 
@@ -70,8 +70,9 @@ class PreflightHook(Hook):
                 f'the checkpoint does not match the model ({type(model).__name__}): {len(missing)} missing keys '
                 f'{missing[:6]}{" ..." if len(missing) > 6 else ""}, {len(unexpected)} unexpected keys '
                 f'{unexpected[:6]}{" ..." if len(unexpected) > 6 else ""}. Is it a checkpoint of this config? '
-                "(A timm ImageNet checkpoint belongs in model.backbone.init_cfg.checkpoint, e.g. --cfg-options "
-                "model.backbone.init_cfg.checkpoint=PATH; set custom_hooks PreflightHook(strict_checkpoint=False) to load partially.)")
+                '(A timm ImageNet checkpoint belongs in model.backbone.init_cfg.checkpoint, e.g. --cfg-options '
+                'model.backbone.init_cfg.checkpoint=PATH; set custom_hooks PreflightHook(strict_checkpoint=False) '
+                'to load partially.)')
 
 
 def _check_writable(path: Optional[str], what: str) -> None:

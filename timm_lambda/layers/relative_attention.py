@@ -26,9 +26,9 @@
   values that are not masked out, and HaloAttn's tables have ``2k - 1`` rows of which a one-pixel block uses
   ``k``. A stride of 2 is the same 3x3 average pool after the attention.
 
-Size-dependent code sits in :func:`relative_table`, :func:`upsample_to` and :func:`nonempty_batch`, FX leaves (``torch.fx.wrap``
-here, :func:`timm.layers.register_notrace_function` for timm's feature extraction), so an FX graph runs
-at every input size; the modules are TorchScript-scriptable.
+Size-dependent code sits in :func:`relative_table`, :func:`upsample_to` and :func:`nonempty_batch`, FX leaves
+(``torch.fx.wrap`` here, :func:`timm.layers.register_notrace_function` for timm's feature extraction), so an FX
+graph runs at every input size; the modules are TorchScript-scriptable.
 """
 import types
 from typing import Optional, Tuple
