@@ -235,15 +235,17 @@ def _outputs_and_grads(layer, x, mask, unseen):
 
 @pytest.mark.parametrize('value', [1e20, 1e38, 3e38, -3e38, float('inf'), float('nan')])
 @pytest.mark.parametrize('key_norm', ['softmax', 'none'])
-@pytest.mark.parametrize('mask_kind', ['default', 'causal', 'random'],
-                         ids=['default_causal', 'explicit_causal_mask', 'explicit_random_mask'])
-def test_masked_causal_for_overflowing_inputs(value, key_norm, mask_kind):
+@pytest.mark.parametrize('mask_kind,scope', [('default', None), ('default', 3), ('causal', None), ('random', None),
+                                             ('random', 5)],
+                         ids=['default_causal', 'default_causal_scope3', 'explicit_causal_mask',
+                              'explicit_random_mask', 'explicit_random_mask_scope5'])
+def test_masked_causal_for_overflowing_inputs(value, key_norm, mask_kind, scope):
     """A huge or non-finite input at position m leaves every query that does not see m (and its gradients:
     input, projections, embedding table) as with a clean input. Overflowing keys/values must not enter
     the masked queries' contractions with weight 0 (0 x inf = NaN), in the forward or the backward."""
     torch.manual_seed(0)
     N, m = 10, 6
-    layer = MaskedLambdaLayer1d(16, dim_k=8, heads=4, max_len=16, key_norm=key_norm, scope=None)
+    layer = MaskedLambdaLayer1d(16, dim_k=8, heads=4, max_len=16, key_norm=key_norm, scope=scope)
     mask = _mask_for(mask_kind, N)
     if mask_kind == 'random':
         mask = _random_mask(N, seed=5, p=0.6)
