@@ -222,3 +222,54 @@ def test_general_mask_falls_back_exactly_when_keys_underflow():
     out = layer(x, mask)
     ref = masked_lambda_reference(layer, x.double(), mask)
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def _outputs_and_grads(layer, x, mask, unseen):
+    """Outputs, and the input and parameter gradients of a loss on the queries ``unseen`` only."""
+    layer.zero_grad()
+    xg = x.clone().requires_grad_(True)
+    y = layer(xg, mask)
+    (y[:, unseen].square().sum() + y[:, unseen].sum()).backward()
+    return y.detach(), xg.grad, {name: p.grad.clone() for name, p in layer.named_parameters()}
+
+
+@pytest.mark.parametrize('value', [1e20, 1e38, 3e38, -3e38, float('inf'), float('nan')])
+@pytest.mark.parametrize('key_norm', ['softmax', 'none'])
+@pytest.mark.parametrize('mask_kind,scope', [('default', None), ('default', 3), ('causal', None), ('random', None),
+                                             ('random', 5)],
+                         ids=['default_causal', 'default_causal_scope3', 'explicit_causal_mask',
+                              'explicit_random_mask', 'explicit_random_mask_scope5'])
+def test_masked_causal_for_overflowing_inputs(value, key_norm, mask_kind, scope):
+    """A huge or non-finite input at position m leaves every query that does not see m (and its gradients:
+    input, projections, embedding table) as with a clean input. Overflowing keys/values must not enter
+    the masked queries' contractions with weight 0 (0 x inf = NaN), in the forward or the backward."""
+    torch.manual_seed(0)
+    N, m = 10, 6
+    layer = MaskedLambdaLayer1d(16, dim_k=8, heads=4, max_len=16, key_norm=key_norm, scope=scope)
+    mask = _mask_for(mask_kind, N)
+    if mask_kind == 'random':
+        mask = _random_mask(N, seed=5, p=0.6)
+    ctx = _mask_for('causal', N) if mask is None else mask
+    eye = torch.eye(N, dtype=torch.bool)
+    unseen = (~(ctx | eye)[:, m]).nonzero().flatten()  # queries that see neither x_m nor are m
+    unused = ~(ctx | eye)[unseen].any(0)  # inputs that no such query sees (m among them)
+    assert 4 <= len(unseen) < N - 1 and unused[m]
+    x = torch.randn(2, N, 16)
+    x_bad = x.clone()
+    x_bad[0, m] = value  # a whole position
+    x_bad[1, m, 3] = value  # one feature
+    y, gx, gp = _outputs_and_grads(layer, x, mask, unseen)
+    y_bad, gx_bad, gp_bad = _outputs_and_grads(layer, x_bad, mask, unseen)
+    if mask is None:  # the prefix-sum path: nothing of position m reaches earlier queries at all
+        assert torch.equal(y_bad[:, unseen], y[:, unseen])
+    torch.testing.assert_close(y_bad[:, unseen], y[:, unseen], rtol=1e-6, atol=1e-6)
+    assert torch.isfinite(y_bad[:, unseen]).all()
+    # explicit masks: the huge key moves the shared shift (the exact per-query fallback runs), so float32
+    # rounding differs; a leak gives NaN or O(1) differences
+    tol = dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gx_bad, gx, **tol)
+    assert (gx_bad[:, unused] == 0).all() and (gx[:, unused] == 0).all()
+    assert gp_bad.keys() == gp.keys() and 'rel_emb' in gp
+    for name in gp:
+        assert torch.isfinite(gp_bad[name]).all(), name
+        torch.testing.assert_close(gp_bad[name], gp[name], **tol, msg=lambda s: f'{name}: {s}')

@@ -198,6 +198,39 @@ def test_pretrained_checkpoint_errors(tmp_path):
         b.init_weights()
     with pytest.raises(ValueError, match='use_ema'):
         build(init_cfg=dict(type='Pretrained', checkpoint='x.pth', ema=True))
+    for bad in ('', 3, ['x.pth']):
+        with pytest.raises(ValueError, match='init_cfg.checkpoint must be a file path'):
+            build(init_cfg=dict(type='Pretrained', checkpoint=bad))
+
+
+def test_unreadable_checkpoint_names_the_file(tmp_path):
+    """An empty or truncated file gave torch's bare EOFError (or miniz's / safetensors' message without a path)."""
+    torch.save(timm.create_model('lambdaresnet50').state_dict(), tmp_path / 'full.pth')
+    data = (tmp_path / 'full.pth').read_bytes()
+    torch.save({'a': torch.zeros(100)}, tmp_path / 'legacy.pth', _use_new_zipfile_serialization=False)
+    files = {'empty.pth': b'', 'empty.safetensors': b'', 'truncated.pth': data[:len(data) // 2],
+             'truncated_legacy.pth': (tmp_path / 'legacy.pth').read_bytes()[:300], 'garbage.safetensors': b'x' * 64}
+    problems = {'empty.pth': r'is empty \(0 bytes\)', 'empty.safetensors': r'is empty \(0 bytes\)',
+                'truncated.pth': 'is truncated', 'truncated_legacy.pth': 'cannot read the file as a checkpoint',
+                'garbage.safetensors': 'cannot read the file as safetensors'}
+    for name, content in files.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        b = build(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+        with pytest.raises(ValueError, match=rf'init_cfg.checkpoint.*{path}.*{problems[name]}'):
+            b.init_weights()
+
+
+def test_checkpoint_none_trains_from_scratch():
+    """dict(type='Pretrained', checkpoint=None), the configs' default, is timm's from-scratch initialisation."""
+    torch.manual_seed(0)
+    scratch = build(init_cfg=None).body.state_dict()
+    torch.manual_seed(0)
+    b = build(init_cfg=dict(type='Pretrained', checkpoint=None))
+    b.init_weights()
+    assert b.is_init
+    for k, v in b.body.state_dict().items():
+        assert torch.equal(v, scratch[k]), k
 
 
 def test_backbone_1024_lambdaresnet101_cpu():

@@ -55,7 +55,7 @@ def test_schedule_matches_paper_appendix_f3():
     assert cfg.model.neck.norm_cfg.type == 'SyncBN'
     assert cfg.model.roi_head.bbox_head.norm_cfg.type == 'SyncBN'
     assert cfg.model.roi_head.mask_head.norm_cfg.type == 'SyncBN'
-    assert cfg.model.backbone.init_cfg is None
+    assert cfg.model.backbone.init_cfg == dict(type='Pretrained', checkpoint=None)  # from scratch
     assert cfg.val_evaluator.metric == ['bbox', 'segm']
     # checks that fail early; no CPU-only convenience in the production config
     assert cfg.custom_hooks == [dict(type='PreflightHook')]
@@ -151,3 +151,29 @@ def test_images_without_objects_and_odd_sizes():
     assert res[0].pred_instances.masks.shape[-2:] == (70, 90)
     with pytest.raises(ValueError, match='pad_size_divisor'):
         model.backbone(torch.zeros(1, 3, 70, 90))
+
+
+def test_pretrained_backbone_route_merges_from_child_config_and_cfg_options(tmp_path):
+    """The README's route: the base config's dict-valued init_cfg (checkpoint=None: from scratch) accepts a child
+    config's init_cfg and --cfg-options keys (a None base made both a mmengine TypeError); a string init_cfg is an
+    error that names the right spelling."""
+    import argparse
+    from mmengine.config import DictAction
+    base = osp.join(CONFIG_DIR, 'mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco.py')
+    child = tmp_path / 'child.py'
+    child.write_text(f"_base_ = {base!r}\n"
+                     "model = dict(backbone=dict(init_cfg=dict(type='Pretrained', checkpoint='w.pth')))\n")
+    assert Config.fromfile(str(child)).model.backbone.init_cfg == dict(type='Pretrained', checkpoint='w.pth')
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)  # as mmdet's tools/train.py
+    for opts, expected in [(['model.backbone.init_cfg.type=Pretrained', 'model.backbone.init_cfg.checkpoint=w.pth'],
+                            dict(type='Pretrained', checkpoint='w.pth')),
+                           (['model.backbone.init_cfg.checkpoint=w.pth', 'model.backbone.init_cfg.use_ema=False'],
+                            dict(type='Pretrained', checkpoint='w.pth', use_ema=False))]:
+        cfg = Config.fromfile(base)
+        cfg.merge_from_dict(parser.parse_args(['--cfg-options'] + opts).cfg_options)
+        assert cfg.model.backbone.init_cfg == expected
+    cfg = Config.fromfile(base)
+    cfg.merge_from_dict(parser.parse_args(['--cfg-options', 'model.backbone.init_cfg=w.pth']).cfg_options)
+    with pytest.raises(ValueError, match=r"init_cfg='w.pth' is a string.*model.backbone.init_cfg.checkpoint=PATH"):
+        MODELS.build(dict(cfg.model.backbone, model_name='lambdaresnet50'))

@@ -15,10 +15,10 @@ from _mmdet_helpers import CLASSES
 register_all_modules()
 
 
-def build(ann_file, classes=CLASSES, filter_empty_gt=True):
+def build(ann_file, classes=CLASSES, filter_empty_gt=True, **kw):
     return DATASETS.build(dict(type='CheckedCocoDataset', ann_file=str(ann_file), data_prefix=dict(img=''),
                                metainfo=dict(classes=classes), filter_cfg=dict(filter_empty_gt=filter_empty_gt),
-                               pipeline=[], test_mode=False))
+                               pipeline=[], test_mode=False, **kw))
 
 
 @pytest.fixture(scope='module')
@@ -42,8 +42,37 @@ def test_malformed_json_names_file_line_and_column(tmp_path, ann):
 def test_classes_matching_no_category(ann):
     with pytest.raises(ValueError, match=r"none of metainfo.classes \['person', 'car'\].*square"):
         build(ann, classes=('person', 'car'))
-    with pytest.warns(UserWarning, match=r"\['person'\] match no category"):
-        build(ann, classes=('square', 'person'))
+
+
+def test_misspelt_class_is_an_error_naming_it_and_the_categories(ann):
+    """One misspelt name among correct ones used to be a warning, and that class trained silently empty."""
+    with pytest.raises(ValueError, match=r"instances_train.json: metainfo.classes \['Star'\] match no category.*"
+                                         r"did you mean \{'Star': 'star'\}.*its categories: \['square', 'circle', "
+                                         r"'triangle', 'star'\].*allow_missing_classes=True"):
+        build(ann, classes=('square', 'circle', 'triangle', 'Star'))
+    full = build(ann)
+    with pytest.warns(UserWarning, match=r"\['Star'\] match no category"):
+        ds = build(ann, classes=('square', 'circle', 'triangle', 'Star'), allow_missing_classes=True)
+    assert ds.cat_ids == full.cat_ids[:3]  # on purpose: trains without the unmatched class
+    with pytest.raises(ValueError, match='allow_missing_classes must be True or False'):
+        build(ann, allow_missing_classes='yes')
+
+
+@pytest.mark.parametrize('content,problem', [
+    (lambda d: d['images'], 'holds a JSON array, not a COCO object'),
+    (lambda d: 'instances', 'holds a JSON string, not a COCO object'),
+    (lambda d: {k: v for k, v in d.items() if k != 'categories'}, r'has no list of categories .*its keys: '
+                                                                   r"\['annotations', 'images'"),
+    (lambda d: {k: v for k, v in d.items() if k not in ('images', 'categories')}, 'has no list of images and '
+                                                                                  'categories'),
+], ids=['list', 'string', 'no_categories', 'no_images'])
+def test_annotation_file_that_is_not_coco_names_the_file(tmp_path, ann, content, problem):
+    """Instead of pycocotools' AssertionError ('annotation file format <class 'list'> not supported') and
+    mmdet's KeyError: 'categories'."""
+    bad = tmp_path / 'bad.json'
+    bad.write_text(json.dumps(content(json.loads(open(ann).read()))))
+    with pytest.raises(ValueError, match=rf'{bad}: the annotation file {problem}'):
+        build(bad)
 
 
 def test_empty_after_filtering(tmp_path, ann):

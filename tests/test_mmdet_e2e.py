@@ -229,3 +229,91 @@ def test_weights_only_allow_list_is_narrow():
     buf.seek(0)
     back = torch.load(buf, weights_only=True)
     assert back['hb'].mean() == 1.5 and back['s'] == 2.5
+
+
+@pytest.fixture(scope='module')
+def timm_train_checkpoint(tmp_path_factory):
+    """A lambdaresnet50 checkpoint written by timm's CheckpointSaver as train.py does (``state_dict``,
+    ``state_dict_ema``, ``args``, ``optimizer``, ...), its EMA weights differing from the raw ones."""
+    import argparse
+    import timm
+    from timm.utils import CheckpointSaver, ModelEmaV3
+    torch.manual_seed(0)
+    model = timm.create_model('lambdaresnet50', num_classes=4)
+    ema = ModelEmaV3(model, decay=0.9999)
+    with torch.no_grad():
+        for v in ema.module.state_dict().values():
+            if v.is_floating_point():
+                v.add_(1)
+    out = str(tmp_path_factory.mktemp('timm_ckpt'))
+    saver = CheckpointSaver(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                            args=argparse.Namespace(model='lambdaresnet50'), model_ema=ema, checkpoint_dir=out,
+                            recovery_dir=out)
+    saver.save_checkpoint(epoch=0, metric=1.0)
+    path = osp.join(out, 'checkpoint-0.pth.tar')
+    ckpt = torch.load(path, map_location='cpu', weights_only=False)
+    assert {'state_dict', 'state_dict_ema', 'args', 'optimizer'} <= set(ckpt)
+    return path, ckpt['state_dict'], ckpt['state_dict_ema']
+
+
+def _assert_backbone_is(detector_state, expected, other):
+    """Every non-classifier tensor of the timm checkpoint sits in the detector's backbone (timm's features_only
+    model flattens ``stages.0`` to ``stages_0``), equal to ``expected`` and not to ``other``."""
+    n = 0
+    for k, v in expected.items():
+        if k.startswith('fc.'):
+            continue
+        parts = k.split('.')
+        key = next(c for c in ('backbone.body.' + k, 'backbone.body.' + '_'.join(parts[:2]) + '.' + '.'.join(parts[2:]))
+                   if c in detector_state)
+        assert torch.equal(detector_state[key], v), key
+        if v.is_floating_point():
+            assert not torch.equal(detector_state[key], other[k]), key
+        n += 1
+    assert n > 300
+
+
+@pytest.mark.parametrize('route', ['child_config', 'cfg_options'])
+def test_pretrained_backbone_route_of_the_readme(dataset, timm_train_checkpoint, tmp_path, route):
+    """The README's route for a timm ImageNet checkpoint, end to end through mmdet's train.py: a child config
+    ``model = dict(backbone=dict(init_cfg=dict(type='Pretrained', checkpoint=PATH)))`` or ``--cfg-options
+    model.backbone.init_cfg.type=Pretrained model.backbone.init_cfg.checkpoint=PATH`` loads the EMA weights
+    (timm's load_checkpoint default). The backbone is frozen so that the saved weights are the loaded ones."""
+    path, raw, ema = timm_train_checkpoint
+    extra = ['model.backbone.model_name=lambdaresnet50', 'model.backbone.frozen_stages=4']
+    config = CONFIG
+    if route == 'child_config':
+        config = str(tmp_path / 'child.py')
+        with open(config, 'w') as f:
+            f.write(f'_base_ = {CONFIG!r}\n'
+                    f"model = dict(backbone=dict(init_cfg=dict(type='Pretrained', checkpoint={path!r})))\n")
+    else:
+        extra += ['model.backbone.init_cfg.type=Pretrained', f'model.backbone.init_cfg.checkpoint={path}']
+    work = str(tmp_path / 'work')
+    rc, out = run([sys.executable, osp.join(MMDET_TOOLS, 'train.py'), config, '--work-dir', work, '--cfg-options']
+                  + options(dataset, max_iters=1) + extra)
+    assert rc == 0, out[-4000:]
+    assert f'Loaded 408 tensors of lambdaresnet50 from {path} (EMA weights where present)' in out, out[-3000:]
+    state = torch.load(osp.join(work, 'iter_1.pth'), map_location='cpu', weights_only=True)['state_dict']
+    _assert_backbone_is(state, ema, raw)
+
+
+def test_empty_checkpoint_names_the_file(dataset, tmp_path):
+    """An empty checkpoint (an interrupted save or copy) for tools/test.py and for --resume: an error naming the
+    file and the setting before the run, instead of torch's bare EOFError."""
+    empty = tmp_path / 'empty.pth'
+    empty.write_bytes(b'')
+    rc, out = run(python_m('timm_lambda_mmdet', 'test', CONFIG, str(empty), '--work-dir', str(tmp_path / 't'),
+                           '--cfg-options') + options(dataset), timeout=300)
+    assert rc != 0
+    assert f"load_from (the config's, or tools/test.py CHECKPOINT): checkpoint file '{empty}' is empty" in out, \
+        out[-3000:]
+    work = tmp_path / 'work'
+    work.mkdir()
+    (work / 'iter_2.pth').write_bytes(b'')
+    (work / 'last_checkpoint').write_text(str(work / 'iter_2.pth'))  # as mmengine's CheckpointHook writes it
+    rc, out = run(python_m('timm_lambda_mmdet', 'train', CONFIG, '--work-dir', str(work), '--resume',
+                           '--cfg-options') + options(dataset, max_iters=3), timeout=300)
+    assert rc != 0
+    assert f"checkpoint file '{work / 'iter_2.pth'}' is empty" in out and 'resume' in out, out[-3000:]
+    assert 'Iter(train)' not in out

@@ -12,6 +12,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmdet.registry import MODELS
 
+from .checkpoint_compat import check_checkpoint_file
+
 __all__ = ['TimmLambdaResNet', 'norm_layer_from_cfg', 'load_timm_checkpoint']
 
 # Stride of the deepest feature map (c5); inputs must be padded to it.
@@ -75,8 +77,9 @@ class TimmLambdaResNet(BaseModule):
             ImageNet checkpoint through timm's own loading (``.pth``/``.safetensors``, ``state_dict``/``model``
             wrappers, ``module.`` prefixes, the EMA weights when the file has them; ``use_ema=False`` takes the
             raw ones); the classifier is dropped and every other key must match (an error names the
-            mismatches). ``prefix='backbone.'`` loads the backbone of a detector checkpoint. ``None``: train
-            from scratch.
+            mismatches). ``prefix='backbone.'`` loads the backbone of a detector checkpoint. ``None``, or
+            ``checkpoint=None`` (the configs' default, so that a child config or ``--cfg-options
+            model.backbone.init_cfg.checkpoint=PATH`` can fill it in): train from scratch.
     """
 
     def __init__(self,
@@ -89,14 +92,22 @@ class TimmLambdaResNet(BaseModule):
                  size_divisor: Optional[int] = _OUTPUT_STRIDE,
                  model_kwargs: Optional[dict] = None,
                  init_cfg: Optional[dict] = None):
+        if isinstance(init_cfg, str):
+            raise ValueError(f'init_cfg={init_cfg!r} is a string; the checkpoint goes in init_cfg.checkpoint: '
+                             "init_cfg=dict(type='Pretrained', checkpoint=PATH) in a config, or "
+                             '--cfg-options model.backbone.init_cfg.checkpoint=PATH')
         if init_cfg is not None:
             if not isinstance(init_cfg, dict) or init_cfg.get('type') != 'Pretrained' or 'checkpoint' not in init_cfg:
                 raise ValueError("init_cfg must be None (train from scratch) or dict(type='Pretrained', "
-                                 f'checkpoint=PATH), got {init_cfg!r}')
+                                 f'checkpoint=PATH or None), got {init_cfg!r}')
             unknown = set(init_cfg) - {'type', 'checkpoint', 'prefix', 'use_ema', 'map_location'}
             if unknown:
                 raise ValueError(f'init_cfg has unknown keys {sorted(unknown)}; accepted: checkpoint, prefix, '
                                  'use_ema, map_location')
+            checkpoint = init_cfg['checkpoint']
+            if checkpoint is not None and (not isinstance(checkpoint, str) or not checkpoint):
+                raise ValueError('init_cfg.checkpoint must be a file path or URL (or None: train from scratch), '
+                                 f'got {checkpoint!r}')
         super().__init__(init_cfg=init_cfg)
         if not isinstance(model_name, str) or not timm.is_model(model_name):
             raise ValueError(f'model_name={model_name!r} is not a timm model; available LambdaResNets: '
@@ -182,7 +193,7 @@ class TimmLambdaResNet(BaseModule):
 
     # ----------------------------------------------------- pretrained weights
     def init_weights(self):
-        if self.init_cfg is not None:
+        if self.init_cfg is not None and self.init_cfg['checkpoint'] is not None:
             cfg = self.init_cfg
             load_timm_checkpoint(self.body, cfg['checkpoint'], model_name=self.model_name,
                                  prefix=cfg.get('prefix'), use_ema=cfg.get('use_ema', True),
@@ -213,7 +224,14 @@ def load_timm_checkpoint(feature_net: nn.Module, path: str, model_name: Optional
     """
     from timm.models import load_state_dict
     logger = MMLogger.get_current_instance()
-    state = load_state_dict(_local_file(path), use_ema=use_ema, device=map_location)
+    local = _local_file(path)
+    check_checkpoint_file(local, 'init_cfg.checkpoint')
+    try:
+        state = load_state_dict(local, use_ema=use_ema, device=map_location)
+    except Exception as e:  # a truncated pickle fails anywhere (EOFError, IndexError, ...): name the file
+        kind = 'safetensors' if type(e).__name__ == 'SafetensorError' else 'a checkpoint'
+        raise ValueError(f'init_cfg.checkpoint {path}: cannot read the file as {kind} '
+                         f'({type(e).__name__}: {e})') from e
     if prefix:
         state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         if not state:

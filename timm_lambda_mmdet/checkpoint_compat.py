@@ -16,7 +16,9 @@ a real Runner checkpoint and loading it with ``weights_only=True``
 """
 import collections
 import importlib
+import os.path as osp
 import pickle
+import zipfile
 
 import numpy as np
 import torch
@@ -91,3 +93,20 @@ def register_safe_globals():
     globs = mmengine_checkpoint_globals()
     add(globs)
     return globs
+
+
+def check_checkpoint_file(path: str, what: str) -> None:
+    """Errors naming ``what`` (the setting) and the file for a local checkpoint that is missing, empty or a
+    truncated zip (torch's format), instead of torch's bare ``EOFError`` or miniz's "failed finding central
+    directory". URLs are left to the downloader."""
+    if '://' in str(path):
+        return
+    if not osp.isfile(path):
+        raise FileNotFoundError(f"{what}: checkpoint file '{path}' does not exist")
+    if osp.getsize(path) == 0:
+        raise ValueError(f"{what}: checkpoint file '{path}' is empty (0 bytes); was its save or copy interrupted?")
+    with open(path, 'rb') as f:
+        is_zip_start = f.read(4) == b'PK\x03\x04'
+    if is_zip_start and not zipfile.is_zipfile(path):
+        raise ValueError(f"{what}: checkpoint file '{path}' is truncated (a zip archive without its end); was its "
+                         'save or copy interrupted?')

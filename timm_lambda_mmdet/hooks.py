@@ -9,6 +9,8 @@ from mmengine.runner import BaseLoop
 
 from mmdet.registry import HOOKS
 
+from .checkpoint_compat import check_checkpoint_file
+
 __all__ = ['PreflightHook']
 
 
@@ -21,9 +23,10 @@ class PreflightHook(Hook):
       ``ValueError`` names the missing and unexpected keys. mmengine itself only logs them and goes on, so a
       checkpoint of another architecture, or a timm ImageNet state dict, would be scored with untrained heads.
       ``strict_checkpoint=False`` keeps mmengine's behaviour.
-    * ``before_run``: every output file of the built test/val evaluators (mmdet ``tools/test.py --out``,
-      ``CocoMetric.outfile_prefix``) must be in an existing, writable directory, checked before the
-      evaluation runs rather than after it.
+    * ``before_run``: the checkpoint to load (``load_from``, the test checkpoint, ``--resume``'s) must not be
+      empty or a truncated zip (an error names the file instead of torch's bare ``EOFError``); every output
+      file of the built test/val evaluators (mmdet ``tools/test.py --out``, ``CocoMetric.outfile_prefix``)
+      must be in an existing, writable directory, checked before the evaluation runs rather than after it.
     """
     priority = 'VERY_HIGH'
 
@@ -31,12 +34,28 @@ class PreflightHook(Hook):
         self.strict_checkpoint = strict_checkpoint
 
     def before_run(self, runner) -> None:
+        self._check_checkpoint_to_load(runner)
         for loop in (getattr(runner, '_test_loop', None), getattr(runner, '_val_loop', None)):
             if not isinstance(loop, BaseLoop) or getattr(loop, 'evaluator', None) is None:
                 continue
             for metric in loop.evaluator.metrics:
                 for attr in ('out_file_path', 'outfile_prefix'):
                     _check_writable(getattr(metric, attr, None), f'{type(metric).__name__}.{attr}')
+
+    @staticmethod
+    def _check_checkpoint_to_load(runner) -> None:
+        """The file mmengine's ``load_or_resume`` (after ``before_run``) will read must exist and be readable."""
+        load_from, resume = getattr(runner, '_load_from', None), getattr(runner, '_resume', False)
+        if getattr(runner, '_has_loaded', False) or not (load_from or resume):
+            return
+        if resume and load_from is None:
+            from mmengine.runner import find_latest_checkpoint
+            load_from = find_latest_checkpoint(runner.work_dir)  # None: mmengine starts from scratch
+            what = f'resume (the last checkpoint of work_dir {runner.work_dir})'
+        else:
+            what = 'resume' if resume else 'load_from (the config\'s, or tools/test.py CHECKPOINT)'
+        if load_from:
+            check_checkpoint_file(load_from, what)
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         if not self.strict_checkpoint:
@@ -51,8 +70,9 @@ class PreflightHook(Hook):
                 f'the checkpoint does not match the model ({type(model).__name__}): {len(missing)} missing keys '
                 f'{missing[:6]}{" ..." if len(missing) > 6 else ""}, {len(unexpected)} unexpected keys '
                 f'{unexpected[:6]}{" ..." if len(unexpected) > 6 else ""}. Is it a checkpoint of this config? '
-                "(A timm ImageNet checkpoint belongs in model.backbone.init_cfg=dict(type='Pretrained', "
-                "checkpoint=...); set custom_hooks PreflightHook(strict_checkpoint=False) to load partially.)")
+                '(A timm ImageNet checkpoint belongs in model.backbone.init_cfg.checkpoint, e.g. --cfg-options '
+                'model.backbone.init_cfg.checkpoint=PATH; set custom_hooks PreflightHook(strict_checkpoint=False) '
+                'to load partially.)')
 
 
 def _check_writable(path: Optional[str], what: str) -> None:

@@ -12,10 +12,12 @@ log-sum-exps (causal: exact for any key magnitude) or a mask contraction (genera
 Choice: no batch norm on queries and values here (unlike the 2-D layer). Batch statistics over
 the sequence would let future positions influence the present in training mode.
 
-Non-finite inputs: a position whose input holds a NaN or Inf is zeroed before the contractions (so
-``0 x NaN`` cannot reach queries that do not see it) and every query whose context contains it, or
-whose own input is non-finite, outputs NaN. The output at ``n`` depends only on inputs in ``C_n`` and
-on ``x_n`` for any input values.
+Non-finite values: a position whose input holds a NaN or Inf, or whose key, value (or, without key
+normalisation, key-value product) overflows, is zeroed (selected out, never multiplied by a 0 mask, so
+neither ``0 x inf`` nor an overflowing gradient can reach queries that do not see it) and every query
+whose context contains it outputs NaN; so does a query whose own input or query overflows, or whose
+lambda overflows. The outputs at ``n`` and their gradients depend only on inputs in ``C_n`` and on
+``x_n`` for any input values.
 """
 from typing import Optional
 
@@ -26,6 +28,13 @@ from .lambda_layer import check_bool, check_choice
 from .relative_embedding import to_int
 
 __all__ = ['MaskedLambdaLayer1d']
+
+
+def _zero_nonfinite(t: torch.Tensor, lead: int = 2):
+    """``t`` with every position (its first ``lead`` dims) that holds a non-finite entry set to 0, and the
+    bool map of those positions. A selection (masked_fill), so no ``0 x inf`` reaches the backward."""
+    bad = ~torch.isfinite(t).flatten(lead).all(-1)
+    return t.masked_fill(bad.reshape(bad.shape + (1,) * (t.dim() - lead)), 0), bad
 
 
 class MaskedLambdaLayer1d(nn.Module):
@@ -97,7 +106,9 @@ class MaskedLambdaLayer1d(nn.Module):
         maxima over the masked logits ([b, n, m, k], the fallback pays that memory)."""
         ek = (k - k.amax(dim=1, keepdim=True).detach()).exp()
         maskf = mask.to(ek.dtype)
-        num = torch.einsum('nm,bmk,bmv->bnkv', maskf, ek, v)
+        # per-position products first (|ek| <= 1, finite), then a constant-mask contraction: the backward
+        # never forms (masked query) x (value) products
+        num = torch.einsum('nm,bmkv->bnkv', maskf, ek.unsqueeze(-1) * v.unsqueeze(-2))
         den = torch.einsum('nm,bmk->bnk', maskf, ek)
         nonempty = mask.any(dim=1)[None, :, None]
         if bool(((den < torch.finfo(den.dtype).eps ** 2) & nonempty).any()):
@@ -106,8 +117,12 @@ class MaskedLambdaLayer1d(nn.Module):
             e = (logits - torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))).exp()
             den = e.sum(dim=2, keepdim=True)
             weights = e / torch.where(den > 0, den, torch.ones_like(den))  # empty context: 0, finite grads
+            weights = weights.masked_fill(~mask[None, :, :, None], 0)  # drops the masked pairs' gradients
             return torch.einsum('bnmk,bmv->bnkv', weights, v)
-        return num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)  # empty context: 0
+        over = torch.isinf(num)  # an overflowing sum: inf, with a finite division backward
+        num = num.masked_fill(over, 0)
+        out = num / torch.where(den > 0, den, torch.ones_like(den)).unsqueeze(-1)  # empty context: 0
+        return out.masked_fill(over, float('inf'))
 
     def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         if x.dim() != 3 or x.shape[-1] != self.dim:
@@ -121,19 +136,23 @@ class MaskedLambdaLayer1d(nn.Module):
         elif mask.shape != (N, N):
             raise ValueError(f'mask must have shape [N, N] = [{N}, {N}], got {tuple(mask.shape)}')
         mask = mask.to(torch.bool)
-        # Non-finite inputs stay inside the contexts that contain them (see the module docstring).
-        bad = ~torch.isfinite(x).all(dim=-1)  # [B, N]
-        x = x.masked_fill(bad.unsqueeze(-1), 0)
-        poisoned = (mask.unsqueeze(0) & bad.unsqueeze(1)).any(dim=-1) | bad  # [B, n]
-        q = self.to_q(x).reshape(B, N, self.heads, self.dim_k)
+        # Non-finite or overflowing positions stay inside the contexts that contain them (module docstring).
+        x, bad = _zero_nonfinite(x)  # [B, N]
+        q, bad_q = _zero_nonfinite(self.to_q(x).reshape(B, N, self.heads, self.dim_k))
         k = self.to_k(x)
         k = k.to(torch.promote_types(k.dtype, torch.float32))  # >= float32, keeps float64
         v = self.to_v(x)
-
-        # content lambdas: sum_{m in C_n} w_nm k_m v_m^T with keys normalised within C_n
+        kv_bad = ~(torch.isfinite(k).all(-1) & torch.isfinite(v).all(-1))
+        k, v = k.masked_fill(kv_bad.unsqueeze(-1), 0), v.masked_fill(kv_bad.unsqueeze(-1), 0)
         vk = v.to(k.dtype)
         if self.key_norm != 'softmax':
-            mu = torch.einsum('bmk,bmv->bmkv', k, vk)
+            mu, mu_bad = _zero_nonfinite(torch.einsum('bmk,bmv->bmkv', k, vk))  # k_m v_m^T may overflow
+            kv_bad = kv_bad | mu_bad
+        bad = bad | kv_bad
+        poisoned = (mask.unsqueeze(0) & bad.unsqueeze(1)).any(dim=-1) | bad | bad_q  # [B, n]
+
+        # content lambdas: sum_{m in C_n} w_nm k_m v_m^T with keys normalised within C_n
+        if self.key_norm != 'softmax':
             content_lambdas = mu.cumsum(1) if use_cumsum else torch.einsum('nm,bmkv->bnkv', mask.to(mu.dtype), mu)
         elif use_cumsum:
             content_lambdas = self._causal_softmax_lambdas(k, vk)
@@ -147,8 +166,10 @@ class MaskedLambdaLayer1d(nn.Module):
         keep = mask
         if self.scope is not None:
             keep = keep & (offset.abs() <= self.scope // 2)
-        emb = self.rel_emb[offset + self.max_len - 1] * keep.unsqueeze(-1).to(self.rel_emb.dtype)  # [n, m, k]
+        # selected, not multiplied by the mask: a masked pair's (possibly overflowing) gradient is dropped
+        emb = self.rel_emb[offset + self.max_len - 1].masked_fill(~keep.unsqueeze(-1), 0)  # [n, m, k]
         position_lambdas = torch.einsum('nmk,bmv->bnkv', emb.to(v.dtype), v)
-        lambdas = content_lambdas + position_lambdas
-        y = torch.einsum('bnhk,bnkv->bnhv', q, lambdas.to(q.dtype)).reshape(B, N, self.heads * self.dim_v)
-        return y.masked_fill(poisoned.unsqueeze(-1), float('nan'))
+        # a lambda that overflows poisons its own query only (it sums that query's context)
+        lambdas, bad_lambda = _zero_nonfinite((content_lambdas + position_lambdas).to(q.dtype))
+        y = torch.einsum('bnhk,bnkv->bnhv', q, lambdas).reshape(B, N, self.heads * self.dim_v)
+        return y.masked_fill((poisoned | bad_lambda).unsqueeze(-1), float('nan'))

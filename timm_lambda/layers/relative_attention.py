@@ -26,10 +26,11 @@
   values that are not masked out, and HaloAttn's tables have ``2k - 1`` rows of which a one-pixel block uses
   ``k``. A stride of 2 is the same 3x3 average pool after the attention.
 
-Size-dependent code sits in :func:`relative_table` and :func:`upsample_to`, FX leaves (``torch.fx.wrap``
-here, :func:`timm.layers.register_notrace_function` for timm's feature extraction), so an FX graph runs
-at every input size; the modules are TorchScript-scriptable.
+Size-dependent code sits in :func:`relative_table`, :func:`upsample_to` and :func:`nonempty_batch`, FX leaves
+(``torch.fx.wrap`` here, :func:`timm.layers.register_notrace_function` for timm's feature extraction), so an FX
+graph runs at every input size; the modules are TorchScript-scriptable.
 """
+import types
 from typing import Optional, Tuple
 
 import torch
@@ -116,10 +117,28 @@ def upsample_to(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return F.interpolate(x, size=[ref.shape[-2], ref.shape[-1]], mode='bilinear', align_corners=False)
 
 
+def renamed(fn, name: str):
+    """A copy of the function ``fn`` named ``name``."""
+    out = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    out.__qualname__, out.__doc__ = name, fn.__doc__
+    return out
+
+
+def nonempty_batch(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or one zero sample when its batch is empty (timm's HaloAttn reshapes with ``-1``, which an
+    empty batch cannot infer); the caller keeps the first ``x.shape[0]`` outputs."""
+    B, C, H, W = x.shape
+    if B == 0:
+        return torch.cat([x, x.new_zeros(1, C, H, W)])
+    return x
+
+
 torch.fx.wrap('relative_table')
 torch.fx.wrap('upsample_to')
+torch.fx.wrap('nonempty_batch')
 register_notrace_function(relative_table)
 register_notrace_function(upsample_to)
+register_notrace_function(nonempty_batch)
 
 
 def add_relative_logits_2d(attn: torch.Tensor, q: torch.Tensor, table_h: torch.Tensor, table_w: torch.Tensor,
@@ -197,9 +216,10 @@ class RelPosSelfAttention2d(BottleneckAttn):
         B, C, H, W = x.shape
         x = self.qkv(x)
         q, k, v = torch.split(x, [self.dim_out_qk, self.dim_out_qk, self.dim_out_v], dim=1)
-        q = q.reshape(B * self.num_heads, self.dim_head_qk, -1).transpose(-1, -2) * self.scale  # [BN, HW, dk]
-        k = k.reshape(B * self.num_heads, self.dim_head_qk, -1)
-        v = v.reshape(B * self.num_heads, self.dim_head_v, -1).transpose(-1, -2)
+        # explicit H * W, not -1: an empty batch has no size to infer
+        q = q.reshape(B * self.num_heads, self.dim_head_qk, H * W).transpose(-1, -2) * self.scale  # [BN, HW, dk]
+        k = k.reshape(B * self.num_heads, self.dim_head_qk, H * W)
+        v = v.reshape(B * self.num_heads, self.dim_head_v, H * W).transpose(-1, -2)
         attn = add_relative_logits_2d(q @ k, q, self.pos_embed.height_rel, self.pos_embed.width_rel, H, W,
                                       'RelPosSelfAttention2d')
         attn = attn.softmax(dim=-1)
@@ -297,7 +317,8 @@ class LocalSelfAttention2d(HaloAttn):
     """Local self-attention over the ``kernel_size x kernel_size`` neighbourhood of every pixel (SASA).
 
     timm's :class:`~timm.layers.HaloAttn` with one-pixel query blocks and a halo of ``kernel_size // 2``
-    (its forward, parameters and initialisation unchanged); see the module docstring for where it
+    (its forward, parameters and initialisation unchanged; an empty batch runs it on one zero sample and
+    keeps none of it, as HaloAttn cannot reshape an empty batch); see the module docstring for where it
     differs from Ramachandran et al. (2019). Serves any input size.
 
     Args:
@@ -330,3 +351,9 @@ class LocalSelfAttention2d(HaloAttn):
     def extra_repr(self) -> str:
         return (f'num_heads={self.num_heads}, dim_head_qk={self.dim_head_qk}, dim_head_v={self.dim_head_v}, '
                 f'kernel_size={self.kernel_size}, stride={self.stride}')
+
+    # timm's forward, under a name of its own (TorchScript compiles a method by its function's name)
+    _halo_forward = renamed(HaloAttn.forward, '_halo_forward')
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._halo_forward(nonempty_batch(x))[:x.shape[0]]  # an empty batch gives an empty output

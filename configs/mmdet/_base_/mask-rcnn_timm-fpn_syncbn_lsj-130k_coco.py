@@ -63,7 +63,10 @@ model = dict(
         norm_cfg=norm_cfg,
         norm_eval=False,
         with_cp=False,
-        init_cfg=None),  # trained from scratch, as in the paper
+        # trained from scratch, as in the paper (checkpoint=None); a timm ImageNet checkpoint:
+        # model=dict(backbone=dict(init_cfg=dict(type='Pretrained', checkpoint=PATH))) in a child config,
+        # or --cfg-options model.backbone.init_cfg.checkpoint=PATH
+        init_cfg=dict(type='Pretrained', checkpoint=None)),
     neck=dict(in_channels=[256, 512, 1024, 2048], norm_cfg=norm_cfg),
     roi_head=dict(
         bbox_head=dict(norm_cfg=norm_cfg), mask_head=dict(norm_cfg=norm_cfg)))
