@@ -1,6 +1,6 @@
-"""Empty batches (detection pipelines and samplers produce them) through the layers and the models that have no
-LambdaLayer: the shapes a batch of one gives with 0 in front (timm's resnet50: [0, num_classes]), and a backward
-that gives every parameter a (zero) gradient."""
+"""Empty batches (detection pipelines and samplers produce them) through the layers and every registered model:
+the shapes a batch of one gives with 0 in front (timm's resnet50: [0, num_classes]), and a backward that gives
+every parameter a (zero) gradient. The lambda layer's own forms: tests/test_position_lambda.py."""
 import pytest
 import timm
 import torch
@@ -83,6 +83,32 @@ def test_model_empty_batch(name):
     assert tuple(timm.create_model('resnet18', num_classes=7).eval()(torch.randn(0, 3, 64, 64)).shape) == (0, 7)
     model.train()
     x = torch.randn(0, 3, 64, 64, requires_grad=True)
+    model(x).sum().backward()
+    assert x.grad.shape == x.shape
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def _lambda_models():
+    shallow, deep = [], []
+    for name in timm_lambda.registered_models():
+        if name in _SHALLOW + _DEEP:
+            continue
+        depth = ''.join(c for c in name.split('_')[0] if c.isdigit())
+        (deep if depth and int(depth) > 101 else shallow).append(name)
+    return shallow + [pytest.param(n, marks=pytest.mark.slow) for n in deep]
+
+
+@pytest.mark.parametrize('name', _lambda_models())
+def test_lambda_model_empty_batch(name):
+    """Every model with lambda layers, at its default input size: [0, num_classes] in eval mode, and a
+    training-mode backward that reaches every parameter."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=7).eval()
+    size = timm.models.get_pretrained_cfg(name).input_size
+    with torch.no_grad():
+        assert tuple(model(torch.randn(0, *size)).shape) == (0, 7)
+    model.train()
+    x = torch.randn(0, *size, requires_grad=True)
     model(x).sum().backward()
     assert x.grad.shape == x.shape
     assert all(p.grad is not None for p in model.parameters())
