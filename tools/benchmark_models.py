@@ -191,10 +191,10 @@ def cuda_comparison(device, repeats, backbone_batch, classifier_batch, sizes=(10
               ('classification', [('LambdaResNet-50', 'lambdaresnet50', {}),
                                   ("timm's lambda_resnet50ts", 'lambda_resnet50ts', {})],
                'classifier', classifier_batch, sizes[1])]
-    for dtype in (torch.float32, torch.bfloat16):
-        for which, models, kind, batch, size in groups:
-            built = {label: build(name, kw, kind, device) for label, name, kw in models}
-            x = torch.randn(batch, 3, size, size, device=device)
+    for which, models, kind, batch, size in groups:
+        built = {label: build(name, kw, kind, device) for label, name, kw in models}
+        x = torch.randn(batch, 3, size, size, device=device)
+        for dtype in (torch.float32, torch.bfloat16):
             steps = {}
             for label, m in built.items():
                 steps[(label, 'training step')] = train_step(m, x, dtype)
