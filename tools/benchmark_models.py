@@ -10,7 +10,7 @@ One command per comparison; each prints the times, the peak step memory and the 
 ``backbone`` builds the backbones as the detection configs do (timm ``features_only``, c2..c5, BN in training
 mode) and measures a training step (forward, a scalar loss over the four maps, backward), inference
 (forward under ``no_grad``) and the peak memory of the training step. ``--sizes 512 768 1024 --plot f.png``
-also plots time and memory against the input size. Method: timm_lambda/benchmark.py.
+also plots time and memory against the input size. Method: timm_lambda/benchmarks/measure.py.
 """
 import argparse
 import json
@@ -18,7 +18,7 @@ import json
 import torch
 
 import timm
-from timm_lambda.benchmark import interleaved_times, machine, median, peak_step_bytes
+from timm_lambda.benchmarks.measure import interleaved_times, machine, median, peak_step_bytes
 
 COMPARISONS = {
     # name: (candidate, baseline, batch, input size, what is built)
