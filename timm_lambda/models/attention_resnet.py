@@ -62,8 +62,8 @@ def _aa_mixer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, kappa=0.
     if in_size is not None:  # attention at the output resolution, halved again when downsampled
         size = tuple(math.ceil(s / stride) for s in in_size)
         size = tuple(math.ceil(s / 2) for s in size) if attn_downsample else size
-    return AugmentedConv2d(in_chs, out_chs, 3, stride, kappa=kappa, upsilon=upsilon, num_heads=num_heads,
-                           min_dim_head_k=min_dim_head_k, feat_size=size, attn_downsample=attn_downsample,
+    return AugmentedConv2d(in_chs, out_chs, 3, stride, kappa=kappa, upsilon=upsilon, heads=num_heads,
+                           min_dim_head_k=min_dim_head_k, max_size=size, attn_downsample=attn_downsample,
                            device=device, dtype=dtype)
 
 
