@@ -79,6 +79,8 @@ def _describe(name: str) -> str:
     return {
         'resnet50_lambda': 'vanilla ResNet-50, every 3x3 conv a lambda layer (Table 3)',
         'resnet50_lambda_u4': 'as above with \\|u\\|=4, scope 7x7 (Table 3)',
+        'resnet50_lambda_dli14': 'resnet50_lambda with d-li14/lambda.pytorch\'s position bias and padding-counted '
+                                 'pooling: the architecture of their ImageNet weights',
         'mobilenetv2_100_lambda': 'MobileNet-v2, blocks 10 and 16 lightweight lambda blocks (E.4.2, Table 17)',
         'aa_resnet34': 'AA-ResNet-34: first 3x3 conv of every c3-c5 block attention augmented, kappa=upsilon=0.25 (AA paper)',
         'aa_resnet50': 'AA-ResNet-50: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 (AA paper; Table 3)',

@@ -198,10 +198,14 @@ class AttentionResNet(ResNet):
 
 
 # Vanilla ResNet preprocessing at 224 px (AA paper: standard Inception augmentation; LambdaNetworks Tables 3 and 4:
-# the 90-epoch setup at 224 px).
+# the 90-epoch setup at 224 px). 'aa', 'global' and 'axial' size their relative tables for img_size and refuse
+# larger inputs: fixed_input_size (timm passes input_size on as img_size); 'local' serves any size.
 default_cfgs = generate_default_cfgs({
-    **{f'aa_resnet{d}.r224': cfg(interpolation='bilinear', **AA_PAPER) for d in (34, 50, 101, 152)},
-    **{f'resnet50_{k}.r224': cfg(interpolation='bilinear') for k in ('global_attn', 'axial_attn', 'local_attn7')},
+    **{f'aa_resnet{d}.r224': cfg(interpolation='bilinear', fixed_input_size=True, **AA_PAPER)
+       for d in (34, 50, 101, 152)},
+    'resnet50_global_attn.r224': cfg(interpolation='bilinear', fixed_input_size=True),
+    'resnet50_axial_attn.r224': cfg(interpolation='bilinear', fixed_input_size=True),
+    'resnet50_local_attn7.r224': cfg(interpolation='bilinear'),
 })
 
 

@@ -61,9 +61,10 @@ def _cifar10(pool: int, **kwargs):
 
 
 default_cfgs = generate_default_cfgs({
+    # global context: tables sized for 32x32, larger inputs refused (timm passes input_size on as img_size)
     'resnet50_lambda_global32.cifar10': _cifar10(
         1, description='resnet50_lambda with global context at 32x32: the CIFAR-10 reproduction report\'s model',
-        origin_url='https://github.com/joigalcar3/LambdaNetworks'),
+        origin_url='https://github.com/joigalcar3/LambdaNetworks', fixed_input_size=True),
     'resnet26_lambda_cifar.cifar10': _cifar10(4),
     'resnet50_lambda_cifar.cifar10': _cifar10(4),
 })
@@ -78,8 +79,8 @@ def resnet50_lambda_global32(pretrained: bool = False, **kwargs) -> LambdaResNet
     args = dict(layers=STAGE_DEPTHS[50], lambda_blocks=('all',) * 4, se_stages=(), scope='global',
                 shared_embeddings=True)
     args.update(kwargs)
-    if args['scope'] == 'global':
-        args.setdefault('img_size', 32)
+    if args['scope'] != 'global':  # a local scope serves any size: not a fixed-input-size model, no img_size
+        args['pretrained_cfg_overlay'] = dict(args.get('pretrained_cfg_overlay') or {}, fixed_input_size=False)
     return build_model_with_cfg(LambdaResNet, 'resnet50_lambda_global32', pretrained, **args)
 
 

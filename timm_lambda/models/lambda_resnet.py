@@ -16,6 +16,7 @@ Choices where the paper is ambiguous (tested in tests/test_models.py, listed in 
   36.9M, -152 51.4M, -101-C4 26.0M, -152-C4 35.1M. SE in every convolutional bottleneck
   (``se_stages=(0, 1, 2, 3)``, the literal reading of F.2) gives 47.4M for LambdaResNet-101.
 """
+import warnings
 from functools import partial
 from typing import Any, Optional, Sequence, Tuple, Union
 
@@ -32,7 +33,7 @@ from ..paper import LAMBDA_BLOCKS, RESOLUTIONS, RESOLUTIONS_C4, STAGE_DEPTHS
 from ._blocks import StageBlocks, norm_with_bn_args, stage_sizes
 from ._pretrained import RESNETRS_PAPER, cfg
 
-__all__ = ['LambdaResNet', 'norm_with_bn_args', 'stage_block_indices', 'checkpoint_filter_dli14', 'DLI14_TAG',
+__all__ = ['LambdaResNet', 'norm_with_bn_args', 'stage_block_indices', 'checkpoint_filter_dli14', 'DLI14_MODEL',
            'DLI14_MODEL_ARGS']
 
 StageSpec = Union[None, str, int, Sequence[int]]
@@ -182,17 +183,21 @@ def _resnet50_lambda(kwargs: dict, **variant):
 
 # d-li14/lambda.pytorch: the one public ImageNet-trained paper-faithful lambda network (LambdaResNet-50,
 # "78.208 / 93.820" top-1 / top-5, 14.995M parameters; README of the repository at commit 646de55). Its
-# architecture is resnet50_lambda with two conventions, which this tag turns on: a bias on the lambda
+# architecture, resnet50_lambda_dli14, is resnet50_lambda with two conventions: a bias on the lambda
 # convolution (position_bias) and a stride-2 average pooling that counts the zero padding. The checkpoint is
 # hosted outside GitHub (a OneDrive link on the project page): no URL here, the download is manual.
-DLI14_TAG = 'dli14_in1k'
+DLI14_MODEL = 'resnet50_lambda_dli14.in1k'
 DLI14_MODEL_ARGS = dict(position_bias=True, pool_count_include_pad=True)
 DLI14_PAGE = 'https://github.com/d-li14/lambda.pytorch'
+# Before the architecture had its own name, a tag of resnet50_lambda switched it on; still accepted, deprecated.
+_DEPRECATED_DLI14_TAG = 'dli14_in1k'
 
 
-def _dli14_cfg():
+def _dli14_cfg(*notes: str):
     return cfg(
         224, interpolation='bilinear', origin_url=DLI14_PAGE,
+        # d-li14/lambda.pytorch states no license (no LICENSE file, none in its README at 646de55): unknown.
+        license='unknown',
         description='LambdaResNet-50 trained on ImageNet-1k by Duo Li (d-li14/lambda.pytorch)',
         notes=('Their README: 78.208 top-1 / 93.820 top-5 on ImageNet val, 14.995M parameters, 6.576 GFLOPs; '
                'SGD lr 0.1, momentum 0.9, weight decay 1e-4, 130 epochs, cosine, batch 256, label smoothing 0.1.',
@@ -201,7 +206,7 @@ def _dli14_cfg():
                'converts the keys.',
                'Their evaluation transform is not stated: standard ImageNet eval assumed (bilinear resize to '
                '256, centre crop 224, ImageNet mean/std).',
-               'The repository states no license.'),
+               'The repository states no license.', *notes),
     )
 
 
@@ -217,8 +222,8 @@ def checkpoint_filter_dli14(state_dict: dict, model: Optional[nn.Module] = None)
     names) is unchanged. A checkpoint already in our keys passes through.
 
     With ``model`` given, a d-li14 checkpoint is refused (ValueError) unless the model was built with both of
-    their conventions (``position_bias=True``, ``pool_count_include_pad=True``, as the
-    ``resnet50_lambda.dli14_in1k`` tag does): the weights would load but the outputs would differ.
+    their conventions (``position_bias=True``, ``pool_count_include_pad=True``, as ``resnet50_lambda_dli14``
+    is): the weights would load but the outputs would differ.
     """
     for key in ('state_dict', 'model'):
         if isinstance(state_dict.get(key), dict):
@@ -243,8 +248,8 @@ def checkpoint_filter_dli14(state_dict: dict, model: Optional[nn.Module] = None)
         if wrong:
             raise ValueError(
                 'this is a d-li14/lambda.pytorch checkpoint: its lambda layers have a position bias and count the '
-                f"padding in their stride-2 pooling. Create 'resnet50_lambda.{DLI14_TAG}' (or pass "
-                'position_bias=True, pool_count_include_pad=True) to load it')
+                f"padding in their stride-2 pooling. Create '{DLI14_MODEL}' (formerly 'resnet50_lambda."
+                f"{_DEPRECATED_DLI14_TAG}'), or pass position_bias=True, pool_count_include_pad=True, to load it")
     return out
 
 
@@ -256,7 +261,8 @@ default_cfgs = generate_default_cfgs({
     **{f'resnetrs{d}_nose.r{r}': cfg(r, first_conv='conv1.0', **RESNETRS_PAPER)
        for d, rs in RESOLUTIONS.items() for r in rs},
     'resnet50_lambda.r224': _R224,
-    f'resnet50_lambda.{DLI14_TAG}': _dli14_cfg(),
+    f'resnet50_lambda.{_DEPRECATED_DLI14_TAG}': _dli14_cfg(f'Deprecated tag: create {DLI14_MODEL} instead.'),
+    DLI14_MODEL: _dli14_cfg(),
     'resnet50_lambda_u4.r224': _R224,
     'resnet50_lambda_k8.r224': _R224,
     'resnet50_lambda_shared.r224': _R224,
@@ -272,6 +278,16 @@ def _pretrained_tag(kwargs) -> Optional[str]:
     if isinstance(pretrained_cfg, dict):
         return pretrained_cfg.get('tag')
     return getattr(pretrained_cfg, 'tag', None)
+
+
+def _create_dli14(variant: str, pretrained: bool, **kwargs) -> LambdaResNet:
+    if pretrained:  # their weights are not downloadable: say where they are instead of timm's generic error
+        weights = resolve_pretrained_cfg(variant, kwargs.get('pretrained_cfg'), kwargs.get('pretrained_cfg_overlay'))
+        if not (weights.has_weights or weights.state_dict is not None):
+            raise RuntimeError(f'No pretrained weights exist for {DLI14_MODEL} in timm: download the checkpoint by '
+                               f'hand from {DLI14_PAGE} and pass pretrained_cfg_overlay=dict(file=PATH)')
+    return build_model_with_cfg(LambdaResNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_dli14,
+                                **_resnet50_lambda(kwargs, **DLI14_MODEL_ARGS))
 
 
 @register_model
@@ -402,24 +418,27 @@ def resnetrs420_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
 
 @register_model
 def resnet50_lambda(pretrained: bool = False, **kwargs) -> LambdaResNet:
-    """Vanilla ResNet-50 with every 3x3 convolution replaced by a lambda layer (Table 3, 15.0M).
+    """Vanilla ResNet-50 with every 3x3 convolution replaced by a lambda layer (Table 3 "Lambda layer", 15.0M).
 
-    ``resnet50_lambda.dli14_in1k`` builds it with d-li14/lambda.pytorch's two conventions (``position_bias``,
-    ``pool_count_include_pad``) and loads their ImageNet checkpoint with ``pretrained=True,
-    pretrained_cfg_overlay=dict(file=PATH)`` (keys converted by :func:`checkpoint_filter_dli14`).
+    The deprecated tag ``resnet50_lambda.dli14_in1k`` builds :func:`resnet50_lambda_dli14` (with a
+    DeprecationWarning), keeping its pretrained cfg.
     """
-    variant = {}
-    if _pretrained_tag(kwargs) == DLI14_TAG:
-        variant = DLI14_MODEL_ARGS
-        if pretrained:
-            resolved = resolve_pretrained_cfg('resnet50_lambda', kwargs.get('pretrained_cfg'),
-                                              kwargs.get('pretrained_cfg_overlay'))
-            if not (resolved.has_weights or resolved.state_dict is not None):
-                raise RuntimeError(
-                    f'No pretrained weights exist for resnet50_lambda.{DLI14_TAG} in timm: download the '
-                    f'checkpoint by hand from {DLI14_PAGE} and pass pretrained_cfg_overlay=dict(file=PATH)')
+    if _pretrained_tag(kwargs) == _DEPRECATED_DLI14_TAG:
+        warnings.warn(f"'resnet50_lambda.{_DEPRECATED_DLI14_TAG}' is deprecated: the architecture of "
+                      f"d-li14/lambda.pytorch's weights has its own name, create '{DLI14_MODEL}' instead",
+                      DeprecationWarning, stacklevel=3)  # the caller of timm.create_model
+        return _create_dli14('resnet50_lambda', pretrained, **kwargs)
     return build_model_with_cfg(LambdaResNet, 'resnet50_lambda', pretrained,
-                                pretrained_filter_fn=checkpoint_filter_dli14, **_resnet50_lambda(kwargs, **variant))
+                                pretrained_filter_fn=checkpoint_filter_dli14, **_resnet50_lambda(kwargs))
+
+
+@register_model
+def resnet50_lambda_dli14(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """resnet50_lambda with d-li14/lambda.pytorch's two conventions (``position_bias``,
+    ``pool_count_include_pad``): the architecture of their ImageNet LambdaResNet-50. Load their checkpoint with
+    ``timm.create_model('resnet50_lambda_dli14.in1k', pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``
+    (keys converted by :func:`checkpoint_filter_dli14`)."""
+    return _create_dli14('resnet50_lambda_dli14', pretrained, **kwargs)
 
 
 @register_model
