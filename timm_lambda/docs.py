@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, Dict, List
 
 from .paper import AA_TABLE3, AA_TABLE6, LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS, TABLE14, TABLE20, TABLE3
-from .recipes import all_recipes, mmdet_configs
+from .recipes import all_recipes, mmdet_config_name, mmdet_configs, mmdet_metafile
 
 __all__ = ['model_table', 'attention_tables', 'table14_table', 'recipes_table', 'README_BLOCKS', 'render_readme',
            'generated_files', 'TABLE3_MODELS', 'count_params', 'table3_rows', 'aa_rows']
@@ -146,7 +146,7 @@ def table14_table() -> str:
     lines = ['| config (configs/mmdet/) | backbone | paper box AP (s/m/l) | paper mask AP (s/m/l) |',
              '|---|---|---|---|']
     for row, model, box, box_sml, mask, mask_sml in TABLE14:
-        name = f"mask-rcnn_{model.replace('_nose', '-nose')}_fpn_syncbn_lsj-130k_coco.py"
+        name = mmdet_config_name(model)
         lines.append(f"| `{name}` (+ `_amp-` variant) | {row} (`{model}`) | {box} ({' / '.join(map(str, box_sml))}) "
                      f"| {mask} ({' / '.join(map(str, mask_sml))}) |")
     return '\n'.join(lines)
@@ -188,5 +188,6 @@ def generated_files(repo: Path) -> Dict[str, str]:
     """``{path relative to the repository: expected text}`` of every generated file."""
     out = {f'configs/timm/{n}': t for n, t in all_recipes().items()}
     out.update({f'configs/mmdet/{n}': t for n, t in mmdet_configs().items()})
+    out['configs/mmdet/metafile.yml'] = mmdet_metafile()
     out['README.md'] = render_readme((Path(repo) / 'README.md').read_text())
     return out

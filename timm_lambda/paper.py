@@ -5,7 +5,8 @@ Only facts: each is written down here once; everything else reads it from here (
 ``TABLE3_TOP1`` and ``PARAM_COUNTS``' Table 3 entries, read the tables rather than repeat them).
 """
 __all__ = ['STAGE_DEPTHS', 'LAMBDA_BLOCKS', 'RESOLUTIONS', 'RESOLUTIONS_C4', 'TABLE3', 'TABLE3_TOP1', 'TABLE4',
-           'TABLE14', 'TABLE18_TOP1', 'TABLE20', 'AA_TABLE3', 'AA_TABLE6', 'PARAM_COUNTS', 'CIFAR10_REPORT',
+           'TABLE14', 'COCO_SETUP', 'TABLE18_TOP1', 'TABLE20', 'AA_TABLE3', 'AA_TABLE6', 'PARAM_COUNTS',
+           'CIFAR10_REPORT',
            'CIFAR10_MEAN', 'CIFAR10_STD']
 
 # Table 19: blocks per stage c2..c5 (He et al. 2016; ResNet-RS depths).
@@ -48,6 +49,9 @@ TABLE20 = {(50, 128): (10, 0.2, 0.0), (50, 160): (10, 0.2, 0.0), (101, 160): (10
            (152, 256): (15, 0.3, 0.1), (152, 288): (15, 0.3, 0.1), (270, 256): (15, 0.3, 0.1),
            (350, 256): (15, 0.3, 0.2), (350, 288): (15, 0.3, 0.2), (350, 320): (15, 0.3, 0.2),
            (420, 320): (15, 0.3, 0.2)}
+
+# Appendix F.3 "COCO object detection": the training setup of Table 14 (configs/mmdet/_base_ spells it out).
+COCO_SETUP = dict(image_size=1024, steps=130_000, batch_size=256, hardware='128 TPUv3 cores')
 
 # Table 14: Mask R-CNN on COCO at 1024x1024 from scratch: (row, timm backbone, box AP, box AP_s/m/l, mask AP,
 # mask AP_s/m/l). "ResNet" rows are ResNet-RS without SE (resnetrs*_nose), "+ SE" rows timm's resnetrs*.
