@@ -6,6 +6,11 @@ bottlenecks listed in ``lambda_blocks`` are built as :class:`~timm_lambda.models
 with a :class:`~timm_lambda.layers.LambdaLayer` in place of the 3x3 convolution (3x3 average pooling with
 stride 2 after the layer when the block downsamples) and no squeeze-and-excitation.
 
+Registered here: the LambdaResNets of Table 19 (``lambdaresnet50`` .. ``lambdaresnet420``) and their -C4
+variants, ResNet-RS without SE (``resnetrs*_nose``), and the vanilla ResNet-50 with every 3x3 convolution a
+lambda layer (``resnet50_lambda``) with its Table 3 and Table 4 variants (``_u4``, ``_k8``, ``_shared``,
+``_conv7``) and d-li14/lambda.pytorch's architecture (``resnet50_lambda_dli14``).
+
 Choices where the paper is ambiguous (tested in tests/test_models.py, listed in README):
 
 * Table 19 lambda positions (e.g. "6, 12, 18" in the 23 c4 blocks of LambdaResNet-101) are
