@@ -7,8 +7,9 @@ These loop over query positions ``n`` and evaluate equations 1-2 of LambdaNetwor
 
 They read the layers' raw parameters only (the 1x1 projection weight split into W_Q / W_K / W_V,
 batch norm running statistics applied as an affine map, i.e. eval mode, and the raw relative
-embedding table indexed by ``m - n``). They never call the layers' ``dense()`` / ``kernel()``
-helpers or any of their forward code, so an indexing bug there cannot cancel out here.
+embedding table indexed by ``m - n``). They never call the layers' forward code or any function of
+``timm_lambda.layers`` (the position-lambda implementations, the relative-embedding indexing), so an
+indexing bug there cannot cancel out here.
 """
 import torch
 from torch import nn

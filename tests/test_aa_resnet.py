@@ -14,7 +14,7 @@ from timm_lambda.layers import AugmentedConv2d, RelPosSelfAttention2d
 from timm_lambda.layers.attention_augmented import augmented_depths
 from timm_lambda.layers.relative_attention import rel_to_abs, relative_logits_1d
 from timm_lambda.paper import AA_TABLE3, AA_TABLE6
-from timm_lambda.paper_tables import count_params
+from timm_lambda.docs import count_params
 
 TINY = dict(layers=(1, 1, 1, 1), num_classes=5)
 
@@ -106,8 +106,8 @@ def test_augmented_conv_matches_reference(stride, downsample):
     """Concat[Conv(X), W^O MHA(X)]: the conv part with F_out - d_v filters, then the projected attention
     (on the input pooled to the output resolution; pooled again and upsampled when downsampled)."""
     torch.manual_seed(0)
-    layer = AugmentedConv2d(12, 32, stride=stride, kappa=0.25, upsilon=0.5, num_heads=2, min_dim_head_k=1,
-                            feat_size=(11, 9), attn_downsample=downsample).double()
+    layer = AugmentedConv2d(12, 32, stride=stride, kappa=0.25, upsilon=0.5, heads=2, min_dim_head_k=1,
+                            max_size=(11, 9), attn_downsample=downsample).double()
     assert (layer.dim_k, layer.dim_v, layer.conv.out_channels) == (8, 16, 16)
     x = torch.randn(2, 12, 11, 9, dtype=torch.float64)
     a = _pool(x) if stride == 2 else x
@@ -124,7 +124,7 @@ def test_augmented_conv_matches_reference(stride, downsample):
 
 
 def test_fully_attentional_layer_has_no_convolution():
-    layer = AugmentedConv2d(16, 16, kappa=1.0, upsilon=1.0, num_heads=4, feat_size=6)
+    layer = AugmentedConv2d(16, 16, kappa=1.0, upsilon=1.0, heads=4, max_size=6)
     assert layer.conv is None and layer.dim_v == 16
     assert layer(torch.randn(1, 16, 6, 5)).shape == (1, 16, 6, 5)
 
@@ -227,12 +227,36 @@ def test_bad_arguments_name_the_parameter(kwargs, name):
         timm.create_model('aa_resnet50', device='meta', **kwargs)
 
 
+@pytest.mark.parametrize('size', ['max_size', 'feat_size'])  # feat_size: max_size's deprecated name
 @pytest.mark.parametrize('kwargs,name', [
     (dict(stride=3), 'stride'),
     (dict(kernel_size=2), 'kernel_size'),
-    (dict(feat_size=None), 'feat_size'),
+    (dict(SIZE=None), 'SIZE'),
     (dict(upsilon=0), 'upsilon'),
 ])
-def test_layer_arguments_name_the_parameter(kwargs, name):
-    with pytest.raises(ValueError, match=name):
-        AugmentedConv2d(16, 32, **{'feat_size': 8, **kwargs})
+def test_layer_arguments_name_the_parameter(kwargs, name, size):
+    kwargs = {size if k == 'SIZE' else k: v for k, v in kwargs.items()}
+    with pytest.raises(ValueError, match=size if name == 'SIZE' else name):
+        AugmentedConv2d(16, 32, **{size: 8, **kwargs})
+
+
+@pytest.mark.parametrize('heads', ['heads', 'num_heads'])  # num_heads: heads' deprecated name
+def test_layer_heads_argument_names_the_parameter(heads):
+    with pytest.raises(ValueError, match=heads):
+        AugmentedConv2d(16, 32, max_size=8, **{heads: 0})
+
+
+def test_layer_old_argument_names_still_work_with_a_deprecation_warning():
+    """AugmentedConv2d's heads / max_size are LambdaLayer's names; num_heads / feat_size (timm's, and ours
+    before) build the same layer, with a DeprecationWarning each; giving both names is an error."""
+    torch.manual_seed(0)
+    new = AugmentedConv2d(16, 32, upsilon=0.5, heads=4, max_size=(6, 5))
+    torch.manual_seed(0)
+    with pytest.warns(DeprecationWarning) as caught:
+        old = AugmentedConv2d(16, 32, upsilon=0.5, num_heads=4, feat_size=(6, 5))
+    assert sorted(str(w.message).split('(')[1].split('=')[0] for w in caught) == ['feat_size', 'num_heads']
+    assert (old.heads, old.num_heads, old.attn.feat_size) == (new.heads, new.num_heads, new.attn.feat_size) == (
+        4, 4, (6, 5))
+    assert all(torch.equal(a, b) for a, b in zip(old.state_dict().values(), new.state_dict().values()))
+    with pytest.raises(TypeError, match='num_heads'):
+        AugmentedConv2d(16, 32, upsilon=0.5, heads=2, num_heads=4, max_size=6)

@@ -13,9 +13,9 @@ import timm
 from timm_lambda import registered_models
 from timm_lambda.layers import (AugmentedConv2d, AxialSelfAttention2d, LambdaLayer, LocalSelfAttention2d,
                                 RelPosSelfAttention2d)
+from timm_lambda.benchmarks.table4 import TABLE4_ROWS, analytic_memory_gib, markdown, plot, run_table4
+from timm_lambda.docs import TABLE3_MODELS, table3_rows
 from timm_lambda.paper import TABLE3, TABLE4
-from timm_lambda.paper_tables import (TABLE3_MODELS, TABLE4_ROWS, analytic_memory_gib, markdown, plot,
-                                      run_table4, table3_rows)
 
 TABLE4_MODELS = [name for name, _, _ in TABLE4_ROWS.values()]
 ATTENTION_MODELS = ['aa_resnet34', 'aa_resnet50', 'resnet50_global_attn', 'resnet50_axial_attn',
@@ -130,7 +130,7 @@ def test_table4_lambda_variants():
 
 
 def test_table4_analytic_memory_reproduces_the_papers_figures():
-    """The paper's memory column from its complexity column (paper_tables docstring): within rounding."""
+    """The paper's memory column from its complexity column (timm_lambda.benchmarks.table4 docstring): within rounding."""
     paper = {layer: gb for layer, _, gb, _, _ in TABLE4}
     for layer, (_, _, kind) in TABLE4_ROWS.items():
         if paper[layer] is not None:

@@ -1,5 +1,6 @@
 """Files generated from timm_lambda/paper.py and the registry (tools/generate.py) are committed as generated:
-configs/timm/*.yaml, the Table 14 configs, the README's generated tables. A paper fact changes in one place."""
+configs/timm/*.yaml, the Table 14 configs and their metafile.yml, the README's generated tables. A paper fact
+changes in one place."""
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,26 @@ def test_every_recipe_and_config_is_generated():
 def test_readme_blocks_are_required():
     with pytest.raises(ValueError, match='generated:models'):
         render_readme('no blocks here')
+
+
+def test_mmdet_metafile_indexes_the_table14_configs():
+    """configs/mmdet/metafile.yml in mmdet's format: one Collection with its Paper, one Model per Table 14 config
+    (Name, In Collection, an existing Config, Metadata, the paper's box and mask AP as Results)."""
+    import yaml
+
+    from timm_lambda.paper import TABLE14
+    meta = yaml.safe_load((REPO / 'configs' / 'mmdet' / 'metafile.yml').read_text())
+    (collection,) = meta['Collections']
+    assert collection['Paper']['URL'] == 'https://arxiv.org/abs/2102.08602'
+    models = {m['Name']: m for m in meta['Models']}
+    assert len(models) == len(TABLE14)
+    for _, model, box, _, mask, _ in TABLE14:
+        name = f"mask-rcnn_{model.replace('_nose', '-nose')}_fpn_syncbn_lsj-130k_coco"
+        entry = models[name]
+        assert entry['In Collection'] == collection['Name']
+        assert entry['Config'] == f'configs/mmdet/{name}.py' and (REPO / entry['Config']).is_file()
+        assert entry['Metadata']['Backbone'] == model and entry['Metadata']['Iterations'] == 130000
+        results = {r['Task']: r for r in entry['Results']}
+        assert results['Object Detection']['Dataset'] == results['Instance Segmentation']['Dataset'] == 'COCO'
+        assert results['Object Detection']['Metrics'] == {'box AP': box}
+        assert results['Instance Segmentation']['Metrics'] == {'mask AP': mask}

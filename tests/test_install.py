@@ -11,9 +11,11 @@ plain ``pip install timm-lambda``), unless TIMM_LAMBDA_REQUIRE_DET=1 (set by
 import importlib.metadata as md
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -106,6 +108,20 @@ def test_autoload_pth_is_recorded_in_the_distribution():
     assert "timm_lambda_autoload.pth" in files, (
         "timm_lambda_autoload.pth is not at the root of the installed distribution (setup.py build_py)"
     )
+
+
+def test_wheel_ships_the_recipe_templates(tmp_path):
+    """timm_lambda.recipes reads configs/timm's templates as package data: a wheel built from this tree has them."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "data", "work_dirs", ".whl", ".gl"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "whl"),
+         str(src)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = set(zipfile.ZipFile(next((tmp_path / "whl").glob("timm_lambda-*.whl"))).namelist())
+    templates = {f"timm_lambda/recipe_templates/{p.name}" for p in (REPO / "timm_lambda" / "recipe_templates").iterdir()}
+    assert templates and templates <= names, sorted(templates - names)
 
 
 def _write_stub(root, timm_lambda_body):

@@ -29,7 +29,8 @@ def load(name, size=64):
 
 def test_schedule_matches_paper_appendix_f3():
     cfg = Config.fromfile(osp.join(CONFIG_DIR, list(TABLE14)[2]))
-    assert cfg.custom_imports == dict(imports=['timm_lambda_mmdet'],
+    # the plugin, and the opt-in to torch's weights_only allow-list for mmengine checkpoints (resume / test)
+    assert cfg.custom_imports == dict(imports=['timm_lambda_mmdet', 'timm_lambda_mmdet.runner_checkpoints'],
                                       allow_failed_imports=False)
     assert cfg.train_cfg.max_iters == 130000
     opt = cfg.optim_wrapper.optimizer

@@ -16,7 +16,7 @@ import torch
 from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
-import timm_lambda_mmdet  # noqa: F401  (allow-lists mmengine checkpoint globals)
+import timm_lambda_mmdet.runner_checkpoints  # noqa: F401  (opts in to the allow-list, as the configs do)
 from timm_lambda_mmdet.overrides import small_run_overrides, to_cli_options
 
 from timm_lambda_mmdet.synthetic_coco import make_coco_dataset

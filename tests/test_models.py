@@ -191,7 +191,8 @@ def test_default_resolutions_follow_table18():
         model = timm.create_model(name)
         cfg = timm.data.resolve_data_config({}, model=model)
         assert cfg['input_size'] == (3, res, res), name
-        assert model.pretrained_cfg['test_input_size'] == (3, res, res)
+        # evaluated at the training resolution (F.1): timm's test-time input size is the same
+        assert timm.data.resolve_data_config({}, model=model, use_test_size=True)['input_size'] == (3, res, res)
         assert model.pretrained_cfg['first_conv'] == 'conv1.0' and model.pretrained_cfg['classifier'] == 'fc'
     tags = {n.split('.')[1] for n in timm.list_models('lambdaresnet152', pretrained=False, include_tags=True)
             if '.' in n} | set(timm.models.get_arch_pretrained_cfgs('lambdaresnet152'))

@@ -1,8 +1,9 @@
 """d-li14/lambda.pytorch's ImageNet LambdaResNet-50 through timm: the two conventions as LambdaLayer options
 (position-lambda bias, padding-counted stride-2 pooling) against the naive float64 reference, the key
 conversion on a state_dict with their exact key names and shapes, loading through
-``timm.create_model(..., pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``, and the converted model
-against an independent float64 forward of their network (tests/reference.py).
+``timm.create_model('resnet50_lambda_dli14.in1k', pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``
+(and through the deprecated tag ``resnet50_lambda.dli14_in1k``, which builds the same architecture), and the
+converted model against an independent float64 forward of their network (tests/reference.py).
 
 Their key names and shapes: ``dli14_state_dict`` below writes them from their published model definition
 (github.com/d-li14/lambda.pytorch, commit 646de55: torchvision's ResNet-50 v1.5 layout whose ``conv2`` is
@@ -25,7 +26,17 @@ from reference import dli14_lambda_reference, dli14_resnet_reference, lambda_lay
 
 IMPLS = ['einsum', 'conv', 'dense', 'tiled']
 MANIFEST = Path(__file__).parent / 'fixtures' / 'dli14_lambda_resnet50_state_dict.txt'
-TAGGED = 'resnet50_lambda.dli14_in1k'
+NAMED = 'resnet50_lambda_dli14.in1k'  # the architecture by its name, the weights by their tag
+TAGGED = 'resnet50_lambda.dli14_in1k'  # deprecated: a tag of resnet50_lambda that switched the architecture
+TAGS = {NAMED: 'in1k', TAGGED: 'dli14_in1k'}
+
+
+def _create(name, **kwargs):
+    """timm.create_model; the deprecated tag must warn."""
+    if name != TAGGED:
+        return timm.create_model(name, **kwargs)
+    with pytest.warns(DeprecationWarning, match='resnet50_lambda_dli14.in1k'):
+        return timm.create_model(name, **kwargs)
 
 
 def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -128,9 +139,9 @@ def test_bad_option_values_name_the_parameter(kw, name):
         LambdaLayer(8, dim_k=4, heads=2, **kw)
 
 
-def _tiny_dli14(**kw):
+def _tiny_dli14(name=NAMED, **kw):
     torch.manual_seed(0)
-    model = timm.create_model(TAGGED, layers=(1, 1, 1, 1), num_classes=5, **kw).eval()
+    model = _create(name, layers=(1, 1, 1, 1), num_classes=5, **kw).eval()
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, LambdaLayer):
@@ -235,7 +246,7 @@ def test_state_dict_has_their_exact_keys_and_shapes(peer_sd):
     assert ours == theirs
     params = sum(t.numel() for key, t in peer_sd.items() if 'running_' not in key and 'num_batches' not in key)
     assert params == 14_995_848  # their README: 14.995M
-    model = timm.create_model(TAGGED)
+    model = timm.create_model(NAMED)
     assert sum(p.numel() for p in model.parameters()) == params
 
 
@@ -249,7 +260,7 @@ def _wrapped(sd):
 def test_filter_converts_their_keys(peer_sd, wrap):
     src = {'plain': peer_sd, 'module_prefix': {'module.' + k: v for k, v in peer_sd.items()},
            'state_dict': _wrapped(peer_sd), 'model': {'model': peer_sd, 'epoch': 3}}[wrap]
-    model = timm.create_model(TAGGED)
+    model = timm.create_model(NAMED)
     converted = checkpoint_filter_dli14(src, model)
     model.load_state_dict(converted, strict=True)
     ours = model.state_dict()
@@ -264,7 +275,7 @@ def test_filter_converts_their_keys(peer_sd, wrap):
 
 
 def test_filter_passes_our_own_checkpoints_through():
-    model = timm.create_model(TAGGED, layers=(1, 1, 1, 1), num_classes=5)
+    model = timm.create_model(NAMED, layers=(1, 1, 1, 1), num_classes=5)
     sd = model.state_dict()
     out = checkpoint_filter_dli14(dict(sd), model)
     assert list(out) == list(sd) and all(out[k] is sd[k] for k in sd)
@@ -277,14 +288,15 @@ def peer_file(tmp_path_factory, peer_sd):
     return str(path)
 
 
-@pytest.fixture(scope='module')
-def loaded(peer_file):
-    return timm.create_model(TAGGED, pretrained=True, pretrained_cfg_overlay=dict(file=peer_file)).eval()
+@pytest.fixture(scope='module', params=[NAMED, TAGGED])
+def loaded(request, peer_file):
+    return _create(request.param, pretrained=True, pretrained_cfg_overlay=dict(file=peer_file)).eval()
 
 
 def test_create_model_loads_their_file(loaded, peer_sd):
     cfg = loaded.pretrained_cfg
-    assert cfg['tag'] == 'dli14_in1k' and cfg['origin_url'] == 'https://github.com/d-li14/lambda.pytorch'
+    name = f"{cfg['architecture']}.{cfg['tag']}"
+    assert cfg['tag'] == TAGS[name] and cfg['origin_url'] == 'https://github.com/d-li14/lambda.pytorch'
     assert cfg['input_size'] == (3, 224, 224) and cfg['num_classes'] == 1000 and not cfg.get('url')
     layers = [m for m in loaded.modules() if isinstance(m, LambdaLayer)]
     assert len(layers) == 16 and all(m.pos_bias is not None for m in layers)
@@ -301,7 +313,8 @@ def test_loaded_model_reproduces_their_network(loaded, peer_sd):
     assert ref.abs().max() > 0.5 and ref.std() > 0.1
     with torch.no_grad():
         out32 = loaded(x)
-        model64 = timm.create_model(TAGGED, pretrained=True, pretrained_cfg_overlay=dict(state_dict=peer_sd))
+        name = f"{loaded.pretrained_cfg['architecture']}.{loaded.pretrained_cfg['tag']}"
+        model64 = _create(name, pretrained=True, pretrained_cfg_overlay=dict(state_dict=peer_sd))
         out64 = model64.double().eval()(x.double())
     assert _rel_err(out64, ref) < 1e-10
     assert _rel_err(out32, ref) < 1e-4
@@ -314,7 +327,7 @@ def test_their_conventions_matter_for_the_outputs(peer_sd):
     ref = dli14_resnet_reference(peer_sd, x)
     converted = checkpoint_filter_dli14(peer_sd)
     for kwargs in (dict(position_bias=False), dict(pool_count_include_pad=False)):
-        model = timm.create_model(TAGGED, **kwargs).eval()
+        model = timm.create_model(NAMED, **kwargs).eval()
         model.load_state_dict(converted, strict=False)
         with torch.no_grad():
             assert _rel_err(model(x), ref) > 1e-2, kwargs
@@ -331,17 +344,20 @@ def test_layer_reference_of_their_conventions_matches_ours(loaded, peer_sd):
 
 
 def test_fine_tuning_from_their_weights_drops_only_the_head(peer_file, peer_sd):
-    model = timm.create_model(TAGGED, pretrained=True, num_classes=10, pretrained_cfg_overlay=dict(file=peer_file))
+    model = timm.create_model(NAMED, pretrained=True, num_classes=10, pretrained_cfg_overlay=dict(file=peer_file))
     assert model.fc.out_features == 10
     assert torch.equal(model.layer4[2].conv2.qkv.weight, peer_sd['layer4.2.conv2.conv_qkv.weight'])
 
 
-def test_tagged_model_round_trips_through_save_for_hf(tmp_path):
-    """timm's save_for_hf keeps the tag in config.json, so local-dir: rebuilds the model with both conventions."""
+@pytest.mark.parametrize('name', [NAMED, TAGGED])
+def test_tagged_model_round_trips_through_save_for_hf(tmp_path, name):
+    """timm's save_for_hf keeps the architecture (and the tag) in config.json, so local-dir: rebuilds the model
+    with both conventions."""
     from timm.models import save_for_hf
-    model = _tiny_dli14()
+    model = _tiny_dli14(name)
     save_for_hf(model, tmp_path, model_args=dict(layers=(1, 1, 1, 1), num_classes=5))
-    again = timm.create_model(f'local-dir:{tmp_path}', pretrained=True).eval()
+    with pytest.warns(DeprecationWarning) if name == TAGGED else warnings.catch_warnings():  # the tag, again
+        again = timm.create_model(f'local-dir:{tmp_path}', pretrained=True).eval()
     assert again.layer2[0].conv2.pos_bias is not None and again.layer2[0].conv2.pool.count_include_pad
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
@@ -349,11 +365,34 @@ def test_tagged_model_round_trips_through_save_for_hf(tmp_path):
 
 
 def test_their_checkpoint_into_the_default_model_is_refused(peer_file):
-    with pytest.raises(ValueError, match='dli14_in1k'):
+    with pytest.raises(ValueError, match='dli14_in1k') as info:
         timm.create_model('resnet50_lambda', pretrained=True, pretrained_cfg_overlay=dict(file=peer_file))
+    assert NAMED in str(info.value)
 
 
-def test_tag_without_a_file_says_how_to_get_one():
+@pytest.mark.parametrize('name', [NAMED, TAGGED])
+def test_tag_without_a_file_says_how_to_get_one(name):
     with pytest.raises(RuntimeError, match='pretrained_cfg_overlay=dict\\(file=PATH\\)'):
-        timm.create_model(TAGGED, pretrained=True)
+        _create(name, pretrained=True)
     assert DLI14_MODEL_ARGS == dict(position_bias=True, pool_count_include_pad=True)
+
+
+def test_architecture_comes_from_the_name_and_the_old_tag_is_deprecated():
+    """resnet50_lambda_dli14 has both conventions under any tag; resnet50_lambda.dli14_in1k builds the same
+    network (keys, shapes, outputs) with a DeprecationWarning naming the new name; plain resnet50_lambda has
+    neither convention."""
+    torch.manual_seed(0)
+    named = timm.create_model('resnet50_lambda_dli14', layers=(1, 1, 1, 1), num_classes=5).eval()
+    torch.manual_seed(0)
+    with pytest.warns(DeprecationWarning, match="'resnet50_lambda.dli14_in1k' is deprecated.*resnet50_lambda_dli14"):
+        tagged = timm.create_model(TAGGED, layers=(1, 1, 1, 1), num_classes=5).eval()
+    plain = timm.create_model('resnet50_lambda', layers=(1, 1, 1, 1), num_classes=5)
+    for model, conventions in ((named, True), (tagged, True), (plain, False)):
+        layers = [m for m in model.modules() if isinstance(m, LambdaLayer)]
+        assert all((m.pos_bias is not None) == conventions for m in layers)
+        assert all(m.pool.count_include_pad == conventions for m in layers if m.stride == 2)
+    assert [(k, v.shape) for k, v in named.state_dict().items()] == [(k, v.shape) for k, v in tagged.state_dict().items()]
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(named(x), tagged(x))
+    assert named.pretrained_cfg['license'] == tagged.pretrained_cfg['license'] == 'unknown'  # their repo has none

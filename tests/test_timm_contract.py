@@ -44,6 +44,35 @@ def test_factory_kwargs_meta_device(name):
     assert out.shape == (1, model.num_classes) and out.device.type == 'meta'  # 10 for the CIFAR models
 
 
+# Models whose position tables are sized for img_size (global scope, AA / global / axial attention): they refuse
+# larger inputs, so their cfgs say fixed_input_size and timm passes input_size on to them as img_size.
+FIXED_INPUT_SIZE = {'aa_resnet34', 'aa_resnet50', 'aa_resnet101', 'aa_resnet152', 'resnet50_global_attn',
+                    'resnet50_axial_attn', 'resnet50_lambda_global32'}
+
+
+@pytest.mark.parametrize('name', OUR_MODELS)
+def test_pretrained_cfgs_state_license_and_input_size_semantics(name):
+    """Every pretrained cfg names a license (ours Apache-2.0; d-li14's weights: none stated, 'unknown'), says
+    fixed_input_size exactly where the model refuses larger inputs, and has no test_input_size that merely
+    repeats input_size. A fixed-size model serves its input size and refuses twice that."""
+    for tag in timm.models.get_arch_pretrained_cfgs(name):
+        cfg = timm.models.get_pretrained_cfg(f"{name}.{tag.split('.')[-1]}")
+        assert cfg.license == ('unknown' if 'dli14' in tag else 'apache-2.0'), tag
+        assert cfg.fixed_input_size == (name in FIXED_INPUT_SIZE), tag
+        assert cfg.test_input_size is None or cfg.test_input_size != cfg.input_size, tag
+    if name in FIXED_INPUT_SIZE:
+        model = timm.create_model(name, device='meta').eval()
+        size = model.pretrained_cfg['input_size'][-1]
+        assert model(torch.randn(1, 3, size, size, device='meta')).shape[0] == 1
+        with pytest.raises(ValueError):
+            model(torch.randn(1, 3, 2 * size, 2 * size, device='meta'))
+
+
+def test_report_model_with_a_local_scope_is_not_fixed_size():
+    model = timm.create_model('resnet50_lambda_global32', scope=23, device='meta')
+    assert model.pretrained_cfg['fixed_input_size'] is False
+
+
 @pytest.mark.parametrize('name', ['lambdaresnet50', 'resnet50_lambda_u4', 'mobilenetv2_100_lambda'])
 def test_factory_kwargs_bfloat16(name):
     model = timm.create_model(name, dtype=torch.bfloat16, num_classes=3)

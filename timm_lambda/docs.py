@@ -1,4 +1,5 @@
-"""README tables and config files generated from the paper facts (:mod:`timm_lambda.paper`) and the registry.
+"""README tables and config files generated from the paper facts (:mod:`timm_lambda.paper`) and the registry,
+and the parameter-count comparisons with the papers (LambdaNetworks Table 3, AA paper Tables 3 and 6).
 
 README.md holds generated blocks between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``;
 :func:`generated_files` returns every generated file's expected text (``tools/generate.py`` writes them,
@@ -6,12 +7,64 @@ README.md holds generated blocks between ``<!-- generated:NAME -->`` and ``<!-- 
 """
 import re
 from pathlib import Path
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
-from .paper import LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS, TABLE14, TABLE20
-from .recipes import all_recipes, mmdet_configs
+from .paper import AA_TABLE3, AA_TABLE6, LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS, TABLE14, TABLE20, TABLE3
+from .recipes import all_recipes, mmdet_config_name, mmdet_configs, mmdet_metafile
 
-__all__ = ['model_table', 'attention_tables', 'table14_table', 'recipes_table', 'README_BLOCKS', 'render_readme', 'generated_files']
+__all__ = ['model_table', 'attention_tables', 'table14_table', 'recipes_table', 'README_BLOCKS', 'render_readme',
+           'generated_files', 'TABLE3_MODELS', 'count_params', 'table3_rows', 'aa_rows']
+
+
+# LambdaNetworks Table 3 layer -> (model, kwargs) that builds it, or (None, why not).
+TABLE3_MODELS = {
+    'Conv (He et al., 2016)': ('resnet50', {}),
+    'Conv + channel attention (Hu et al., 2018)': ('seresnet50', {}),
+    'Conv + linear attention (Chen et al., 2018)': (None, 'double attention (A2-Net) blocks'),
+    'Conv + linear attention (Shen et al., 2018)': (None, 'efficient attention (the paper gives no count)'),
+    'Conv + relative self-attention (Bello et al., 2019)': ('aa_resnet50', {}),
+    'Local relative self-attention (Ramachandran et al., 2019)': ('resnet50_local_attn7', {}),
+    'Local relative self-attention (Hu et al., 2019)': (
+        None, 'local relation networks (LR-Net): another layer (geometry prior, channel sharing)'),
+    'Local relative self-attention (Zhao et al., 2020)': (
+        None, 'SAN (pairwise/patchwise attention, its own stage layout)'),
+    'Lambda layer': ('resnet50_lambda', {}),
+    'Lambda layer (|u|=4)': ('resnet50_lambda_u4', {}),
+}
+
+
+def count_params(name: str, **kwargs) -> float:
+    """Parameters of ``timm.create_model(name, **kwargs)`` in millions (built on the meta device)."""
+    import timm
+    model = timm.create_model(name, device='meta', **kwargs)
+    return sum(p.numel() for p in model.parameters()) / 1e6
+
+
+def table3_rows() -> List[dict]:
+    """LambdaNetworks Table 3 with our parameter counts: dicts layer, paper, top1, model, ours, note."""
+    rows = []
+    for layer, paper, top1 in TABLE3:
+        model, extra = TABLE3_MODELS[layer]
+        ours = count_params(model, **extra) if model else None
+        rows.append(dict(layer=layer, paper=paper, top1=top1, model=model, ours=ours,
+                         note='' if model else extra))
+    return rows
+
+
+def aa_rows() -> List[dict]:
+    """AA paper Tables 3 (ResNets, SE-ResNets, AA-ResNets) and 6 (AA-ResNet-50, kappa = upsilon): dicts
+    table, row, model (a create_model call), paper, ours."""
+    rows = []
+    for depth, counts in AA_TABLE3.items():
+        for kind, model in (('resnet', f'resnet{depth}'), ('se', f'seresnet{depth}'), ('aa', f'aa_resnet{depth}')):
+            label = {'resnet': f'ResNet-{depth}', 'se': f'SE-ResNet-{depth}', 'aa': f'AA-ResNet-{depth}'}[kind]
+            rows.append(dict(table='AA Table 3', row=label, model=f'`{model}`', paper=counts[kind],
+                             ours=count_params(model)))
+    for ratio, paper in AA_TABLE6.items():
+        rows.append(dict(table='AA Table 6', row=f'AA-ResNet-50, kappa = upsilon = {ratio}',
+                         model=f'`aa_resnet50`, kappa={ratio}, upsilon={ratio}', paper=paper,
+                         ours=count_params('aa_resnet50', kappa=ratio, upsilon=ratio)))
+    return rows
 
 
 def _describe(name: str) -> str:
@@ -26,6 +79,8 @@ def _describe(name: str) -> str:
     return {
         'resnet50_lambda': 'vanilla ResNet-50, every 3x3 conv a lambda layer (Table 3)',
         'resnet50_lambda_u4': 'as above with \\|u\\|=4, scope 7x7 (Table 3)',
+        'resnet50_lambda_dli14': 'resnet50_lambda with d-li14/lambda.pytorch\'s position bias and padding-counted '
+                                 'pooling: the architecture of their ImageNet weights',
         'mobilenetv2_100_lambda': 'MobileNet-v2, blocks 10 and 16 lightweight lambda blocks (E.4.2, Table 17)',
         'aa_resnet34': 'AA-ResNet-34: first 3x3 conv of every c3-c5 block attention augmented, kappa=upsilon=0.25 (AA paper)',
         'aa_resnet50': 'AA-ResNet-50: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 (AA paper; Table 3)',
@@ -72,7 +127,6 @@ def _vs(ours, paper) -> str:
 
 def attention_tables() -> str:
     """LambdaNetworks Table 3 and the AA paper's Tables 3 and 6: the paper's parameter counts beside ours."""
-    from .paper_tables import aa_rows, table3_rows
     lines = ['LambdaNetworks Table 3 (ResNet-50, ImageNet, 224 px):', '',
              '| layer | paper (M) | model | ours (M) | paper top-1 |', '|---|---:|---|---:|---:|']
     for r in table3_rows():
@@ -92,7 +146,7 @@ def table14_table() -> str:
     lines = ['| config (configs/mmdet/) | backbone | paper box AP (s/m/l) | paper mask AP (s/m/l) |',
              '|---|---|---|---|']
     for row, model, box, box_sml, mask, mask_sml in TABLE14:
-        name = f"mask-rcnn_{model.replace('_nose', '-nose')}_fpn_syncbn_lsj-130k_coco.py"
+        name = mmdet_config_name(model)
         lines.append(f"| `{name}` (+ `_amp-` variant) | {row} (`{model}`) | {box} ({' / '.join(map(str, box_sml))}) "
                      f"| {mask} ({' / '.join(map(str, mask_sml))}) |")
     return '\n'.join(lines)
@@ -134,5 +188,6 @@ def generated_files(repo: Path) -> Dict[str, str]:
     """``{path relative to the repository: expected text}`` of every generated file."""
     out = {f'configs/timm/{n}': t for n, t in all_recipes().items()}
     out.update({f'configs/mmdet/{n}': t for n, t in mmdet_configs().items()})
+    out['configs/mmdet/metafile.yml'] = mmdet_metafile()
     out['README.md'] = render_readme((Path(repo) / 'README.md').read_text())
     return out

@@ -1,9 +1,13 @@
-"""Facts from the LambdaNetworks paper (Bello, ICLR 2021) that the models, configs, README and tests use.
+"""Facts from the LambdaNetworks paper (Bello, ICLR 2021), the AA paper it compares with and the CIFAR-10
+reproduction report, which the models, configs, README and tests use.
 
-Each table is written down here once; everything else reads it from here.
+Only facts: each is written down here once; everything else reads it from here (the two lookups below,
+``TABLE3_TOP1`` and ``PARAM_COUNTS``' Table 3 entries, read the tables rather than repeat them).
 """
-__all__ = ['STAGE_DEPTHS', 'LAMBDA_BLOCKS', 'RESOLUTIONS', 'RESOLUTIONS_C4', 'PARAM_COUNTS', 'TABLE18_TOP1', 'TABLE20',
-           'TABLE14', 'CIFAR10_REPORT', 'CIFAR10_MEAN', 'CIFAR10_STD']
+__all__ = ['STAGE_DEPTHS', 'LAMBDA_BLOCKS', 'RESOLUTIONS', 'RESOLUTIONS_C4', 'TABLE3', 'TABLE3_TOP1', 'TABLE4',
+           'TABLE14', 'COCO_SETUP', 'TABLE18_TOP1', 'TABLE20', 'AA_TABLE3', 'AA_TABLE6', 'PARAM_COUNTS',
+           'CIFAR10_REPORT',
+           'CIFAR10_MEAN', 'CIFAR10_STD']
 
 # Table 19: blocks per stage c2..c5 (He et al. 2016; ResNet-RS depths).
 STAGE_DEPTHS = {
@@ -34,21 +38,6 @@ RESOLUTIONS = {50: (160, 128), 101: (192, 160), 152: (256, 224, 192, 288), 200: 
 # -C4 variants: Table 13 (101-C4 at 224, 152-C4 at 256), Table 15 (152/200-C4 at 320), Table 16 (270-C4 at 256).
 RESOLUTIONS_C4 = {50: (160,), 101: (224, 192), 152: (256, 320), 200: (320,), 270: (256,), 350: (320,), 420: (320,)}
 
-# Parameter counts (millions) the paper reports, with the table that reports them.
-PARAM_COUNTS = {
-    'lambdaresnet101': (36.9, 'Table 13'),
-    'lambdaresnet152': (51.4, 'Table 13'),
-    'lambdaresnet101_c4': (26.0, 'Table 13'),
-    'lambdaresnet152_c4': (35.1, 'Tables 13, 15'),
-    'lambdaresnet200_c4': (42.0, 'Table 15'),
-    'resnet50_lambda': (15.0, 'Table 3'),
-    'resnet50_lambda_u4': (16.0, 'Table 3'),
-    'resnetrs101_nose': (44.6, 'Table 13'),
-    'resnetrs152_nose': (60.2, 'Table 13'),
-    'resnetrs101': (63.6, 'Table 13'),
-    'mobilenetv2_100_lambda': (3.21, 'Table 17'),
-}
-
 # Table 18: supervised ImageNet top-1 (%) per (depth, image size); 152 at 288 has pseudo-label results only.
 TABLE18_TOP1 = {(50, 128): 77.4, (50, 160): 79.2, (101, 160): 80.8, (101, 192): 81.9, (152, 192): 82.5,
                 (152, 224): 83.2, (152, 256): 83.8, (270, 256): 84.2, (350, 256): 84.4, (350, 288): 84.5,
@@ -60,6 +49,9 @@ TABLE20 = {(50, 128): (10, 0.2, 0.0), (50, 160): (10, 0.2, 0.0), (101, 160): (10
            (152, 256): (15, 0.3, 0.1), (152, 288): (15, 0.3, 0.1), (270, 256): (15, 0.3, 0.1),
            (350, 256): (15, 0.3, 0.2), (350, 288): (15, 0.3, 0.2), (350, 320): (15, 0.3, 0.2),
            (420, 320): (15, 0.3, 0.2)}
+
+# Appendix F.3 "COCO object detection": the training setup of Table 14 (configs/mmdet/_base_ spells it out).
+COCO_SETUP = dict(image_size=1024, steps=130_000, batch_size=256, hardware='128 TPUv3 cores')
 
 # Table 14: Mask R-CNN on COCO at 1024x1024 from scratch: (row, timm backbone, box AP, box AP_s/m/l, mask AP,
 # mask AP_s/m/l). "ResNet" rows are ResNet-RS without SE (resnetrs*_nose), "+ SE" rows timm's resnetrs*.
@@ -113,20 +105,28 @@ TABLE4 = [
     ('Lambda convolution (7x7)', 'Θ(lknm)', None, 1100, 78.1),
 ]
 
-# Parameter counts of the models that build Table 3 rows and the AA paper's ResNets (tests/test_models.py
-# checks every PARAM_COUNTS entry within 2%).
-PARAM_COUNTS.update({
-    'seresnet50': (28.1, 'Table 3'),
-    'resnet50_local_attn7': (18.0, 'Table 3'),
-    'aa_resnet34': (20.7, 'AA Table 3'),
-    'aa_resnet50': (25.8, 'AA Table 3'),
-    'aa_resnet101': (45.4, 'AA Table 3'),
-    'aa_resnet152': (61.6, 'AA Table 3'),
-})
-__all__ += ['AA_TABLE3', 'AA_TABLE6', 'TABLE3', 'TABLE4']
-
 # Table 3 top-1 by row (the recipes cite it)
 TABLE3_TOP1 = {layer: top1 for layer, _, top1 in TABLE3}
+_TABLE3_PARAMS = {layer: params for layer, params, _ in TABLE3}
+
+# Parameter counts (millions) the papers report, with the table that reports them, by the model that builds that
+# row (tests/test_models.py checks every entry within 2%). Counts of Table 3 and AA Table 3 are read from there.
+PARAM_COUNTS = {
+    'lambdaresnet101': (36.9, 'Table 13'),
+    'lambdaresnet152': (51.4, 'Table 13'),
+    'lambdaresnet101_c4': (26.0, 'Table 13'),
+    'lambdaresnet152_c4': (35.1, 'Tables 13, 15'),
+    'lambdaresnet200_c4': (42.0, 'Table 15'),
+    'resnet50_lambda': (_TABLE3_PARAMS['Lambda layer'], 'Table 3'),
+    'resnet50_lambda_u4': (_TABLE3_PARAMS['Lambda layer (|u|=4)'], 'Table 3'),
+    'resnetrs101_nose': (44.6, 'Table 13'),
+    'resnetrs152_nose': (60.2, 'Table 13'),
+    'resnetrs101': (63.6, 'Table 13'),
+    'mobilenetv2_100_lambda': (3.21, 'Table 17'),
+    'seresnet50': (_TABLE3_PARAMS['Conv + channel attention (Hu et al., 2018)'], 'Table 3'),
+    'resnet50_local_attn7': (_TABLE3_PARAMS['Local relative self-attention (Ramachandran et al., 2019)'], 'Table 3'),
+    **{f'aa_resnet{depth}': (counts['aa'], 'AA Table 3') for depth, counts in AA_TABLE3.items()},
+}
 
 # The seed CIFAR-10 reproduction report ("LambdaNetworks: efficient, accurate, but also accessible? A
 # reproducibility project with CIFAR-10", J. I. de Alvear Cardenas and W. A. J. G. de Vries, TU Delft, 2021;

@@ -6,8 +6,12 @@ Importing it (configs do so through ``custom_imports``) registers:
 * ``CheckedCocoDataset`` in DATASETS: mmdet's CocoDataset with errors that name the file and the problem;
 * ``PreflightHook`` in HOOKS: refuses checkpoints whose keys do not match the model and unwritable outputs;
 * ``CPUCompatibleDDP`` in MODEL_WRAPPERS, used only by the opt-in CPU config (``configs/mmdet/
-  *_cpu-ddp.py``, which also imports :mod:`timm_lambda_mmdet.cpu_distributed`);
-* torch ``weights_only`` allow-list entries for mmengine Runner checkpoints (resume / test with torch >= 2.6).
+  *_cpu-ddp.py``, which also imports :mod:`timm_lambda_mmdet.cpu_distributed`).
+
+It changes nothing in torch or mmengine beyond those registries. Process-wide changes are opt-in modules a
+config lists in ``custom_imports``: :mod:`timm_lambda_mmdet.runner_checkpoints` (torch's ``weights_only``
+allow-list for mmengine Runner checkpoints: resume / test with torch >= 2.6; every config of this project
+imports it) and :mod:`timm_lambda_mmdet.cpu_distributed` (process groups without an accelerator).
 """
 _MISSING = []
 for _mod in ('mmengine', 'mmcv', 'mmdet'):
@@ -25,10 +29,8 @@ del _MISSING, _mod
 from .backbone import TimmLambdaResNet, load_timm_checkpoint, norm_layer_from_cfg  # noqa: E402
 from .checkpoint_compat import register_safe_globals  # noqa: E402
 from .datasets import CheckedCocoDataset  # noqa: E402
-from .ddp import CPUCompatibleDDP, enable_cpu_process_groups  # noqa: E402
+from .ddp import CPUCompatibleDDP  # noqa: E402
 from .hooks import PreflightHook  # noqa: E402
 
-register_safe_globals()
-
 __all__ = ['TimmLambdaResNet', 'CheckedCocoDataset', 'PreflightHook', 'CPUCompatibleDDP', 'load_timm_checkpoint',
-           'norm_layer_from_cfg', 'register_safe_globals', 'enable_cpu_process_groups']
+           'norm_layer_from_cfg', 'register_safe_globals']

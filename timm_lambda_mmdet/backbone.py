@@ -12,6 +12,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmdet.registry import MODELS
 
+import timm_lambda  # noqa: F401  (registers the LambdaResNet / ResNet-RS-without-SE models with timm)
+
 from .checkpoint_compat import check_checkpoint_file
 
 __all__ = ['TimmLambdaResNet', 'norm_layer_from_cfg', 'load_timm_checkpoint']

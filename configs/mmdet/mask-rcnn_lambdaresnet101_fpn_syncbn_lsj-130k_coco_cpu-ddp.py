@@ -12,7 +12,7 @@
 _base_ = './mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco.py'
 
 custom_imports = dict(
-    imports=['timm_lambda_mmdet', 'timm_lambda_mmdet.cpu_distributed'],
+    imports=['timm_lambda_mmdet', 'timm_lambda_mmdet.runner_checkpoints', 'timm_lambda_mmdet.cpu_distributed'],
     allow_failed_imports=False)
 model_wrapper_cfg = dict(
     type='CPUCompatibleDDP',

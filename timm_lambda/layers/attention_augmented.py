@@ -24,11 +24,12 @@ Choices where the paper leaves room (tested against its parameter counts, README
   ``align_corners=False`` (TF1's ``resize_bilinear`` samples slightly differently).
 * **Biases.** The paper's TF code keeps ``tf.layers.conv2d``'s default biases; here no convolution has one
   (each output goes through the batch norm that follows the layer): 0.01M fewer in AA-ResNet-50.
-* **Relative tables** cover inputs of up to ``feat_size`` (the paper sizes them to the one input size);
+* **Relative tables** cover inputs of up to ``max_size`` (the paper sizes them to the one input size);
   larger inputs raise a ValueError naming ``img_size``. Initialised N(0, d_k^h ** -0.5) as the paper's code
   intends (its ``tf.random_normal_initializer(dkh**-0.5)`` passes that value as the *mean*).
 """
 import math
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -40,16 +41,44 @@ from .relative_embedding import to_int, to_pair
 __all__ = ['AugmentedConv2d', 'augmented_depths']
 
 
-def augmented_depths(dim_out: int, kappa: float, upsilon: float, num_heads: int,
+def augmented_depths(dim_out: int, kappa: float, upsilon: float, heads: int,
                      min_dim_head_k: int = 20) -> Tuple[int, int]:
     """``(d_k^h, d_v^h)``, key and value depth per head, of an augmented convolution with ``dim_out`` filters."""
-    dim_head_v = math.floor(upsilon * dim_out / num_heads + 1e-9)
-    dim_head_k = max(min_dim_head_k, math.floor(kappa * dim_out / num_heads + 1e-9))
+    dim_head_v = math.floor(upsilon * dim_out / heads + 1e-9)
+    dim_head_k = max(min_dim_head_k, math.floor(kappa * dim_out / heads + 1e-9))
     return dim_head_k, dim_head_v
+
+
+_UNSET = object()
+
+
+def _renamed(value, default, old_value, name: str, old_name: str):
+    """``(value, the name to cite in errors)`` of an argument renamed ``old_name`` -> ``name``; the old name is
+    still accepted, with a DeprecationWarning."""
+    if old_value is _UNSET:
+        return value, name
+    if not (value is default or value == default):
+        raise TypeError(f'AugmentedConv2d got {name} and its deprecated name {old_name}: pass {name} only')
+    warnings.warn(f'AugmentedConv2d({old_name}=...) is deprecated, use {name}=... (the name LambdaLayer uses)',
+                  DeprecationWarning, stacklevel=3)
+    return old_value, old_name
 
 
 class AugmentedConv2d(nn.Module):
     """Attention augmented ``kernel_size x kernel_size`` convolution, a drop-in for ``nn.Conv2d`` (NCHW).
+
+    Argument names follow our :class:`~timm_lambda.layers.LambdaLayer` (``heads``, ``max_size``); ``num_heads``
+    and ``feat_size``, the names of earlier versions, still work with a DeprecationWarning.
+
+    timm (1.0.31) has no attention augmented convolution. Its attention part is timm's
+    :class:`timm.layers.BottleneckAttn` (global multi-head self-attention with 2-D relative logits, which
+    :class:`~timm_lambda.layers.RelPosSelfAttention2d` extends), whose arguments map as follows: ``heads`` is
+    its ``num_heads``; ``max_size`` its ``feat_size`` (timm: exactly that input size; here any input up to it);
+    the key depth per head ``d_k^h`` (from ``kappa``, ``min_dim_head_k``) its ``dim_head``; the attention width
+    ``d_v = upsilon * dim_out`` its ``dim_out`` (so ``kappa / upsilon`` plays its ``qk_ratio``); it has no
+    convolution branch, no ``W^O`` projection and no ``attn_downsample``, and its ``qkv_bias`` is False here.
+    timm's ``LambdaLayer`` says ``num_heads``/``dim_head``/``r``/``feat_size`` where ours says
+    ``heads``/``dim_k``/``scope``/``max_size``.
 
     Args:
         dim: input filters ``F_in``.
@@ -59,9 +88,9 @@ class AugmentedConv2d(nn.Module):
         stride: 1 or 2 (see the module docstring).
         kappa: key depth ratio ``d_k / F_out`` (> 0; default 0.2).
         upsilon: value depth ratio ``d_v / F_out`` in (0, 1] (default 0.1); 1 leaves no convolution.
-        num_heads: heads ``N_h`` (default 8).
+        heads: heads ``N_h`` (default 8).
         min_dim_head_k: lower bound of the key depth per head (default 20, see the module docstring).
-        feat_size: (H, W) of the largest attention input, i.e. the layer's output size divided by 2 when
+        max_size: (H, W) of the largest attention input, i.e. the layer's output size divided by 2 when
             ``attn_downsample`` (sizes the relative tables).
         attn_downsample: average-pool the attention input 3x3 with stride 2 and upsample its output bilinearly.
         norm_layer: accepted for the mixer interface (the batch norm after the layer normalises both parts).
@@ -78,13 +107,16 @@ class AugmentedConv2d(nn.Module):
             stride: int = 1,
             kappa: float = 0.2,
             upsilon: float = 0.1,
-            num_heads: int = 8,
+            heads: int = 8,
             min_dim_head_k: int = 20,
-            feat_size: Optional[Tuple[int, int]] = None,
+            max_size: Optional[Tuple[int, int]] = None,
             attn_downsample: bool = False,
             norm_layer=None,
             device=None,
             dtype=None,
+            *,
+            num_heads=_UNSET,
+            feat_size=_UNSET,
     ):
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
@@ -96,22 +128,24 @@ class AugmentedConv2d(nn.Module):
         self.stride = check_stride(stride)
         self.kappa = check_ratio(kappa, 'kappa')
         self.upsilon = check_ratio(upsilon, 'upsilon', high=1.0)
-        self.num_heads = to_int(num_heads, 'num_heads')
+        heads, heads_name = _renamed(heads, 8, num_heads, 'heads', 'num_heads')
+        max_size, size_name = _renamed(max_size, None, feat_size, 'max_size', 'feat_size')
+        self.heads = to_int(heads, heads_name)
         min_dim_head_k = to_int(min_dim_head_k, 'min_dim_head_k')
         if not isinstance(attn_downsample, bool):
             raise ValueError(f'attn_downsample must be True or False, got {attn_downsample!r}')
-        if feat_size is None:
-            raise ValueError('feat_size=(H, W) of the largest attention input is required: it sizes the '
+        if max_size is None:
+            raise ValueError(f'{size_name}=(H, W) of the largest attention input is required: it sizes the '
                              'relative position tables')
-        feat_size = to_pair(feat_size, 'feat_size')
-        self.dim_head_k, self.dim_head_v = augmented_depths(self.dim_out, self.kappa, self.upsilon, self.num_heads,
+        max_size = to_pair(max_size, size_name)
+        self.dim_head_k, self.dim_head_v = augmented_depths(self.dim_out, self.kappa, self.upsilon, self.heads,
                                                             min_dim_head_k)
         if self.dim_head_v < 1:
             raise ValueError(f'upsilon={self.upsilon} gives d_v = upsilon * dim_out = {self.upsilon * self.dim_out:g} '
-                             f'attention channels for dim_out={self.dim_out}, fewer than num_heads={self.num_heads}: '
-                             f'raise upsilon or lower num_heads')
-        self.dim_v = self.num_heads * self.dim_head_v
-        self.dim_k = self.num_heads * self.dim_head_k
+                             f'attention channels for dim_out={self.dim_out}, fewer than {heads_name}={self.heads}: '
+                             f'raise upsilon or lower {heads_name}')
+        self.dim_v = self.heads * self.dim_head_v
+        self.dim_k = self.heads * self.dim_head_k
         conv_out = self.dim_out - self.dim_v
         self.conv = nn.Conv2d(self.dim, conv_out, kernel_size, self.stride, padding=kernel_size // 2, bias=False,
                               **dd) if conv_out > 0 else None
@@ -119,9 +153,14 @@ class AugmentedConv2d(nn.Module):
         self.attn_downsample = attn_downsample
         # not "attn_pool": torchvision's FX feature extraction confuses it with "attn.pool" (regex dot)
         self.attn_down = same_avg_pool(2 if attn_downsample else 1)
-        self.attn = RelPosSelfAttention2d(self.dim, self.dim_v, feat_size=feat_size, num_heads=self.num_heads,
+        self.attn = RelPosSelfAttention2d(self.dim, self.dim_v, feat_size=max_size, num_heads=self.heads,
                                           dim_head=self.dim_head_k, **dd)
         self.proj = nn.Conv2d(self.dim_v, self.dim_v, 1, bias=False, **dd)
+
+    @property
+    def num_heads(self) -> int:
+        """``heads`` under timm's name (``BottleneckAttn.num_heads``)."""
+        return self.heads
 
     def reset_parameters(self) -> None:
         """The attention's q/k/v projection and relative tables (timm's BottleneckAttn initialisation; the
@@ -130,7 +169,7 @@ class AugmentedConv2d(nn.Module):
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, dim_out={self.dim_out}, stride={self.stride}, kappa={self.kappa}, '
-                f'upsilon={self.upsilon}, d_k={self.dim_k}, d_v={self.dim_v}, num_heads={self.num_heads}, '
+                f'upsilon={self.upsilon}, d_k={self.dim_k}, d_v={self.dim_v}, heads={self.heads}, '
                 f'attn_downsample={self.attn_downsample}')
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

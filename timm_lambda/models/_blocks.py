@@ -1,20 +1,48 @@
-"""ResNet building blocks whose 3x3 convolution is another spatial mixer, built at construction time.
+"""ResNet blocks whose 3x3 convolution is another spatial mixer, the stage adapter that builds them, and the
+stage geometry that sizes the mixers' position tables.
 
-A LambdaResNet (LambdaNetworks appendix F.2) or an attention-augmented ResNet is timm's
-:class:`~timm.models.resnet.ResNet` in which chosen bottlenecks replace their 3x3 convolution by a
-lambda layer (or an attention-augmented convolution). timm's ``make_blocks`` calls one ``block_fn`` per
-stage for every block of that stage, in order; :class:`StageBlocks` is such a ``block_fn`` that builds
-block ``i`` either as timm's own :class:`~timm.models.resnet.Bottleneck` or as a :class:`MixerBottleneck`,
-with the stage's norm layer and ``device``/``dtype`` factory kwargs.
+A LambdaResNet (LambdaNetworks appendix F.2) or an attention ResNet is timm's
+:class:`~timm.models.resnet.ResNet` in which chosen blocks replace a 3x3 convolution by a lambda layer or an
+attention layer. timm's ``make_blocks`` calls one ``block_fn`` per stage for every block of that stage, in
+order; :class:`StageBlocks` is such a ``block_fn``: it builds block ``i`` either as timm's own
+:class:`~timm.models.resnet.Bottleneck` / :class:`~timm.models.resnet.BasicBlock` or as a
+:class:`MixerBottleneck` / :class:`MixerBasicBlock`, with the stage's norm layer and ``device``/``dtype``
+factory kwargs.
 """
 import math
-from typing import Any, Callable, Collection, Optional
+from functools import partial
+from typing import Any, Callable, Collection, Optional, Tuple
 
 from torch import nn
-from timm.layers import create_attn
-from timm.models.resnet import Bottleneck
+from timm.layers import create_attn, get_norm_layer
+from timm.models.resnet import BasicBlock, Bottleneck
 
-__all__ = ['MixerBottleneck', 'StagePlan', 'StageBlocks']
+__all__ = ['MixerBottleneck', 'MixerBasicBlock', 'StageBlocks', 'stage_sizes', 'norm_with_bn_args']
+
+Size = Tuple[int, int]
+
+
+def stage_sizes(img_size: Optional[Size], stem_reduction: int = 4) -> Tuple[Optional[Size], ...]:
+    """(H, W) of the c2..c5 outputs of a ResNet at ``img_size`` whose stem reduces by ``stem_reduction`` (4:
+    stride-2 stem and stride-2 pool; 1: the CIFAR stem), every stride-2 step rounding up; ``None`` for each
+    when ``img_size`` is None. The first block of stage ``s`` sees ``stage_sizes(...)[max(s - 1, 0)]``."""
+    if img_size is None:
+        return (None,) * 4
+    return tuple(tuple(math.ceil(s / (stem_reduction * 2 ** stage)) for s in img_size) for stage in range(4))
+
+
+def norm_with_bn_args(norm_layer, bn_momentum: Optional[float] = None, bn_eps: Optional[float] = None):
+    """``norm_layer`` with timm train.py's ``--bn-momentum``/``--bn-eps`` bound (PyTorch momentum = 1 - TF
+    decay; F.3's decay 0.9999 is momentum 1e-4). Every norm of the model, lambda layers' included, uses it."""
+    norm_layer = get_norm_layer(norm_layer)
+    bound = {}
+    for name, key, value in (('bn_momentum', 'momentum', bn_momentum), ('bn_eps', 'eps', bn_eps)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+            raise ValueError(f'{name} must be a number in (0, 1), got {value!r}')
+        bound[key] = float(value)
+    return partial(norm_layer, **bound) if bound else norm_layer
 
 
 class MixerBottleneck(nn.Module):
@@ -81,32 +109,97 @@ class MixerBottleneck(nn.Module):
     forward = Bottleneck.forward
 
 
-class StagePlan:
-    """What one ResNet stage is made of: which blocks (0-based) use ``mixer``, and the SE layer of the others."""
+class MixerBasicBlock(nn.Module):
+    """timm's ResNet basic block (3x3, 3x3, residual) with ``mixer`` in place of the first 3x3 convolution.
 
-    def __init__(self, mixer_blocks: Collection[int] = (), mixer: Optional[Callable[..., nn.Module]] = None,
-                 attn_layer: Optional[Any] = None, mixer_attn_layer: Optional[Any] = None):
-        self.mixer_blocks = frozenset(mixer_blocks)
-        self.mixer = mixer
-        self.attn_layer = attn_layer
-        self.mixer_attn_layer = mixer_attn_layer
+    ``mixer(in_chs, out_chs, stride=stride, norm_layer=norm_layer, device=, dtype=)`` builds the layer (it
+    downsamples itself). Parameter names, ``forward`` and ``zero_init_last`` are timm's
+    :class:`~timm.models.resnet.BasicBlock`'s.
+    """
+    expansion = 1
+
+    def __init__(
+            self,
+            inplanes: int,
+            planes: int,
+            stride: int = 1,
+            downsample: Optional[nn.Module] = None,
+            cardinality: int = 1,
+            base_width: int = 64,
+            reduce_first: int = 1,
+            dilation: int = 1,
+            first_dilation: Optional[int] = None,
+            act_layer: Callable[..., nn.Module] = nn.ReLU,
+            norm_layer: Callable[..., nn.Module] = nn.BatchNorm2d,
+            attn_layer: Optional[Any] = None,
+            aa_layer: Optional[Any] = None,
+            drop_block: Optional[Callable[[], nn.Module]] = None,
+            drop_path: Optional[nn.Module] = None,
+            mixer: Callable[..., nn.Module] = None,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        if mixer is None:
+            raise ValueError('MixerBasicBlock needs a mixer (the layer that replaces the first 3x3 convolution)')
+        if cardinality != 1 or base_width != 64 or dilation != 1 or (first_dilation or 1) != 1 or aa_layer is not None:
+            raise ValueError('basic blocks with attention support plain blocks only: cardinality=1, base_width=64, '
+                             f'dilation=1 (output_stride=32), no aa_layer; got cardinality={cardinality}, '
+                             f'base_width={base_width}, dilation={dilation}, aa_layer={aa_layer}')
+        first_planes = planes // reduce_first
+        outplanes = planes * self.expansion
+        self.conv1 = mixer(inplanes, first_planes, stride=stride, norm_layer=norm_layer, **dd)
+        self.bn1 = norm_layer(first_planes, **dd)
+        self.drop_block = drop_block() if drop_block is not None else nn.Identity()
+        self.act1 = act_layer(inplace=True)
+        self.aa = nn.Identity()
+        self.conv2 = nn.Conv2d(first_planes, outplanes, kernel_size=3, padding=1, bias=False, **dd)
+        self.bn2 = norm_layer(outplanes, **dd)
+        self.se = create_attn(attn_layer, outplanes, **dd)
+        self.act2 = act_layer(inplace=True)
+        self.downsample = downsample
+        self.stride = stride
+        self.dilation = dilation
+        self.drop_path = drop_path
+
+    zero_init_last = BasicBlock.zero_init_last
+    forward = BasicBlock.forward
 
 
 class StageBlocks:
-    """A ``block_fn`` for timm's ``make_blocks`` that builds a stage's blocks as planned by a :class:`StagePlan`.
+    """A ``block_fn`` for timm's ``make_blocks``: the blocks of one stage, some with ``mixer``.
+
+    Args:
+        mixer: builds the spatial layer of the mixer blocks (see :class:`MixerBottleneck`); None: every block
+            is timm's plain block.
+        mixer_blocks: 0-based indices of the blocks that use ``mixer`` (None: every block).
+        basic: basic blocks (ResNet-18/34) instead of bottlenecks.
+        attn_layer: timm attention (e.g. SE) of the plain blocks; ``mixer_attn_layer`` that of the mixer blocks.
+        strided_mixer: the mixer of a block with stride 2 (default ``mixer``), e.g. one sized for the
+            previous stage's resolution.
 
     ``make_blocks`` calls it once per block, in order; the call count is the block index within the stage.
     """
-    expansion = 4
 
-    def __init__(self, plan: StagePlan):
-        self.plan = plan
+    def __init__(self, mixer: Optional[Callable[..., nn.Module]] = None, mixer_blocks: Optional[Collection[int]] = None,
+                 basic: bool = False, attn_layer: Optional[Any] = None, mixer_attn_layer: Optional[Any] = None,
+                 strided_mixer: Optional[Callable[..., nn.Module]] = None):
+        self.mixer = mixer
+        self.strided_mixer = strided_mixer or mixer
+        self.mixer_blocks = None if mixer_blocks is None else frozenset(mixer_blocks)
+        self.basic = basic
+        self.expansion = 1 if basic else 4
+        self.attn_layer = attn_layer
+        self.mixer_attn_layer = mixer_attn_layer
         self._index = 0
 
     def __call__(self, inplanes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None,
                  **kwargs) -> nn.Module:
         index, self._index = self._index, self._index + 1
-        if index in self.plan.mixer_blocks:
-            return MixerBottleneck(inplanes, planes, stride, downsample, mixer=self.plan.mixer,
-                                   attn_layer=self.plan.mixer_attn_layer, **kwargs)
-        return Bottleneck(inplanes, planes, stride, downsample, attn_layer=self.plan.attn_layer, **kwargs)
+        if self.mixer is None or (self.mixer_blocks is not None and index not in self.mixer_blocks):
+            block = BasicBlock if self.basic else Bottleneck
+            return block(inplanes, planes, stride, downsample, attn_layer=self.attn_layer, **kwargs)
+        block = MixerBasicBlock if self.basic else MixerBottleneck
+        mixer = self.strided_mixer if stride == 2 else self.mixer
+        return block(inplanes, planes, stride, downsample, mixer=mixer, attn_layer=self.mixer_attn_layer, **kwargs)

@@ -12,8 +12,9 @@ layer in place of its (first) 3x3 convolution, built at construction:
 * ``'local'``: :class:`~timm_lambda.layers.LocalSelfAttention2d` (timm's HaloAttn with one-pixel blocks).
 
 Bottleneck blocks are :class:`~timm_lambda.models._blocks.MixerBottleneck` (timm's Bottleneck forward);
-basic blocks (ResNet-34) are :class:`MixerBasicBlock` (timm's BasicBlock forward, attention in ``conv1``:
-the AA paper augments one convolution per residual block, the first one in its Wide-ResNets).
+basic blocks (ResNet-34) are :class:`~timm_lambda.models._blocks.MixerBasicBlock` (timm's BasicBlock forward,
+attention in ``conv1``: the AA paper augments one convolution per residual block, the first one in its
+Wide-ResNets).
 
 In a block that downsamples, the AA layer attends at the output resolution (3x3 average pooling before the
 attention, see :mod:`timm_lambda.layers.attention_augmented`); the Table 4 attention layers attend at the
@@ -21,29 +22,28 @@ input resolution and pool 3x3 with stride 2 afterwards, as the lambda layers the
 (LambdaNetworks appendix F.2).
 
 The lambda rows of Table 4 (|k| = 8, shared embeddings, lambda convolution 7x7) are
-:class:`~timm_lambda.models.LambdaResNet` configurations registered here as well.
+:class:`~timm_lambda.models.LambdaResNet` configurations, registered with the other lambda models in
+:mod:`timm_lambda.models.lambda_resnet`.
 """
 import math
 from functools import partial
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import create_attn
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models.resnet import BasicBlock, Bottleneck, ResNet
+from timm.models.resnet import ResNet
 
 from ..layers.attention_augmented import AugmentedConv2d
 from ..layers.relative_attention import (AxialAttention1d, AxialSelfAttention2d, LocalSelfAttention2d,
                                          RelPosSelfAttention2d, check_ratio)
 from ..layers.relative_embedding import to_int, to_pair
 from ..paper import STAGE_DEPTHS
-from ._blocks import MixerBottleneck
-from .lambda_resnet import LambdaResNet, norm_with_bn_args
+from ._blocks import StageBlocks, norm_with_bn_args, stage_sizes
+from ._pretrained import AA_PAPER, cfg
 
-__all__ = ['AttentionResNet', 'MixerBasicBlock', 'ATTENTIONS']
+__all__ = ['AttentionResNet', 'ATTENTIONS']
 
 ATTENTIONS = ('aa', 'global', 'axial', 'local')
 
@@ -56,95 +56,14 @@ _OPTIONS = {
 }
 
 
-class MixerBasicBlock(nn.Module):
-    """timm's ResNet basic block (3x3, 3x3, residual) with ``mixer`` in place of the first 3x3 convolution.
-
-    ``mixer(in_chs, out_chs, stride=stride, norm_layer=norm_layer, device=, dtype=)`` builds the layer (it
-    downsamples itself). Parameter names, ``forward`` and ``zero_init_last`` are timm's
-    :class:`~timm.models.resnet.BasicBlock`'s.
-    """
-    expansion = 1
-
-    def __init__(
-            self,
-            inplanes: int,
-            planes: int,
-            stride: int = 1,
-            downsample: Optional[nn.Module] = None,
-            cardinality: int = 1,
-            base_width: int = 64,
-            reduce_first: int = 1,
-            dilation: int = 1,
-            first_dilation: Optional[int] = None,
-            act_layer: Callable[..., nn.Module] = nn.ReLU,
-            norm_layer: Callable[..., nn.Module] = nn.BatchNorm2d,
-            attn_layer: Optional[Any] = None,
-            aa_layer: Optional[Any] = None,
-            drop_block: Optional[Callable[[], nn.Module]] = None,
-            drop_path: Optional[nn.Module] = None,
-            mixer: Callable[..., nn.Module] = None,
-            device=None,
-            dtype=None,
-    ):
-        super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        if mixer is None:
-            raise ValueError('MixerBasicBlock needs a mixer (the layer that replaces the first 3x3 convolution)')
-        if cardinality != 1 or base_width != 64 or dilation != 1 or (first_dilation or 1) != 1 or aa_layer is not None:
-            raise ValueError('basic blocks with attention support plain blocks only: cardinality=1, base_width=64, '
-                             f'dilation=1 (output_stride=32), no aa_layer; got cardinality={cardinality}, '
-                             f'base_width={base_width}, dilation={dilation}, aa_layer={aa_layer}')
-        first_planes = planes // reduce_first
-        outplanes = planes * self.expansion
-        self.conv1 = mixer(inplanes, first_planes, stride=stride, norm_layer=norm_layer, **dd)
-        self.bn1 = norm_layer(first_planes, **dd)
-        self.drop_block = drop_block() if drop_block is not None else nn.Identity()
-        self.act1 = act_layer(inplace=True)
-        self.aa = nn.Identity()
-        self.conv2 = nn.Conv2d(first_planes, outplanes, kernel_size=3, padding=1, bias=False, **dd)
-        self.bn2 = norm_layer(outplanes, **dd)
-        self.se = create_attn(attn_layer, outplanes, **dd)
-        self.act2 = act_layer(inplace=True)
-        self.downsample = downsample
-        self.stride = stride
-        self.dilation = dilation
-        self.drop_path = drop_path
-
-    zero_init_last = BasicBlock.zero_init_last
-    forward = BasicBlock.forward
-
-
-class _StageBlocks:
-    """``block_fn`` for timm's ``make_blocks``: every block of one stage, with ``mixer`` (or timm's plain block
-    when ``mixer`` is None). ``mixer(in_chs, out_chs, stride, in_size, norm_layer=, device=, dtype=)``
-    receives the size of its input at ``img_size`` (the previous stage's for the strided first block)."""
-
-    def __init__(self, basic: bool, mixer: Optional[Callable[..., nn.Module]], size: Optional[Tuple[int, int]],
-                 prev_size: Optional[Tuple[int, int]]):
-        self.basic = basic
-        self.expansion = 1 if basic else 4
-        self.mixer = mixer
-        self.size = size
-        self.prev_size = prev_size
-
-    def __call__(self, inplanes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None,
-                 **kwargs) -> nn.Module:
-        if self.mixer is None:
-            block = BasicBlock if self.basic else Bottleneck
-            return block(inplanes, planes, stride, downsample, **kwargs)
-        mixer = partial(self.mixer, in_size=self.prev_size if stride == 2 else self.size)
-        block = MixerBasicBlock if self.basic else MixerBottleneck
-        return block(inplanes, planes, stride, downsample, mixer=mixer, **kwargs)
-
-
 def _aa_mixer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, kappa=0.2, upsilon=0.1, num_heads=8,
               min_dim_head_k=20, attn_downsample=False, device=None, dtype=None):
     size = None
     if in_size is not None:  # attention at the output resolution, halved again when downsampled
         size = tuple(math.ceil(s / stride) for s in in_size)
         size = tuple(math.ceil(s / 2) for s in size) if attn_downsample else size
-    return AugmentedConv2d(in_chs, out_chs, 3, stride, kappa=kappa, upsilon=upsilon, num_heads=num_heads,
-                           min_dim_head_k=min_dim_head_k, feat_size=size, attn_downsample=attn_downsample,
+    return AugmentedConv2d(in_chs, out_chs, 3, stride, kappa=kappa, upsilon=upsilon, heads=num_heads,
+                           min_dim_head_k=min_dim_head_k, max_size=size, attn_downsample=attn_downsample,
                            device=device, dtype=dtype)
 
 
@@ -250,18 +169,19 @@ class AttentionResNet(ResNet):
         norm_layer = norm_with_bn_args(norm_layer, bn_momentum, bn_eps)
         dd = {'device': device, 'dtype': dtype}
 
-        def stage_size(stage: int) -> Optional[Tuple[int, int]]:  # stride 4 * 2^stage, each step rounding up
-            return None if size is None else tuple(math.ceil(s / 2 ** (stage + 2)) for s in size)
-
+        sizes = stage_sizes(size)
         plans = []
         for stage in range(4):
-            mixer = None
-            if stage in attn_stages:
-                stage_opts = dict(opts)
-                if 'attn_downsample' in stage_opts:
-                    stage_opts['attn_downsample'] = opts['attn_downsample'] and stage == attn_stages[0]
-                mixer = partial(_MIXERS[attention], num_heads=num_heads, **stage_opts)
-            plans.append(_StageBlocks(block == 'basic', mixer, stage_size(stage), stage_size(max(stage - 1, 0))))
+            if stage not in attn_stages:
+                plans.append(StageBlocks(basic=block == 'basic'))
+                continue
+            stage_opts = dict(opts)
+            if 'attn_downsample' in stage_opts:
+                stage_opts['attn_downsample'] = opts['attn_downsample'] and stage == attn_stages[0]
+            mixer = partial(_MIXERS[attention], num_heads=num_heads, **stage_opts)
+            # a strided block attends at the previous stage's resolution (it downsamples itself)
+            plans.append(StageBlocks(partial(mixer, in_size=sizes[stage]), basic=block == 'basic',
+                                     strided_mixer=partial(mixer, in_size=sizes[max(stage - 1, 0)])))
         super().__init__(block=tuple(plans), layers=layers, norm_layer=norm_layer, **dd, **kwargs)
         self.attention = attention
         self.attn_stages = attn_stages
@@ -277,31 +197,15 @@ class AttentionResNet(ResNet):
                 m.reset_parameters()
 
 
-def _create(variant: str, pretrained: bool = False, **kwargs) -> AttentionResNet:
-    return build_model_with_cfg(AttentionResNet, variant, pretrained, **kwargs)
-
-
-def _create_lambda(variant: str, pretrained: bool = False, **kwargs) -> LambdaResNet:
-    return build_model_with_cfg(LambdaResNet, variant, pretrained, **kwargs)
-
-
-def _cfg(paper_ids: str, paper_name: str, **kwargs):
-    """Vanilla ResNet preprocessing at 224 px (AA paper: standard Inception augmentation; LambdaNetworks
-    Tables 3 and 4: the 90-epoch setup at 224 px)."""
-    return {
-        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': (7, 7), 'crop_pct': 0.875,
-        'interpolation': 'bilinear', 'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
-        'first_conv': 'conv1', 'classifier': 'fc', 'paper_ids': paper_ids, 'paper_name': paper_name, **kwargs,
-    }
-
-
-_AA = ('arXiv:1904.09925', 'Attention Augmented Convolutional Networks')
-_LAMBDA = ('arXiv:2102.08602', 'LambdaNetworks: Modeling Long-Range Interactions without Attention')
-
+# Vanilla ResNet preprocessing at 224 px (AA paper: standard Inception augmentation; LambdaNetworks Tables 3 and 4:
+# the 90-epoch setup at 224 px). 'aa', 'global' and 'axial' size their relative tables for img_size and refuse
+# larger inputs: fixed_input_size (timm passes input_size on as img_size); 'local' serves any size.
 default_cfgs = generate_default_cfgs({
-    **{f'aa_resnet{d}.r224': _cfg(*_AA) for d in (34, 50, 101, 152)},
-    **{f'resnet50_{k}.r224': _cfg(*_LAMBDA) for k in ('global_attn', 'axial_attn', 'local_attn7', 'lambda_k8',
-                                                       'lambda_shared', 'lambda_conv7')},
+    **{f'aa_resnet{d}.r224': cfg(interpolation='bilinear', fixed_input_size=True, **AA_PAPER)
+       for d in (34, 50, 101, 152)},
+    'resnet50_global_attn.r224': cfg(interpolation='bilinear', fixed_input_size=True),
+    'resnet50_axial_attn.r224': cfg(interpolation='bilinear', fixed_input_size=True),
+    'resnet50_local_attn7.r224': cfg(interpolation='bilinear'),
 })
 
 
@@ -317,26 +221,26 @@ def _aa(depth: int, **kwargs):
 def aa_resnet34(pretrained: bool = False, **kwargs) -> AttentionResNet:
     """AA-ResNet-34 (AA paper Table 3, 20.7M): the first 3x3 convolution of every c3-c5 basic block attention
     augmented, kappa = upsilon = 0.25, 8 heads."""
-    return _create('aa_resnet34', pretrained, **_aa(34, **kwargs))
+    return build_model_with_cfg(AttentionResNet, 'aa_resnet34', pretrained, **_aa(34, **kwargs))
 
 
 @register_model
 def aa_resnet50(pretrained: bool = False, **kwargs) -> AttentionResNet:
     """AA-ResNet-50 (AA paper Table 3, 25.8M; LambdaNetworks Table 3 "Conv + relative self-attention"): every
     c3-c5 bottleneck 3x3 convolution attention augmented, kappa = 2 upsilon = 0.2, 8 heads."""
-    return _create('aa_resnet50', pretrained, **_aa(50, **kwargs))
+    return build_model_with_cfg(AttentionResNet, 'aa_resnet50', pretrained, **_aa(50, **kwargs))
 
 
 @register_model
 def aa_resnet101(pretrained: bool = False, **kwargs) -> AttentionResNet:
     """AA-ResNet-101 (AA paper Table 3, 45.4M): kappa = 2 upsilon = 0.2, 8 heads, every c3-c5 bottleneck."""
-    return _create('aa_resnet101', pretrained, **_aa(101, **kwargs))
+    return build_model_with_cfg(AttentionResNet, 'aa_resnet101', pretrained, **_aa(101, **kwargs))
 
 
 @register_model
 def aa_resnet152(pretrained: bool = False, **kwargs) -> AttentionResNet:
     """AA-ResNet-152 (AA paper Table 3, 61.6M): kappa = 2 upsilon = 0.2, 8 heads, every c3-c5 bottleneck."""
-    return _create('aa_resnet152', pretrained, **_aa(152, **kwargs))
+    return build_model_with_cfg(AttentionResNet, 'aa_resnet152', pretrained, **_aa(152, **kwargs))
 
 
 def _table4(attention: str, **kwargs):
@@ -347,14 +251,14 @@ def _table4(attention: str, **kwargs):
 def resnet50_global_attn(pretrained: bool = False, **kwargs) -> AttentionResNet:
     """LambdaNetworks Table 4 "Global self-attention": every ResNet-50 3x3 convolution replaced by global
     multi-head self-attention with 2-D relative logits (8 heads; timm's BottleneckAttn), inputs up to img_size."""
-    return _create('resnet50_global_attn', pretrained, **_table4('global', **kwargs))
+    return build_model_with_cfg(AttentionResNet, 'resnet50_global_attn', pretrained, **_table4('global', **kwargs))
 
 
 @register_model
 def resnet50_axial_attn(pretrained: bool = False, **kwargs) -> AttentionResNet:
     """LambdaNetworks Table 4 "Axial self-attention": every ResNet-50 3x3 convolution replaced by a height-axis
     then a width-axis multi-head self-attention with 1-D relative logits (8 heads)."""
-    return _create('resnet50_axial_attn', pretrained, **_table4('axial', **kwargs))
+    return build_model_with_cfg(AttentionResNet, 'resnet50_axial_attn', pretrained, **_table4('axial', **kwargs))
 
 
 @register_model
@@ -362,28 +266,4 @@ def resnet50_local_attn7(pretrained: bool = False, **kwargs) -> AttentionResNet:
     """LambdaNetworks Table 4 "Local self-attention (7x7)" / Table 3 "Local relative self-attention
     (Ramachandran et al., 2019)", 18.0M: every ResNet-50 3x3 convolution replaced by 7x7 local self-attention
     (8 heads; timm's HaloAttn with one-pixel blocks)."""
-    return _create('resnet50_local_attn7', pretrained, **_table4('local', **kwargs))
-
-
-def _lambda50(**kwargs):
-    return {**dict(layers=STAGE_DEPTHS[50], lambda_blocks=('all',) * 4, se_stages=()), **kwargs}
-
-
-@register_model
-def resnet50_lambda_k8(pretrained: bool = False, **kwargs) -> LambdaResNet:
-    """LambdaNetworks Table 4 "Lambda layer (|k|=8)": resnet50_lambda with query/key depth 8."""
-    return _create_lambda('resnet50_lambda_k8', pretrained, **_lambda50(dim_k=8, **kwargs))
-
-
-@register_model
-def resnet50_lambda_shared(pretrained: bool = False, **kwargs) -> LambdaResNet:
-    """LambdaNetworks Table 4 "Lambda layer (shared embeddings)": resnet50_lambda with one position-embedding
-    table for every lambda layer."""
-    return _create_lambda('resnet50_lambda_shared', pretrained, **_lambda50(shared_embeddings=True, **kwargs))
-
-
-@register_model
-def resnet50_lambda_conv7(pretrained: bool = False, **kwargs) -> LambdaResNet:
-    """LambdaNetworks Table 4 "Lambda convolution (7x7)": resnet50_lambda with a 7x7 scope computed by the
-    lambda convolution (``impl='conv'``; ``impl='auto'`` gives the same result faster on CPU)."""
-    return _create_lambda('resnet50_lambda_conv7', pretrained, **_lambda50(scope=7, impl='conv', **kwargs))
+    return build_model_with_cfg(AttentionResNet, 'resnet50_local_attn7', pretrained, **_table4('local', **kwargs))

@@ -17,6 +17,7 @@ from torch import nn
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ..paper import CIFAR10_MEAN, CIFAR10_STD, STAGE_DEPTHS
+from ._pretrained import cfg
 from .lambda_resnet import LambdaResNet
 
 __all__ = ['CifarLambdaResNet']
@@ -53,28 +54,20 @@ class CifarLambdaResNet(LambdaResNet):
                              for i, info in enumerate(self.feature_info)]
 
 
-def _cfg(pool: int, **kwargs):
+def _cifar10(pool: int, **kwargs):
     """CIFAR-10 inputs: 32x32, no centre crop (crop_pct 1), the report's mean/std, 10 classes."""
-    return {
-        'num_classes': 10, 'input_size': (3, 32, 32), 'pool_size': (pool, pool), 'crop_pct': 1.0,
-        'interpolation': 'bilinear', 'mean': CIFAR10_MEAN, 'std': CIFAR10_STD,
-        'first_conv': 'conv1', 'classifier': 'fc',
-        'paper_ids': 'arXiv:2102.08602', 'paper_name': 'LambdaNetworks: Modeling Long-Range Interactions without Attention',
-        **kwargs,
-    }
+    return cfg(32, num_classes=10, pool_size=(pool, pool), crop_pct=1.0, interpolation='bilinear', mean=CIFAR10_MEAN,
+               std=CIFAR10_STD, **kwargs)
 
 
 default_cfgs = generate_default_cfgs({
-    'resnet50_lambda_global32.cifar10': _cfg(
+    # global context: tables sized for 32x32, larger inputs refused (timm passes input_size on as img_size)
+    'resnet50_lambda_global32.cifar10': _cifar10(
         1, description='resnet50_lambda with global context at 32x32: the CIFAR-10 reproduction report\'s model',
-        origin_url='https://github.com/joigalcar3/LambdaNetworks'),
-    'resnet26_lambda_cifar.cifar10': _cfg(4),
-    'resnet50_lambda_cifar.cifar10': _cfg(4),
+        origin_url='https://github.com/joigalcar3/LambdaNetworks', fixed_input_size=True),
+    'resnet26_lambda_cifar.cifar10': _cifar10(4),
+    'resnet50_lambda_cifar.cifar10': _cifar10(4),
 })
-
-
-def _create(cls, variant: str, pretrained: bool, **kwargs):
-    return build_model_with_cfg(cls, variant, pretrained, **kwargs)
 
 
 @register_model
@@ -86,20 +79,20 @@ def resnet50_lambda_global32(pretrained: bool = False, **kwargs) -> LambdaResNet
     args = dict(layers=STAGE_DEPTHS[50], lambda_blocks=('all',) * 4, se_stages=(), scope='global',
                 shared_embeddings=True)
     args.update(kwargs)
-    if args['scope'] == 'global':
-        args.setdefault('img_size', 32)
-    return _create(LambdaResNet, 'resnet50_lambda_global32', pretrained, **args)
+    if args['scope'] != 'global':  # a local scope serves any size: not a fixed-input-size model, no img_size
+        args['pretrained_cfg_overlay'] = dict(args.get('pretrained_cfg_overlay') or {}, fixed_input_size=False)
+    return build_model_with_cfg(LambdaResNet, 'resnet50_lambda_global32', pretrained, **args)
 
 
 @register_model
 def resnet26_lambda_cifar(pretrained: bool = False, **kwargs) -> CifarLambdaResNet:
     """CIFAR-style LambdaResNet-26: 3x3 stride-1 stem, no stem pooling, blocks 2-2-2-2, every 3x3 a lambda layer."""
     args = dict(layers=(2, 2, 2, 2), lambda_blocks=('all',) * 4, se_stages=())
-    return _create(CifarLambdaResNet, 'resnet26_lambda_cifar', pretrained, **dict(args, **kwargs))
+    return build_model_with_cfg(CifarLambdaResNet, 'resnet26_lambda_cifar', pretrained, **dict(args, **kwargs))
 
 
 @register_model
 def resnet50_lambda_cifar(pretrained: bool = False, **kwargs) -> CifarLambdaResNet:
     """CIFAR-style ResNet-50 with every 3x3 a lambda layer: 3x3 stride-1 stem, no stem pooling (c2 at 32x32)."""
     args = dict(layers=STAGE_DEPTHS[50], lambda_blocks=('all',) * 4, se_stages=())
-    return _create(CifarLambdaResNet, 'resnet50_lambda_cifar', pretrained, **dict(args, **kwargs))
+    return build_model_with_cfg(CifarLambdaResNet, 'resnet50_lambda_cifar', pretrained, **dict(args, **kwargs))

@@ -15,10 +15,10 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models._efficientnet_blocks import InvertedResidual
 from timm.models._efficientnet_builder import decode_arch_def, round_channels
 from timm.models.efficientnet import EfficientNet
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from ..layers import LambdaLayer
-from .lambda_resnet import norm_with_bn_args
+from ._blocks import norm_with_bn_args
+from ._pretrained import cfg
 
 __all__ = ['LambdaMobileNetV2', 'lightweight_lambda_block']
 
@@ -76,11 +76,7 @@ class LambdaMobileNetV2(EfficientNet):
 
 
 default_cfgs = generate_default_cfgs({
-    'mobilenetv2_100_lambda.r224': {
-        'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': (7, 7), 'crop_pct': 0.875,
-        'interpolation': 'bicubic', 'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
-        'first_conv': 'conv_stem', 'classifier': 'classifier', 'paper_ids': 'arXiv:2102.08602',
-    },
+    'mobilenetv2_100_lambda.r224': cfg(224, first_conv='conv_stem', classifier='classifier'),
 })
 
 

@@ -6,6 +6,11 @@ bottlenecks listed in ``lambda_blocks`` are built as :class:`~timm_lambda.models
 with a :class:`~timm_lambda.layers.LambdaLayer` in place of the 3x3 convolution (3x3 average pooling with
 stride 2 after the layer when the block downsamples) and no squeeze-and-excitation.
 
+Registered here: the LambdaResNets of Table 19 (``lambdaresnet50`` .. ``lambdaresnet420``) and their -C4
+variants, ResNet-RS without SE (``resnetrs*_nose``), and the vanilla ResNet-50 with every 3x3 convolution a
+lambda layer (``resnet50_lambda``) with its Table 3 and Table 4 variants (``_u4``, ``_k8``, ``_shared``,
+``_conv7``) and d-li14/lambda.pytorch's architecture (``resnet50_lambda_dli14``).
+
 Choices where the paper is ambiguous (tested in tests/test_models.py, listed in README):
 
 * Table 19 lambda positions (e.g. "6, 12, 18" in the 23 c4 blocks of LambdaResNet-101) are
@@ -16,41 +21,27 @@ Choices where the paper is ambiguous (tested in tests/test_models.py, listed in 
   36.9M, -152 51.4M, -101-C4 26.0M, -152-C4 35.1M. SE in every convolutional bottleneck
   (``se_stages=(0, 1, 2, 3)``, the literal reading of F.2) gives 47.4M for LambdaResNet-101.
 """
-import math
+import warnings
 from functools import partial
 from typing import Any, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import get_attn, get_norm_layer
+from timm.layers import get_attn
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
 from timm.models.resnet import ResNet
 
 from ..layers import LambdaLayer, RelativePositionEmbedding
 from ..layers.relative_embedding import check_scope, to_int, to_pair
 from ..paper import LAMBDA_BLOCKS, RESOLUTIONS, RESOLUTIONS_C4, STAGE_DEPTHS
-from ._blocks import StageBlocks, StagePlan
+from ._blocks import StageBlocks, norm_with_bn_args, stage_sizes
+from ._pretrained import RESNETRS_PAPER, cfg
 
-__all__ = ['LambdaResNet', 'norm_with_bn_args', 'stage_block_indices', 'checkpoint_filter_dli14', 'DLI14_TAG',
+__all__ = ['LambdaResNet', 'norm_with_bn_args', 'stage_block_indices', 'checkpoint_filter_dli14', 'DLI14_MODEL',
            'DLI14_MODEL_ARGS']
 
 StageSpec = Union[None, str, int, Sequence[int]]
-
-
-def norm_with_bn_args(norm_layer, bn_momentum: Optional[float] = None, bn_eps: Optional[float] = None):
-    """``norm_layer`` with timm train.py's ``--bn-momentum``/``--bn-eps`` bound (PyTorch momentum = 1 - TF
-    decay; F.3's decay 0.9999 is momentum 1e-4). Every norm of the model, lambda layers' included, uses it."""
-    norm_layer = get_norm_layer(norm_layer)
-    bound = {}
-    for name, key, value in (('bn_momentum', 'momentum', bn_momentum), ('bn_eps', 'eps', bn_eps)):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-            raise ValueError(f'{name} must be a number in (0, 1), got {value!r}')
-        bound[key] = float(value)
-    return partial(norm_layer, **bound) if bound else norm_layer
 
 
 def stage_block_indices(spec: StageSpec, depth: int, stage: int) -> Tuple[int, ...]:
@@ -82,8 +73,8 @@ class LambdaResNet(ResNet):
         dim_k, heads, dim_u, scope, impl, key_norm, qv_norm, content, position: lambda layer
             options (see :class:`~timm_lambda.layers.LambdaLayer`).
         position_bias, pool_count_include_pad: the two conventions of d-li14/lambda.pytorch (a bias on the
-            position lambdas; stride-2 pooling that counts the zero padding); off by default (paper), set by
-            the ``resnet50_lambda.dli14_in1k`` tag (see :class:`~timm_lambda.layers.LambdaLayer`).
+            position lambdas; stride-2 pooling that counts the zero padding); off by default (paper), on in
+            ``resnet50_lambda_dli14`` (see :class:`~timm_lambda.layers.LambdaLayer`).
         shared_embeddings: one position-embedding table for every lambda layer (Table 4).
         img_size: input size, int or (H, W); required with ``scope='global'`` (it sizes the
             embedding tables), not accepted with a local scope (which serves any size).
@@ -144,21 +135,17 @@ class LambdaResNet(ResNet):
                            qv_norm=qv_norm, content=content, position=position, position_bias=position_bias,
                            pool_count_include_pad=pool_count_include_pad)
 
-        def stage_size(reduction: int) -> Optional[Tuple[int, int]]:
-            return None if img_size is None else (math.ceil(img_size[0] / reduction), math.ceil(img_size[1] / reduction))
-
-        stem = type(self).stem_reduction
+        sizes = stage_sizes(img_size, type(self).stem_reduction)
         shared = None
         if shared_embeddings and position and any(positions):
             first = min(i for i, p in enumerate(positions) if p)
-            shared = RelativePositionEmbedding(dim_k, dim_u, scope, stage_size(stem * 2 ** max(first - 1, 0)), **dd)
+            shared = RelativePositionEmbedding(dim_k, dim_u, scope, sizes[max(first - 1, 0)], **dd)
         se_layer = partial(get_attn('se'), rd_ratio=se_ratio)
         plans = []
         for stage, blocks in enumerate(positions):
             # the stage's first lambda layer sees the previous stage's resolution (it downsamples itself)
-            mixer = partial(LambdaLayer, max_size=stage_size(stem * 2 ** max(stage - 1, 0)), pos_embedding=shared,
-                            **lambda_args)
-            plans.append(StageBlocks(StagePlan(blocks, mixer, attn_layer=se_layer if stage in se_stages else None)))
+            mixer = partial(LambdaLayer, max_size=sizes[max(stage - 1, 0)], pos_embedding=shared, **lambda_args)
+            plans.append(StageBlocks(mixer, blocks, attn_layer=se_layer if stage in se_stages else None))
         super().__init__(block=tuple(plans), layers=layers, norm_layer=norm_layer, **dd, **kwargs)
         self.lambda_positions = tuple(positions)
 
@@ -172,12 +159,10 @@ class LambdaResNet(ResNet):
                 m.reset_parameters()
 
 
-def _create(variant: str, pretrained: bool = False, **kwargs) -> LambdaResNet:
-    return build_model_with_cfg(LambdaResNet, variant, pretrained, **kwargs)
-
-
 # ResNet-RS base (appendix F.2): ResNet-D, deep stem whose max pool is a strided 3x3 conv.
 _RS_ARGS = dict(stem_width=32, stem_type='deep', replace_stem_pool=True, avg_down=True)
+# The vanilla ResNet-50 of Tables 3 and 4 with every 3x3 convolution a lambda layer.
+_RESNET50_ALL_LAMBDA = dict(layers=STAGE_DEPTHS[50], lambda_blocks=('all',) * 4, se_stages=())
 
 
 def _hybrid(depth: int, **kwargs):
@@ -196,31 +181,28 @@ def _nose(depth: int, **kwargs):
     return {**_RS_ARGS, 'layers': STAGE_DEPTHS[depth], 'lambda_blocks': (None,) * 4, 'se_stages': (), **kwargs}
 
 
-def _cfg(res: int, **kwargs):
-    """Pretrained cfg: trained and evaluated at ``res`` (F.1: 'evaluated at the same resolution')."""
-    return {
-        'num_classes': 1000, 'input_size': (3, res, res), 'pool_size': (res // 32, res // 32),
-        'test_input_size': (3, res, res), 'crop_pct': 0.875, 'interpolation': 'bicubic',
-        'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
-        'first_conv': 'conv1.0', 'classifier': 'fc',
-        'paper_ids': 'arXiv:2102.08602', 'paper_name': 'LambdaNetworks: Modeling Long-Range Interactions without Attention',
-        **kwargs,
-    }
+def _resnet50_lambda(kwargs: dict, **variant):
+    """resnet50_lambda's arguments (Table 3 "Lambda layer"), then a variant's, then the caller's ``kwargs``."""
+    return {**_RESNET50_ALL_LAMBDA, **variant, **kwargs}
 
 
 # d-li14/lambda.pytorch: the one public ImageNet-trained paper-faithful lambda network (LambdaResNet-50,
 # "78.208 / 93.820" top-1 / top-5, 14.995M parameters; README of the repository at commit 646de55). Its
-# architecture is resnet50_lambda with two conventions, which this tag turns on: a bias on the lambda
+# architecture, resnet50_lambda_dli14, is resnet50_lambda with two conventions: a bias on the lambda
 # convolution (position_bias) and a stride-2 average pooling that counts the zero padding. The checkpoint is
 # hosted outside GitHub (a OneDrive link on the project page): no URL here, the download is manual.
-DLI14_TAG = 'dli14_in1k'
+DLI14_MODEL = 'resnet50_lambda_dli14.in1k'
 DLI14_MODEL_ARGS = dict(position_bias=True, pool_count_include_pad=True)
 DLI14_PAGE = 'https://github.com/d-li14/lambda.pytorch'
+# Before the architecture had its own name, a tag of resnet50_lambda switched it on; still accepted, deprecated.
+_DEPRECATED_DLI14_TAG = 'dli14_in1k'
 
 
-def _dli14_cfg():
-    return _cfg(
-        224, interpolation='bilinear', first_conv='conv1', origin_url=DLI14_PAGE,
+def _dli14_cfg(*notes: str):
+    return cfg(
+        224, interpolation='bilinear', origin_url=DLI14_PAGE,
+        # d-li14/lambda.pytorch states no license (no LICENSE file, none in its README at 646de55): unknown.
+        license='unknown',
         description='LambdaResNet-50 trained on ImageNet-1k by Duo Li (d-li14/lambda.pytorch)',
         notes=('Their README: 78.208 top-1 / 93.820 top-5 on ImageNet val, 14.995M parameters, 6.576 GFLOPs; '
                'SGD lr 0.1, momentum 0.9, weight decay 1e-4, 130 epochs, cosine, batch 256, label smoothing 0.1.',
@@ -229,7 +211,7 @@ def _dli14_cfg():
                'converts the keys.',
                'Their evaluation transform is not stated: standard ImageNet eval assumed (bilinear resize to '
                '256, centre crop 224, ImageNet mean/std).',
-               'The repository states no license.'),
+               'The repository states no license.', *notes),
     )
 
 
@@ -245,8 +227,8 @@ def checkpoint_filter_dli14(state_dict: dict, model: Optional[nn.Module] = None)
     names) is unchanged. A checkpoint already in our keys passes through.
 
     With ``model`` given, a d-li14 checkpoint is refused (ValueError) unless the model was built with both of
-    their conventions (``position_bias=True``, ``pool_count_include_pad=True``, as the
-    ``resnet50_lambda.dli14_in1k`` tag does): the weights would load but the outputs would differ.
+    their conventions (``position_bias=True``, ``pool_count_include_pad=True``, as ``resnet50_lambda_dli14``
+    is): the weights would load but the outputs would differ.
     """
     for key in ('state_dict', 'model'):
         if isinstance(state_dict.get(key), dict):
@@ -271,181 +253,223 @@ def checkpoint_filter_dli14(state_dict: dict, model: Optional[nn.Module] = None)
         if wrong:
             raise ValueError(
                 'this is a d-li14/lambda.pytorch checkpoint: its lambda layers have a position bias and count the '
-                f"padding in their stride-2 pooling. Create 'resnet50_lambda.{DLI14_TAG}' (or pass "
-                'position_bias=True, pool_count_include_pad=True) to load it')
+                f"padding in their stride-2 pooling. Create '{DLI14_MODEL}' (formerly 'resnet50_lambda."
+                f"{_DEPRECATED_DLI14_TAG}'), or pass position_bias=True, pool_count_include_pad=True, to load it")
     return out
 
 
+_R224 = cfg(224, interpolation='bilinear')  # the vanilla ResNet-50 frame of Tables 3 and 4 (F.3, 90 epochs)
+
 default_cfgs = generate_default_cfgs({
-    **{f'lambdaresnet{d}.r{r}': _cfg(r) for d, rs in RESOLUTIONS.items() for r in rs},
-    **{f'lambdaresnet{d}_c4.r{r}': _cfg(r) for d, rs in RESOLUTIONS_C4.items() for r in rs},
-    'resnet50_lambda.r224': _cfg(224, interpolation='bilinear', first_conv='conv1'),
-    f'resnet50_lambda.{DLI14_TAG}': _dli14_cfg(),
-    'resnet50_lambda_u4.r224': _cfg(224, interpolation='bilinear', first_conv='conv1'),
-    **{f'resnetrs{d}_nose.r{r}': _cfg(r, paper_ids='arXiv:2103.07579') for d, rs in RESOLUTIONS.items() for r in rs},
+    **{f'lambdaresnet{d}.r{r}': cfg(r, first_conv='conv1.0') for d, rs in RESOLUTIONS.items() for r in rs},
+    **{f'lambdaresnet{d}_c4.r{r}': cfg(r, first_conv='conv1.0') for d, rs in RESOLUTIONS_C4.items() for r in rs},
+    **{f'resnetrs{d}_nose.r{r}': cfg(r, first_conv='conv1.0', **RESNETRS_PAPER)
+       for d, rs in RESOLUTIONS.items() for r in rs},
+    'resnet50_lambda.r224': _R224,
+    f'resnet50_lambda.{_DEPRECATED_DLI14_TAG}': _dli14_cfg(f'Deprecated tag: create {DLI14_MODEL} instead.'),
+    DLI14_MODEL: _dli14_cfg(),
+    'resnet50_lambda_u4.r224': _R224,
+    'resnet50_lambda_k8.r224': _R224,
+    'resnet50_lambda_shared.r224': _R224,
+    'resnet50_lambda_conv7.r224': _R224,
 })
+
+
+def _pretrained_tag(kwargs) -> Optional[str]:
+    """The pretrained tag create_model passes on (``'name.tag'`` arrives as ``pretrained_cfg='tag'``)."""
+    pretrained_cfg = kwargs.get('pretrained_cfg')
+    if isinstance(pretrained_cfg, str):
+        return pretrained_cfg
+    if isinstance(pretrained_cfg, dict):
+        return pretrained_cfg.get('tag')
+    return getattr(pretrained_cfg, 'tag', None)
+
+
+def _create_dli14(variant: str, pretrained: bool, **kwargs) -> LambdaResNet:
+    if pretrained:  # their weights are not downloadable: say where they are instead of timm's generic error
+        weights = resolve_pretrained_cfg(variant, kwargs.get('pretrained_cfg'), kwargs.get('pretrained_cfg_overlay'))
+        if not (weights.has_weights or weights.state_dict is not None):
+            raise RuntimeError(f'No pretrained weights exist for {DLI14_MODEL} in timm: download the checkpoint by '
+                               f'hand from {DLI14_PAGE} and pass pretrained_cfg_overlay=dict(file=PATH)')
+    return build_model_with_cfg(LambdaResNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_dli14,
+                                **_resnet50_lambda(kwargs, **DLI14_MODEL_ARGS))
 
 
 @register_model
 def lambdaresnet50(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaResNet-50 (Table 19): ResNet-RS-50 with lambda layers in c4 block 3 and every c5 block."""
-    return _create('lambdaresnet50', pretrained, **_hybrid(50, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'lambdaresnet50', pretrained, **_hybrid(50, **kwargs))
 
 
 @register_model
 def lambdaresnet101(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaResNet-101 (Table 19): lambda layers in c4 blocks 6, 12, 18 and every c5 block; 36.9M (Table 13)."""
-    return _create('lambdaresnet101', pretrained, **_hybrid(101, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'lambdaresnet101', pretrained, **_hybrid(101, **kwargs))
 
 
 @register_model
 def lambdaresnet152(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaResNet-152 (Table 19): lambda layers in c4 blocks 5, 10, .., 30 and every c5 block; 51.4M (Table 13)."""
-    return _create('lambdaresnet152', pretrained, **_hybrid(152, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'lambdaresnet152', pretrained, **_hybrid(152, **kwargs))
 
 
 @register_model
 def lambdaresnet200(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaResNet-200 (Table 19): lambda layers in c4 blocks 5, 10, .., 30 and every c5 block."""
-    return _create('lambdaresnet200', pretrained, **_hybrid(200, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'lambdaresnet200', pretrained, **_hybrid(200, **kwargs))
 
 
 @register_model
 def lambdaresnet270(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaResNet-270 (Table 19): lambda layers in c4 blocks 8, 16, .., 48 and every c5 block."""
-    return _create('lambdaresnet270', pretrained, **_hybrid(270, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'lambdaresnet270', pretrained, **_hybrid(270, **kwargs))
 
 
 @register_model
 def lambdaresnet350(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaResNet-350 (Table 19): lambda layers in c4 blocks 10, 20, .., 60 and every c5 block."""
-    return _create('lambdaresnet350', pretrained, **_hybrid(350, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'lambdaresnet350', pretrained, **_hybrid(350, **kwargs))
 
 
 @register_model
 def lambdaresnet420(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaResNet-420 (Table 19): lambda layers in c4 blocks 10, 20, .., 80 and every c5 block."""
-    return _create('lambdaresnet420', pretrained, **_hybrid(420, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'lambdaresnet420', pretrained, **_hybrid(420, **kwargs))
 
 
 @register_model
 def lambdaresnet50_c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaResNet-50-C4 (E.2): every c4 and c5 3x3 convolution is a lambda layer."""
-    return _create('lambdaresnet50_c4', pretrained, **_c4(50, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'lambdaresnet50_c4', pretrained, **_c4(50, **kwargs))
 
 
 @register_model
 def lambdaresnet101_c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaResNet-101-C4 (E.2): every c4 and c5 3x3 convolution is a lambda layer; 26.0M (Table 13)."""
-    return _create('lambdaresnet101_c4', pretrained, **_c4(101, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'lambdaresnet101_c4', pretrained, **_c4(101, **kwargs))
 
 
 @register_model
 def lambdaresnet152_c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaResNet-152-C4 (E.2): every c4 and c5 3x3 convolution is a lambda layer; 35.1M (Tables 13, 15)."""
-    return _create('lambdaresnet152_c4', pretrained, **_c4(152, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'lambdaresnet152_c4', pretrained, **_c4(152, **kwargs))
 
 
 @register_model
 def lambdaresnet200_c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaResNet-200-C4 (E.2): every c4 and c5 3x3 convolution is a lambda layer; 42M (Table 15)."""
-    return _create('lambdaresnet200_c4', pretrained, **_c4(200, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'lambdaresnet200_c4', pretrained, **_c4(200, **kwargs))
 
 
 @register_model
 def lambdaresnet270_c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaResNet-270-C4 (E.2): every c4 and c5 3x3 convolution is a lambda layer."""
-    return _create('lambdaresnet270_c4', pretrained, **_c4(270, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'lambdaresnet270_c4', pretrained, **_c4(270, **kwargs))
 
 
 @register_model
 def lambdaresnet350_c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaResNet-350-C4 (E.2): every c4 and c5 3x3 convolution is a lambda layer."""
-    return _create('lambdaresnet350_c4', pretrained, **_c4(350, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'lambdaresnet350_c4', pretrained, **_c4(350, **kwargs))
 
 
 @register_model
 def lambdaresnet420_c4(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaResNet-420-C4 (E.2): every c4 and c5 3x3 convolution is a lambda layer."""
-    return _create('lambdaresnet420_c4', pretrained, **_c4(420, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'lambdaresnet420_c4', pretrained, **_c4(420, **kwargs))
 
 
 @register_model
 def resnetrs50_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """ResNet-RS-50 without squeeze-and-excitation (Fig. 4 baseline)."""
-    return _create('resnetrs50_nose', pretrained, **_nose(50, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'resnetrs50_nose', pretrained, **_nose(50, **kwargs))
 
 
 @register_model
 def resnetrs101_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """ResNet-RS-101 without squeeze-and-excitation; 44.6M (Table 13)."""
-    return _create('resnetrs101_nose', pretrained, **_nose(101, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'resnetrs101_nose', pretrained, **_nose(101, **kwargs))
 
 
 @register_model
 def resnetrs152_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """ResNet-RS-152 without squeeze-and-excitation; 60.2M (Table 13)."""
-    return _create('resnetrs152_nose', pretrained, **_nose(152, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'resnetrs152_nose', pretrained, **_nose(152, **kwargs))
 
 
 @register_model
 def resnetrs200_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """ResNet-RS-200 without squeeze-and-excitation (Fig. 4 baseline)."""
-    return _create('resnetrs200_nose', pretrained, **_nose(200, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'resnetrs200_nose', pretrained, **_nose(200, **kwargs))
 
 
 @register_model
 def resnetrs270_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """ResNet-RS-270 without squeeze-and-excitation (Fig. 4 baseline)."""
-    return _create('resnetrs270_nose', pretrained, **_nose(270, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'resnetrs270_nose', pretrained, **_nose(270, **kwargs))
 
 
 @register_model
 def resnetrs350_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """ResNet-RS-350 without squeeze-and-excitation (Fig. 4 baseline)."""
-    return _create('resnetrs350_nose', pretrained, **_nose(350, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'resnetrs350_nose', pretrained, **_nose(350, **kwargs))
 
 
 @register_model
 def resnetrs420_nose(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """ResNet-RS-420 without squeeze-and-excitation (Fig. 4 baseline)."""
-    return _create('resnetrs420_nose', pretrained, **_nose(420, **kwargs))
-
-
-def _pretrained_tag(kwargs) -> Optional[str]:
-    """The pretrained tag create_model passes on (``'name.tag'`` arrives as ``pretrained_cfg='tag'``)."""
-    cfg = kwargs.get('pretrained_cfg')
-    if isinstance(cfg, str):
-        return cfg
-    if isinstance(cfg, dict):
-        return cfg.get('tag')
-    return getattr(cfg, 'tag', None)
+    return build_model_with_cfg(LambdaResNet, 'resnetrs420_nose', pretrained, **_nose(420, **kwargs))
 
 
 @register_model
 def resnet50_lambda(pretrained: bool = False, **kwargs) -> LambdaResNet:
-    """Vanilla ResNet-50 with every 3x3 convolution replaced by a lambda layer (Table 3, 15.0M).
+    """Vanilla ResNet-50 with every 3x3 convolution replaced by a lambda layer (Table 3 "Lambda layer", 15.0M).
 
-    ``resnet50_lambda.dli14_in1k`` builds it with d-li14/lambda.pytorch's two conventions (``position_bias``,
-    ``pool_count_include_pad``) and loads their ImageNet checkpoint with ``pretrained=True,
-    pretrained_cfg_overlay=dict(file=PATH)`` (keys converted by :func:`checkpoint_filter_dli14`).
+    The deprecated tag ``resnet50_lambda.dli14_in1k`` builds :func:`resnet50_lambda_dli14` (with a
+    DeprecationWarning), keeping its pretrained cfg.
     """
-    args = dict(layers=STAGE_DEPTHS[50], lambda_blocks=('all',) * 4, se_stages=())
-    if _pretrained_tag(kwargs) == DLI14_TAG:
-        args.update(DLI14_MODEL_ARGS)
-        if pretrained:
-            cfg = resolve_pretrained_cfg('resnet50_lambda', kwargs.get('pretrained_cfg'),
-                                         kwargs.get('pretrained_cfg_overlay'))
-            if not (cfg.has_weights or cfg.state_dict is not None):
-                raise RuntimeError(
-                    f'No pretrained weights exist for resnet50_lambda.{DLI14_TAG} in timm: download the '
-                    f'checkpoint by hand from {DLI14_PAGE} and pass pretrained_cfg_overlay=dict(file=PATH)')
-    return _create('resnet50_lambda', pretrained, pretrained_filter_fn=checkpoint_filter_dli14,
-                   **dict(args, **kwargs))
+    if _pretrained_tag(kwargs) == _DEPRECATED_DLI14_TAG:
+        warnings.warn(f"'resnet50_lambda.{_DEPRECATED_DLI14_TAG}' is deprecated: the architecture of "
+                      f"d-li14/lambda.pytorch's weights has its own name, create '{DLI14_MODEL}' instead",
+                      DeprecationWarning, stacklevel=3)  # the caller of timm.create_model
+        return _create_dli14('resnet50_lambda', pretrained, **kwargs)
+    return build_model_with_cfg(LambdaResNet, 'resnet50_lambda', pretrained,
+                                pretrained_filter_fn=checkpoint_filter_dli14, **_resnet50_lambda(kwargs))
+
+
+@register_model
+def resnet50_lambda_dli14(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """resnet50_lambda with d-li14/lambda.pytorch's two conventions (``position_bias``,
+    ``pool_count_include_pad``): the architecture of their ImageNet LambdaResNet-50. Load their checkpoint with
+    ``timm.create_model('resnet50_lambda_dli14.in1k', pretrained=True, pretrained_cfg_overlay=dict(file=PATH))``
+    (keys converted by :func:`checkpoint_filter_dli14`)."""
+    return _create_dli14('resnet50_lambda_dli14', pretrained, **kwargs)
 
 
 @register_model
 def resnet50_lambda_u4(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """Table 3 'Lambda layer (|u|=4)': as resnet50_lambda with |u|=4 and a 7x7 scope (F.2), 16.0M."""
-    args = dict(layers=STAGE_DEPTHS[50], lambda_blocks=('all',) * 4, se_stages=(), dim_u=4, scope=7)
-    return _create('resnet50_lambda_u4', pretrained, **dict(args, **kwargs))
+    return build_model_with_cfg(LambdaResNet, 'resnet50_lambda_u4', pretrained,
+                                **_resnet50_lambda(kwargs, dim_u=4, scope=7))
+
+
+@register_model
+def resnet50_lambda_k8(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaNetworks Table 4 "Lambda layer (|k|=8)": resnet50_lambda with query/key depth 8."""
+    return build_model_with_cfg(LambdaResNet, 'resnet50_lambda_k8', pretrained, **_resnet50_lambda(kwargs, dim_k=8))
+
+
+@register_model
+def resnet50_lambda_shared(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaNetworks Table 4 "Lambda layer (shared embeddings)": resnet50_lambda with one position-embedding
+    table for every lambda layer."""
+    return build_model_with_cfg(LambdaResNet, 'resnet50_lambda_shared', pretrained,
+                                **_resnet50_lambda(kwargs, shared_embeddings=True))
+
+
+@register_model
+def resnet50_lambda_conv7(pretrained: bool = False, **kwargs) -> LambdaResNet:
+    """LambdaNetworks Table 4 "Lambda convolution (7x7)": resnet50_lambda with a 7x7 scope computed by the
+    lambda convolution (``impl='conv'``; ``impl='auto'`` gives the same result faster on CPU)."""
+    return build_model_with_cfg(LambdaResNet, 'resnet50_lambda_conv7', pretrained,
+                                **_resnet50_lambda(kwargs, scope=7, impl='conv'))

@@ -39,7 +39,11 @@
 # SyncBN to BatchNorm, so the same config runs on a laptop.
 _base_ = 'mmdet::strong_baselines/mask-rcnn_r50_fpn_rpn-2conv_4conv1fc_syncbn-all_lsj-100e_coco.py'  # noqa: E501
 
-custom_imports = dict(imports=['timm_lambda_mmdet'], allow_failed_imports=False)
+# timm_lambda_mmdet registers the backbone, dataset and hook; timm_lambda_mmdet.runner_checkpoints lets torch's
+# weights_only loading (torch >= 2.6) accept mmengine Runner checkpoints (tools/train.py --resume, tools/test.py).
+custom_imports = dict(
+    imports=['timm_lambda_mmdet', 'timm_lambda_mmdet.runner_checkpoints'],
+    allow_failed_imports=False)
 
 image_size = (1024, 1024)
 norm_cfg = dict(type='SyncBN', requires_grad=True)

@@ -1,8 +1,6 @@
-"""The attention comparisons of the papers, rebuilt from our models: LambdaNetworks Tables 3 and 4, AA paper
-Tables 3 and 6. Used by ``tools/model_table.py`` (parameter counts) and ``tools/benchmark_table4.py``.
+"""LambdaNetworks Table 4 on this machine: lambda layers against global, axial and local self-attention in one
+ResNet-50 frame (``tools/benchmark_table4.py`` is the command line; it writes docs/table4.md and docs/table4.png).
 
-* :data:`TABLE3_MODELS`, :func:`table3_rows`, :func:`aa_rows`: which model builds which row, our parameter
-  count beside the paper's (rows we cannot build say why).
 * :data:`TABLE4_ROWS`, :func:`analytic_memory_gib`: Table 4's rows in one ResNet-50 frame and the memory its
   complexity column gives in the paper's convention, reconstructed from its figures: float32, batch 128, 8
   heads, |k| = 16, every one of the 16 blocks at its stage's output resolution at 224 px (56, 28, 14, 7), in
@@ -10,40 +8,23 @@ Tables 3 and 6. Used by ``tools/model_table.py`` (parameter counts) and ``tools/
   ``b h n^2`` per layer 122.8, axial ``b h n (H + W)`` 4.8, lambda embeddings ``k n^2`` per layer 1.92 (0.96
   with |k| = 8), shared embeddings one ``k n^2`` table per resolution 0.625.
 * :func:`run_table4`, :func:`markdown`, :func:`plot`: the benchmark. Peak memory of one training step
-  (forward, cross-entropy, backward) is measured with :func:`timm_lambda.benchmark.peak_step_bytes` (live
-  tensors, CPU) where it fits ``max_gib``; a row whose estimate does not fit is not run and shows the analytic
-  figure instead, marked as such. Times are medians of interleaved training steps (and inference forwards),
-  reported as ratios to the lambda layer row, next to the paper's ratio of inference throughputs.
+  (forward, cross-entropy, backward) is measured with :func:`timm_lambda.benchmarks.measure.peak_step_bytes`
+  (live tensors, CPU) where it fits ``max_gib``; a row whose estimate does not fit is not run and shows the
+  analytic figure instead, marked as such. Times are medians of interleaved training steps (and inference
+  forwards), reported as ratios to the lambda layer row, next to the paper's ratio of inference throughputs.
 """
-import math
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 
 import timm
 
-from .benchmark import interleaved_times, machine, median, peak_step_bytes
-from .paper import AA_TABLE3, AA_TABLE6, TABLE3, TABLE4
+from ..models._blocks import stage_sizes
+from ..paper import TABLE4
+from .measure import interleaved_times, machine, median, peak_step_bytes
 
-__all__ = ['TABLE3_MODELS', 'TABLE4_ROWS', 'count_params', 'table3_rows', 'aa_rows', 'analytic_memory_gib',
-           'run_table4', 'markdown', 'markdown_document', 'plot']
-
-# LambdaNetworks Table 3 layer -> (model, kwargs) that builds it, or (None, why not).
-TABLE3_MODELS = {
-    'Conv (He et al., 2016)': ('resnet50', {}),
-    'Conv + channel attention (Hu et al., 2018)': ('seresnet50', {}),
-    'Conv + linear attention (Chen et al., 2018)': (None, 'double attention (A2-Net) blocks'),
-    'Conv + linear attention (Shen et al., 2018)': (None, 'efficient attention (the paper gives no count)'),
-    'Conv + relative self-attention (Bello et al., 2019)': ('aa_resnet50', {}),
-    'Local relative self-attention (Ramachandran et al., 2019)': ('resnet50_local_attn7', {}),
-    'Local relative self-attention (Hu et al., 2019)': (
-        None, 'local relation networks (LR-Net): another layer (geometry prior, channel sharing)'),
-    'Local relative self-attention (Zhao et al., 2020)': (
-        None, 'SAN (pairwise/patchwise attention, its own stage layout)'),
-    'Lambda layer': ('resnet50_lambda', {}),
-    'Lambda layer (|u|=4)': ('resnet50_lambda_u4', {}),
-}
+__all__ = ['TABLE4_ROWS', 'analytic_memory_gib', 'run_table4', 'markdown', 'markdown_document', 'plot']
 
 # LambdaNetworks Table 4 layer -> (model, kwargs, memory kind for analytic_memory_gib).
 TABLE4_ROWS = {
@@ -58,44 +39,6 @@ TABLE4_ROWS = {
 REFERENCE = 'Lambda layer'  # time ratios are relative to this row
 
 
-def count_params(name: str, **kwargs) -> float:
-    """Parameters of ``timm.create_model(name, **kwargs)`` in millions (built on the meta device)."""
-    model = timm.create_model(name, device='meta', **kwargs)
-    return sum(p.numel() for p in model.parameters()) / 1e6
-
-
-def table3_rows() -> List[dict]:
-    """LambdaNetworks Table 3 with our parameter counts: dicts layer, paper, top1, model, ours, note."""
-    rows = []
-    for layer, paper, top1 in TABLE3:
-        model, extra = TABLE3_MODELS[layer]
-        ours = count_params(model, **extra) if model else None
-        rows.append(dict(layer=layer, paper=paper, top1=top1, model=model, ours=ours,
-                         note='' if model else extra))
-    return rows
-
-
-def aa_rows() -> List[dict]:
-    """AA paper Tables 3 (ResNets, SE-ResNets, AA-ResNets) and 6 (AA-ResNet-50, kappa = upsilon): dicts
-    table, row, model (a create_model call), paper, ours."""
-    rows = []
-    for depth, counts in AA_TABLE3.items():
-        for kind, model in (('resnet', f'resnet{depth}'), ('se', f'seresnet{depth}'), ('aa', f'aa_resnet{depth}')):
-            label = {'resnet': f'ResNet-{depth}', 'se': f'SE-ResNet-{depth}', 'aa': f'AA-ResNet-{depth}'}[kind]
-            rows.append(dict(table='AA Table 3', row=label, model=f'`{model}`', paper=counts[kind],
-                             ours=count_params(model)))
-    for ratio, paper in AA_TABLE6.items():
-        rows.append(dict(table='AA Table 6', row=f'AA-ResNet-50, kappa = upsilon = {ratio}',
-                         model=f'`aa_resnet50`, kappa={ratio}, upsilon={ratio}', paper=paper,
-                         ours=count_params('aa_resnet50', kappa=ratio, upsilon=ratio)))
-    return rows
-
-
-def stage_sizes(img_size: int = 224) -> List[Tuple[int, int]]:
-    """(H, W) of the c2..c5 outputs of a ResNet at ``img_size``."""
-    return [(math.ceil(img_size / 2 ** (s + 2)),) * 2 for s in range(4)]
-
-
 def analytic_memory_gib(kind: str, batch: int = 128, img_size: int = 224, heads: int = 8, dim_k: int = 16,
                         kernel: int = 7, depths: Sequence[int] = (3, 4, 6, 3), bytes_per: int = 4) -> float:
     """Memory the Table 4 complexity of ``kind`` gives in the paper's convention (module docstring), GiB.
@@ -105,7 +48,7 @@ def analytic_memory_gib(kind: str, batch: int = 128, img_size: int = 224, heads:
     'lambda_shared' (one k n^2 table per resolution), 'lambda_conv' (the paper's Theta(l k n m)).
     """
     total = 0
-    for depth, (h, w) in zip(depths, stage_sizes(img_size)):
+    for depth, (h, w) in zip(depths, stage_sizes((img_size, img_size))):
         n = h * w
         per_layer = {
             'global': batch * heads * n * n,
@@ -245,7 +188,7 @@ def markdown_document(result: dict, command: str) -> str:
     b = result['batch']
     return f"""# LambdaNetworks Table 4 on CPU
 
-Generated by `{command}` (timm_lambda/paper_tables.py). Every row is a vanilla ResNet-50 (timm's ResNet
+Generated by `{command}` (timm_lambda/benchmarks/table4.py). Every row is a vanilla ResNet-50 (timm's ResNet
 frame) whose 16 bottleneck 3x3 convolutions are all replaced by the layer, at {result['img_size']}x{result['img_size']} px.
 
 {markdown(result)}
@@ -259,7 +202,7 @@ frame) whose 16 bottleneck 3x3 convolutions are all replaced by the layer, at {r
   resolution). Local attention and the lambda convolution are our evaluation of the same formulas.
 - **peak memory of a training step, measured**: forward, cross-entropy and backward at batch {b}, largest sum
   of live tensor storages created during the step (activations, attention maps, temporaries, gradients;
-  parameters and the input excluded; timm_lambda/benchmark.py). It includes the whole network's
+  parameters and the input excluded; timm_lambda/benchmarks/measure.py). It includes the whole network's
   activations, so it is not the paper's quantity; a row estimated above `--max-gib` is not run (the paper's
   OOM) and only its analytic figure stands.
 - **time ratio, paper**: the lambda layer's inference throughput divided by the row's (8 TPUv3 cores).
