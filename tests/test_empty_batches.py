@@ -23,9 +23,9 @@ LAYERS = [
     ('axial_stride2', lambda: AxialSelfAttention2d(8, num_heads=2, feat_size=(5, 6), stride=2), ATTN),
     ('local', lambda: LocalSelfAttention2d(8, num_heads=2, kernel_size=3), ATTN),
     ('local_stride2', lambda: LocalSelfAttention2d(8, num_heads=2, kernel_size=3, stride=2), ATTN),
-    ('augmented', lambda: AugmentedConv2d(8, 16, num_heads=2, feat_size=(5, 6), min_dim_head_k=2, upsilon=0.25),
+    ('augmented', lambda: AugmentedConv2d(8, 16, heads=2, max_size=(5, 6), min_dim_head_k=2, upsilon=0.25),
      ATTN),
-    ('augmented_downsample_stride2', lambda: AugmentedConv2d(8, 16, stride=2, num_heads=2, feat_size=(2, 2),
+    ('augmented_downsample_stride2', lambda: AugmentedConv2d(8, 16, stride=2, heads=2, max_size=(2, 2),
                                                              attn_downsample=True, min_dim_head_k=2, upsilon=0.25),
      ATTN),
 ]

@@ -35,8 +35,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from .relative_attention import (RelPosSelfAttention2d, check_ratio, check_stride, same_avg_pool, upsample_to)
-from .relative_embedding import to_int, to_pair
+from .checks import check_ratio, check_stride, downsample_pool, to_int, to_pair
+from .relative_attention import RelPosSelfAttention2d, upsample_to
 
 __all__ = ['AugmentedConv2d', 'augmented_depths']
 
@@ -149,10 +149,10 @@ class AugmentedConv2d(nn.Module):
         conv_out = self.dim_out - self.dim_v
         self.conv = nn.Conv2d(self.dim, conv_out, kernel_size, self.stride, padding=kernel_size // 2, bias=False,
                               **dd) if conv_out > 0 else None
-        self.pool = same_avg_pool(self.stride)
+        self.pool = downsample_pool(self.stride)
         self.attn_downsample = attn_downsample
         # not "attn_pool": torchvision's FX feature extraction confuses it with "attn.pool" (regex dot)
-        self.attn_down = same_avg_pool(2 if attn_downsample else 1)
+        self.attn_down = downsample_pool(2 if attn_downsample else 1)
         self.attn = RelPosSelfAttention2d(self.dim, self.dim_v, feat_size=max_size, num_heads=self.heads,
                                           dim_head=self.dim_head_k, **dd)
         self.proj = nn.Conv2d(self.dim_v, self.dim_v, 1, bias=False, **dd)

@@ -21,23 +21,12 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
 from .position_lambda import POSITION_IMPLS, choose_impl, position_lambdas, tile_window, warn_torchscript
-from .relative_embedding import RelativePositionEmbedding, check_scope, to_int
+from .checks import check_bool, check_choice, check_heads, check_input, check_scope, check_stride, downsample_pool, to_int
+from .relative_embedding import RelativePositionEmbedding
 
-__all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS', 'check_choice', 'check_input']
+__all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS']
 
 KEY_NORMS = ('softmax', 'l2', 'none')
-
-
-def check_choice(value, name: str, choices) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f'{name} must be one of {choices}, got {value!r}')
-    return value
-
-
-def check_bool(value, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f'{name} must be True or False, got {value!r}')
-    return value
 
 
 def normalize_keys(keys: torch.Tensor, key_norm: str, dim: int = -1) -> torch.Tensor:
@@ -47,16 +36,6 @@ def normalize_keys(keys: torch.Tensor, key_norm: str, dim: int = -1) -> torch.Te
     if key_norm == 'l2':
         return F.normalize(keys, dim=dim)
     return keys
-
-
-def check_input(x: torch.Tensor, channels: int, name: str) -> None:
-    """Raise a ValueError unless ``x`` is ``[B, channels, H, W]`` (an FX leaf: checked at run time; a trace
-    skips it, its weights fix the channels)."""
-    if torch.jit.is_tracing():
-        return
-    if x.dim() != 4 or x.shape[1] != channels:
-        raise ValueError(name + ' expects x of shape [B, ' + str(channels) + ', H, W], got '
-                         + str(list(x.shape)))
 
 
 torch.fx.wrap('check_input')
@@ -93,12 +72,20 @@ class LambdaLayer(nn.Module):
         impl: 'auto', 'einsum', 'conv', 'dense' or 'tiled' implementation of the position lambdas
             (:mod:`timm_lambda.layers.position_lambda`); all give the same result.
         pos_embedding: a :class:`RelativePositionEmbedding` to share between layers (Table 4); it must
-            have the same |k|, |u| and scope. The table is counted and saved once (see
-            :meth:`_dedupe_shared_embedding`).
+            have the same |k|, |u| and scope. The table is counted and saved once (the layers that share it
+            drop it from their state dicts: :func:`_drop_shared_embedding`, :func:`_restore_shared_embedding`).
         norm_layer: normalisation layer for queries and values (``norm_layer(channels, device=, dtype=)``).
         device, dtype: factory kwargs for every parameter and buffer.
 
     Shapes: input ``[B, dim, H, W]``, output ``[B, dim_out, ceil(H/stride), ceil(W/stride)]``.
+
+    timm's own :class:`timm.layers.LambdaLayer` (used by ``timm.models.byoanet``) names the same things:
+    ``num_heads`` = ``heads``; ``dim_head`` = ``dim_k`` (timm derives it from ``qk_ratio`` when unset); ``r`` (the
+    lambda convolution's side, default 9) = ``scope`` (default 23, the paper's); ``r=None`` with ``feat_size`` =
+    ``scope='global'`` with ``max_size``; ``dim``, ``dim_out``, ``stride`` alike. timm fixes |u| = 1 and pools a
+    stride-2 layer 2x2 (here 3x3 with padding 1, appendix F.2); its ``qkv_bias`` has no counterpart (the paper's
+    projections have no bias). Our argument names are those of the paper's Table 1 (|k|, |u|, |h|) and match our
+    other layers (``AugmentedConv2d``, ``MultiHeadLambdaLayer``: ``heads``, ``max_size``).
     """
 
     def __init__(
@@ -128,17 +115,10 @@ class LambdaLayer(nn.Module):
         self.dim = to_int(dim, 'dim')
         self.dim_out = to_int(self.dim if dim_out is None else dim_out, 'dim_out')
         self.dim_k = to_int(dim_k, 'dim_k')
-        self.heads = to_int(heads, 'heads')
+        self.heads = check_heads(heads, self.dim_out)  # |v| = dim_out / heads
         self.dim_u = to_int(dim_u, 'dim_u')
-        if self.dim_out % self.heads:
-            raise ValueError(f'heads={self.heads} must divide the output width dim_out={self.dim_out} '
-                             f'(|v| = dim_out / heads)')
         self.dim_v = self.dim_out // self.heads
-        if isinstance(stride, bool) or stride not in (1, 2) or not isinstance(stride, int):
-            stride = to_int(stride, 'stride')  # accepts numpy ints, names the parameter otherwise
-            if stride not in (1, 2):
-                raise ValueError(f'stride must be 1 or 2, got {stride}')
-        self.stride = int(stride)
+        self.stride = check_stride(stride)
         self.content = check_bool(content, 'content')
         self.position = check_bool(position, 'position')
         check_bool(qv_norm, 'qv_norm')
@@ -189,8 +169,7 @@ class LambdaLayer(nn.Module):
             self.pos_bias = nn.Parameter(torch.empty(k, **dd))
         else:
             self.register_parameter('pos_bias', None)
-        self.pool = (nn.AvgPool2d(3, 2, padding=1, count_include_pad=self.pool_count_include_pad)
-                     if self.stride == 2 else nn.Identity())
+        self.pool = downsample_pool(self.stride, self.pool_count_include_pad)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

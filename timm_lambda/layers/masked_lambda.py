@@ -24,8 +24,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .lambda_layer import check_bool, check_choice
-from .relative_embedding import to_int
+from .checks import check_bool, check_choice, to_int
 
 __all__ = ['MaskedLambdaLayer1d']
 

@@ -13,8 +13,9 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import nn
 
-from .lambda_layer import KEY_NORMS, check_choice, check_input, normalize_keys
-from .relative_embedding import RelativePositionEmbedding, dense_embedding, relative_kernel, to_int
+from .checks import check_choice, check_heads, check_input, check_stride, downsample_pool, to_int
+from .lambda_layer import KEY_NORMS, normalize_keys
+from .relative_embedding import RelativePositionEmbedding, dense_embedding, relative_kernel
 
 __all__ = ['MultiHeadLambdaLayer']
 
@@ -33,12 +34,8 @@ class MultiHeadLambdaLayer(nn.Module):
         dd = {'device': device, 'dtype': dtype}
         self.dim = to_int(dim, 'dim')
         self.dim_out = to_int(self.dim if dim_out is None else dim_out, 'dim_out')
-        self.dim_k, self.heads = to_int(dim_k, 'dim_k'), to_int(heads, 'heads')
-        if self.dim_out % self.heads:
-            raise ValueError(f'heads={self.heads} must divide the output width dim_out={self.dim_out}')
-        stride = to_int(stride, 'stride')
-        if stride not in (1, 2):
-            raise ValueError(f'stride must be 1 or 2, got {stride!r}')
+        self.dim_k, self.heads = to_int(dim_k, 'dim_k'), check_heads(heads, self.dim_out)
+        stride = check_stride(stride)
         self.dim_v = self.dim_out // self.heads
         self.key_norm = check_choice(key_norm, 'key_norm', KEY_NORMS)
         hk = self.heads * self.dim_k
@@ -47,7 +44,7 @@ class MultiHeadLambdaLayer(nn.Module):
         self.norm_v = norm_layer(self.dim_out, **dd) if qv_norm else nn.Identity()
         self.pos_embedding = RelativePositionEmbedding(hk, 1, scope, max_size, **dd)
         self.global_scope = self.pos_embedding.is_global
-        self.pool = nn.AvgPool2d(3, 2, padding=1, count_include_pad=False) if stride == 2 else nn.Identity()
+        self.pool = downsample_pool(stride)
         with torch.no_grad():
             nn.init.normal_(self.qkv.weight, std=self.dim ** -0.5)
             nn.init.normal_(self.qkv.weight[:hk], std=(self.dim_k * self.dim) ** -0.5)

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from timm.layers import register_notrace_function
 
+from .checks import check_max_size
 from .relative_embedding import block_embedding, dense_embedding, dense_embedding_cached, relative_kernel
 
 __all__ = ['POSITION_IMPLS', 'TILE', 'POOLED_TILE', 'position_lambdas', 'choose_impl', 'tile_window',
@@ -224,7 +225,7 @@ def _conv(q: Tensor, v: Tensor, kernel: Tensor, height: int, width: int) -> Tens
 
 def _dense_graph(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
     """``y[b, (n, h)] = sum_m (q[n, (b, h)] . E[n, :, m]) v[b, m]``, in plain ops."""
-    n, bh = q.shape[0], q.shape[1]
+    n = q.shape[0]
     b, m = v.shape[0], v.shape[1]
     logits = torch.bmm(q, emb.to(q.dtype)).reshape(n, b, heads, m).transpose(0, 1).reshape(b, n * heads, m)
     return torch.bmm(logits, v.to(logits.dtype))
@@ -599,11 +600,8 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
     block embedding then becomes a constant that onnxruntime folds. An FX leaf: its Python size logic runs at
     call time, not at trace time.
     """
-    if global_scope and not torch.jit.is_tracing() and (
-            2 * height - 1 > table.shape[-2] or 2 * width - 1 > table.shape[-1]):
-        raise ValueError(f'input of {height}x{width} is larger than max_size=({(table.shape[-2] + 1) // 2}, '
-                         f'{(table.shape[-1] + 1) // 2}) of the global position embedding; build the layer '
-                         f'with a larger max_size (img_size) or use a local scope')
+    if global_scope and not torch.jit.is_tracing():
+        check_max_size(height, width, (table.shape[-2] + 1) // 2, (table.shape[-1] + 1) // 2)
     impl = choose_impl(impl, height, width, tile_window(table.shape[-2], table.shape[-1]), global_scope)
     kernels = _use_kernels()
     if not kernels and not torch.jit.is_scripting() and (impl == 'dense' or impl == 'tiled'):

@@ -41,45 +41,10 @@ from timm.layers.bottleneck_attn import BottleneckAttn
 from timm.layers.halo_attn import HaloAttn
 from timm.layers.weight_init import trunc_normal_
 
-from .relative_embedding import to_int, to_pair
+from .checks import check_heads, check_ratio, check_stride, downsample_pool, to_int, to_pair
 
-__all__ = ['rel_to_abs', 'relative_logits_1d', 'relative_table', 'upsample_to', 'same_avg_pool',
-           'RelPosSelfAttention2d', 'AxialSelfAttention2d', 'LocalSelfAttention2d', 'check_stride', 'check_heads']
-
-
-def check_stride(stride) -> int:
-    stride = to_int(stride, 'stride')
-    if stride not in (1, 2):
-        raise ValueError(f'stride must be 1 or 2, got {stride}')
-    return stride
-
-
-def check_heads(num_heads, dim_out: int) -> int:
-    num_heads = to_int(num_heads, 'num_heads')
-    if dim_out % num_heads:
-        raise ValueError(f'num_heads={num_heads} must divide the output width dim_out={dim_out}')
-    return num_heads
-
-
-def check_ratio(value, name: str, low: float = 0.0, high: float = float('inf'), high_inclusive: bool = True) -> float:
-    """A real number in ``(low, high]`` (or ``(low, high)``), bools refused."""
-    ok = not isinstance(value, bool)
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        ok = False
-    if ok:
-        ok = low < value and (value <= high if high_inclusive else value < high)
-    if not ok:
-        bracket = ']' if high_inclusive else ')'
-        raise ValueError(f'{name} must be a number in ({low}, {high}{bracket}, got {value!r}')
-    return value
-
-
-def same_avg_pool(stride: int) -> nn.Module:
-    """3x3 average pooling with stride 2, padding 1, borders averaged over in-image positions only (TF
-    'SAME', as the lambda layers of appendix F.2); output ``ceil(H / 2)`` like timm's strided 3x3 convs."""
-    return nn.AvgPool2d(3, 2, padding=1, count_include_pad=False) if stride == 2 else nn.Identity()
+__all__ = ['rel_to_abs', 'relative_logits_1d', 'relative_table', 'upsample_to',
+           'RelPosSelfAttention2d', 'AxialSelfAttention2d', 'LocalSelfAttention2d']
 
 
 def rel_to_abs(x: torch.Tensor) -> torch.Tensor:
@@ -195,7 +160,7 @@ class RelPosSelfAttention2d(BottleneckAttn):
     ):
         dim = to_int(dim, 'dim')
         dim_out = to_int(dim if dim_out is None else dim_out, 'dim_out')
-        num_heads = check_heads(num_heads, dim_out)
+        num_heads = check_heads(num_heads, dim_out, 'num_heads')
         if feat_size is None:
             raise ValueError('feat_size=(H, W) of the largest input is required: it sizes the relative tables')
         feat_size = to_pair(feat_size, 'feat_size')
@@ -204,7 +169,7 @@ class RelPosSelfAttention2d(BottleneckAttn):
         qk_ratio = check_ratio(qk_ratio, 'qk_ratio')
         super().__init__(dim, dim_out, feat_size=feat_size, stride=1, num_heads=num_heads, dim_head=dim_head,
                          qk_ratio=qk_ratio, qkv_bias=bool(qkv_bias), scale_pos_embed=True, device=device, dtype=dtype)
-        self.pool = same_avg_pool(stride)
+        self.pool = downsample_pool(stride)
         self.stride = stride
         self.feat_size = feat_size
 
@@ -290,7 +255,7 @@ class AxialSelfAttention2d(nn.Module):
         dd = {'device': device, 'dtype': dtype}
         dim = to_int(dim, 'dim')
         dim_out = to_int(dim if dim_out is None else dim_out, 'dim_out')
-        num_heads = check_heads(num_heads, dim_out)
+        num_heads = check_heads(num_heads, dim_out, 'num_heads')
         if feat_size is None:
             raise ValueError('feat_size=(H, W) of the largest input is required: it sizes the relative tables')
         feat_size = to_pair(feat_size, 'feat_size')
@@ -301,7 +266,7 @@ class AxialSelfAttention2d(nn.Module):
         # the height pass runs on the transposed map: its "width" axis is the height
         self.height_attn = AxialAttention1d(dim, dim_out, feat_size[0], num_heads, dim_head_qk, bool(qkv_bias), **dd)
         self.width_attn = AxialAttention1d(dim_out, dim_out, feat_size[1], num_heads, dim_head_qk, bool(qkv_bias), **dd)
-        self.pool = same_avg_pool(self.stride)
+        self.pool = downsample_pool(self.stride)
 
     def reset_parameters(self) -> None:
         self.height_attn.reset_parameters()
@@ -336,7 +301,7 @@ class LocalSelfAttention2d(HaloAttn):
                  kernel_size: int = 7, qk_ratio: float = 1.0, qkv_bias: bool = False, device=None, dtype=None):
         dim = to_int(dim, 'dim')
         dim_out = to_int(dim if dim_out is None else dim_out, 'dim_out')
-        num_heads = check_heads(num_heads, dim_out)
+        num_heads = check_heads(num_heads, dim_out, 'num_heads')
         kernel_size = to_int(kernel_size, 'kernel_size', 3)
         if kernel_size % 2 == 0:
             raise ValueError(f'kernel_size must be odd and >= 3, got {kernel_size}')
@@ -344,7 +309,7 @@ class LocalSelfAttention2d(HaloAttn):
         qk_ratio = check_ratio(qk_ratio, 'qk_ratio')
         super().__init__(dim, dim_out, stride=1, num_heads=num_heads, block_size=1, halo_size=kernel_size // 2,
                          qk_ratio=qk_ratio, qkv_bias=bool(qkv_bias), device=device, dtype=dtype)
-        self.pool = same_avg_pool(stride)
+        self.pool = downsample_pool(stride)
         self.stride = stride
         self.kernel_size = kernel_size
 

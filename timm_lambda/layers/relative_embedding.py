@@ -15,56 +15,17 @@ uses. They are written with shape arithmetic only (no data-dependent Python bran
 ``torch.jit.trace`` or ONNX export made at one size is right at every size.
 """
 import collections
-import operator
-from typing import List, Optional, Tuple, Union
+from typing import List, Optional
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
-__all__ = ['RelativePositionEmbedding', 'check_scope', 'relative_kernel', 'dense_embedding', 'dense_embedding_cached',
-           'block_embedding', 'block_index', 'to_int', 'to_pair']
+from .checks import Size2, check_max_size, check_scope, to_int, to_pair
 
-Size2 = Tuple[int, int]
+__all__ = ['RelativePositionEmbedding', 'relative_kernel', 'dense_embedding', 'dense_embedding_cached',
+           'block_embedding', 'block_index']
 
-
-def to_int(value, name: str, low: int = 1) -> int:
-    """``value`` as a Python int >= ``low``: ints and numpy integers pass; bools, floats and others raise."""
-    if isinstance(value, bool):
-        raise ValueError(f'{name} must be an int >= {low}, got the bool {value!r}')
-    try:
-        out = operator.index(value)  # int, numpy integer, 0-d integer tensor; not float
-    except TypeError:
-        raise ValueError(f'{name} must be an int >= {low}, got {value!r} ({type(value).__name__})') from None
-    if out < low:
-        raise ValueError(f'{name} must be an int >= {low}, got {out}')
-    return out
-
-
-def to_pair(value, name: str, low: int = 1) -> Size2:
-    """An int (for both axes) or an (H, W) pair of ints, each >= ``low``."""
-    if isinstance(value, (tuple, list)):
-        if len(value) != 2:
-            raise ValueError(f'{name} must be an int or an (H, W) pair, got {value!r}')
-        return to_int(value[0], f'{name}[0]', low), to_int(value[1], f'{name}[1]', low)
-    v = to_int(value, name, low)
-    return v, v
-
-
-def check_scope(scope) -> Union[str, Size2]:
-    """Validate a scope argument: an odd int >= 1 (or an (h, w) pair of them), or 'global'."""
-    if isinstance(scope, str):
-        if scope != 'global':
-            raise ValueError(f"scope must be an odd int >= 1 (e.g. 23 for 23x23), an (h, w) pair of them, "
-                             f"or 'global', got {scope!r}")
-        return 'global'
-    if scope is None:
-        raise ValueError("scope=None is ambiguous: pass scope='global' (with max_size/img_size) or an odd int "
-                         "such as 23 for a 23x23 local scope")
-    pair = to_pair(scope, 'scope')
-    if any(s % 2 == 0 for s in pair):
-        raise ValueError(f"scope must be odd and >= 1 (e.g. 23 for 23x23) or 'global', got {scope!r}")
-    return pair
 
 
 class RelativePositionEmbedding(nn.Module):
@@ -107,10 +68,8 @@ class RelativePositionEmbedding(nn.Module):
 
     def check_size(self, height: int, width: int) -> None:
         """Raise a ValueError naming ``max_size`` if a global table cannot cover an ``height x width`` input."""
-        if self.max_size is not None and (height > self.max_size[0] or width > self.max_size[1]):
-            raise ValueError(
-                f'input of {height}x{width} is larger than max_size={self.max_size} of the global '
-                f'position embedding; build the layer with a larger max_size (img_size) or use a local scope')
+        if self.max_size is not None:
+            check_max_size(height, width, self.max_size[0], self.max_size[1])
 
 
 def relative_kernel(table: torch.Tensor, height: int, width: int, global_scope: bool) -> torch.Tensor:

@@ -36,9 +36,9 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.resnet import ResNet
 
 from ..layers.attention_augmented import AugmentedConv2d
+from ..layers.checks import check_ratio, to_int, to_pair
 from ..layers.relative_attention import (AxialAttention1d, AxialSelfAttention2d, LocalSelfAttention2d,
-                                         RelPosSelfAttention2d, check_ratio)
-from ..layers.relative_embedding import to_int, to_pair
+                                         RelPosSelfAttention2d)
 from ..paper import STAGE_DEPTHS
 from ._blocks import StageBlocks, norm_with_bn_args, stage_sizes
 from ._pretrained import AA_PAPER, cfg

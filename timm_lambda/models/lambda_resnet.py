@@ -33,7 +33,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.resnet import ResNet
 
 from ..layers import LambdaLayer, RelativePositionEmbedding
-from ..layers.relative_embedding import check_scope, to_int, to_pair
+from ..layers.checks import check_scope, to_int, to_pair
 from ..paper import LAMBDA_BLOCKS, RESOLUTIONS, RESOLUTIONS_C4, STAGE_DEPTHS
 from ._blocks import StageBlocks, norm_with_bn_args, stage_sizes
 from ._pretrained import RESNETRS_PAPER, cfg
