@@ -11,7 +11,7 @@ import torch.nn.functional as F
 import timm
 
 from timm_lambda import registered_models
-from timm_lambda.layers import (AugmentedConv2d, AxialSelfAttention2d, LambdaLayer, LocalSelfAttention2d,
+from timm_lambda.layers import (AxialSelfAttention2d, LambdaLayer, LocalSelfAttention2d,
                                 RelPosSelfAttention2d)
 from timm_lambda.benchmarks.table4 import TABLE4_ROWS, analytic_memory_gib, markdown, plot, run_table4
 from timm_lambda.docs import TABLE3_MODELS, table3_rows

@@ -10,7 +10,6 @@ import timm
 from timm.models import save_for_hf
 from timm.layers import SEModule
 
-import timm_lambda
 from timm_lambda.layers import LambdaLayer
 from timm_lambda.paper import LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS
 

@@ -13,7 +13,6 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
-import timm
 import torch
 import yaml
 from PIL import Image

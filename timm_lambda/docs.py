@@ -1,7 +1,8 @@
 """README tables and config files generated from the paper facts (:mod:`timm_lambda.paper`) and the registry,
 and the parameter-count comparisons with the papers (LambdaNetworks Table 3, AA paper Tables 3 and 6).
 
-README.md holds generated blocks between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``;
+README.md and two docs pages hold generated blocks between ``<!-- generated:NAME -->`` and
+``<!-- /generated:NAME -->`` (:data:`DOC_BLOCKS`);
 :func:`generated_files` returns every generated file's expected text (``tools/generate.py`` writes them,
 ``tests/test_generated.py`` checks the committed ones).
 """
@@ -12,7 +13,8 @@ from typing import Callable, Dict, List
 from .paper import AA_TABLE3, AA_TABLE6, LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS, TABLE14, TABLE20, TABLE3
 from .recipes import all_recipes, mmdet_config_name, mmdet_configs, mmdet_metafile
 
-__all__ = ['model_table', 'attention_tables', 'table14_table', 'recipes_table', 'README_BLOCKS', 'render_readme',
+__all__ = ['model_table', 'attention_tables', 'table14_table', 'recipes_table', 'DOC_BLOCKS', 'render_blocks',
+           'render_readme',
            'generated_files', 'TABLE3_MODELS', 'count_params', 'table3_rows', 'aa_rows']
 
 
@@ -167,21 +169,28 @@ def recipes_table() -> str:
     return '\n'.join(lines)
 
 
-README_BLOCKS: Dict[str, Callable[[], str]] = {
-    'models': model_table,
-    'table14': table14_table,
-    'recipes': recipes_table,
+# file -> {block name -> generator}: the generated blocks between ``<!-- generated:NAME -->`` and
+# ``<!-- /generated:NAME -->`` of each markdown file
+DOC_BLOCKS: Dict[str, Dict[str, Callable[[], str]]] = {
+    'README.md': {'models': model_table},
+    'docs/training.md': {'recipes': recipes_table},
+    'docs/mmdetection.md': {'table14': table14_table},
 }
 
 
-def render_readme(text: str) -> str:
-    """``text`` with every generated block replaced by its current content."""
-    for name, fn in README_BLOCKS.items():
-        pattern = re.compile(rf'(<!-- generated:{name} -->\n)(?:.*?\n)?(<!-- /generated:{name} -->)', re.S)
+def render_blocks(text: str, blocks: Dict[str, Callable[[], str]], name: str = 'README.md') -> str:
+    """``text`` with every generated block of ``blocks`` replaced by its current content."""
+    for block, fn in blocks.items():
+        pattern = re.compile(rf'(<!-- generated:{block} -->\n)(?:.*?\n)?(<!-- /generated:{block} -->)', re.S)
         if not pattern.search(text):
-            raise ValueError(f'README.md has no <!-- generated:{name} --> ... <!-- /generated:{name} --> block')
+            raise ValueError(f'{name} has no <!-- generated:{block} --> ... <!-- /generated:{block} --> block')
         text = pattern.sub(lambda m, fn=fn: m.group(1) + fn() + '\n' + m.group(2), text)
     return text
+
+
+def render_readme(text: str) -> str:
+    """The README with its generated blocks (the model table) up to date."""
+    return render_blocks(text, DOC_BLOCKS['README.md'])
 
 
 def generated_files(repo: Path) -> Dict[str, str]:
@@ -189,5 +198,6 @@ def generated_files(repo: Path) -> Dict[str, str]:
     out = {f'configs/timm/{n}': t for n, t in all_recipes().items()}
     out.update({f'configs/mmdet/{n}': t for n, t in mmdet_configs().items()})
     out['configs/mmdet/metafile.yml'] = mmdet_metafile()
-    out['README.md'] = render_readme((Path(repo) / 'README.md').read_text())
+    for rel, blocks in DOC_BLOCKS.items():
+        out[rel] = render_blocks((Path(repo) / rel).read_text(), blocks, rel)
     return out

@@ -93,11 +93,14 @@ def sweep(args):
         print(f'{size}x{size}: ' + ', '.join(f"{k} {r['ms']:.1f} ms / {r['peak_mib']:.0f} MiB" for k, r in rows.items()),
               flush=True)
     print(f'load average after: {load_average()}')
-    faster = [r['size'] for r in results if 'dense' in r and r['tiled']['ms'] < r['dense']['ms']]
-    auto = [r['size'] for r in results if LambdaLayer(8, dim_k=4, heads=2, scope=args.scope).choose_impl(
-        r['size'], r['size']) == 'tiled']
-    print(f'tiled faster than dense from {min(faster) if faster else "-"} px; impl=auto uses tiled from '
-          f'{min(auto) if auto else "-"} px')
+    layer = LambdaLayer(8, dim_k=4, heads=2, dim_u=args.dim_u, scope=args.scope)
+    compared = [r for r in results if 'dense' in r and 'tiled' in r]
+    faster = {r['size']: min(('dense', 'tiled'), key=lambda k: r[k]['ms']) for r in compared}
+    misses = [f"{s} px (auto: {layer.choose_impl(s, s)}, {faster[s]} faster)" for s in faster
+              if layer.choose_impl(s, s) != faster[s]]
+    print('faster form by size: ' + ', '.join(f'{s}: {k}' for s, k in faster.items()))
+    print(f"impl='auto' picks the faster form at {len(faster) - len(misses)} of {len(faster)} sizes"
+          + (f"; not at {', '.join(misses)}" if misses else ''))
     if args.plot:
         _plot(results, args)
     return results

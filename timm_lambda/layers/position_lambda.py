@@ -137,9 +137,12 @@ def choose_impl(impl: str, height: int, width: int, window: int, global_scope: b
     """The implementation ``impl`` resolves to for an ``height x width`` input (the ``'auto'`` rule).
 
     ``window`` is the number of context positions of one query block of the tiled form (:func:`tile_window`).
-    The dense form costs ~|n|^2 per image, the tiled one ~|n| x window with a larger constant: measured
-    crossovers (``tools/benchmark_lambda_layer.py --sweep``, CPU, docs/lambda_layer_benchmark.md) at
-    |n| ~ window / 2. The rule is the same on every device (no GPU measurement exists yet).
+    The dense form computes ``|n|^2`` (query, context) pairs, the tiled one ``n_pad x window`` (its queries padded
+    to whole 8x8 blocks, each against its block's window) at about a quarter of the cost per pair: dense while
+    ``4 |n|^2 <= n_pad x window``. Measured (``tools/benchmark_lambda_layer.py --sweep``, 2 CPU cores,
+    docs/benchmarks.md): for the 23x23 scope dense is faster at 14, 15 and 17 px, tiled at 16 and from 18 px
+    (the rule misses only 18 px, by 7%); for the 7x7 scope with |u|=4, dense at 7, 9, 10 px, tiled at 8 and from
+    12 px. The rule is the same on every device (no GPU measurement exists yet).
     """
     if impl != 'auto':
         return impl
@@ -147,7 +150,9 @@ def choose_impl(impl: str, height: int, width: int, window: int, global_scope: b
         return 'dense'
     if _size_independent():
         return 'tiled'
-    return 'dense' if 2 * height * width <= window else 'tiled'
+    t = _tile()
+    padded = ((height + t - 1) // t) * ((width + t - 1) // t) * t * t
+    return 'dense' if 4 * (height * width) ** 2 <= padded * window else 'tiled'
 
 
 def _chunk_blocks(device: torch.device, rows_per_block: int, columns: int) -> int:
@@ -314,7 +319,8 @@ def _banded_graph(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int
     """The tiled contraction in plain ops: windows by two index gathers, logits by one matmul with the
     block embedding (:func:`~.relative_embedding.block_embedding`), then one batched GEMM. ``kernel_size``:
     the table's ``[K_h, K_w]`` as Python ints where they are fixed (see ``block_embedding``)."""
-    g, t, h, c = q.shape[0], q.shape[1], q.shape[3], q.shape[4]
+    g, h, c = q.shape[0], q.shape[3], q.shape[4]
+    t = _tile() if step == 1 else _pooled_tile()  # a Python int, never a traced size: the index is a constant
     b, hv, cv = vp.shape[0], vp.shape[1], vp.shape[3]
     u = table.shape[1]
     if kernel_size is None:
@@ -570,11 +576,14 @@ def _tiled_blocks(q: Tensor, v: Tensor, kernel: Tensor, height: int, width: int,
     else:
         y = _banded_graph(qb, vp, table.to(qb.dtype), step, blocks_y, blocks_x,
                           None if kernel_size is None else table_size)
-    # back to the output positions by one gather of whole rows (not a permute: see _banded_graph)
     oy, ox = torch.arange(ho, device=y.device), torch.arange(wo, device=y.device)
-    row = ((oy // t) * blocks_x)[:, None] * (t * t) + (oy % t)[:, None] * t + ((ox // t) * (t * t) + ox % t)[None, :]
-    y = y.reshape(b, blocks_y * blocks_x * t * t, h * dv).index_select(1, row.reshape(ho * wo))
-    y = y.permute(0, 2, 1).reshape(b, h * dv, ho, wo)
+    if kernels:  # back to the output positions: one permute of whole channel vectors
+        y = y.reshape(b, blocks_y, blocks_x, t, t, h * dv).permute(0, 1, 3, 2, 4, 5)
+        y = y.reshape(b, blocks_y * t, blocks_x * t, h * dv)[:, :ho, :wo].permute(0, 3, 1, 2)
+    else:  # graphs: one gather of whole rows (a permute would make torch.export guard on 'one block')
+        row = ((oy // t) * blocks_x)[:, None] * (t * t) + (oy % t)[:, None] * t + ((ox // t) * (t * t) + ox % t)[None, :]
+        y = y.reshape(b, blocks_y * blocks_x * t * t, h * dv).index_select(1, row.reshape(ho * wo))
+        y = y.permute(0, 2, 1).reshape(b, h * dv, ho, wo)
     if stride == 2:
         if count_include_pad:
             y = y / 9

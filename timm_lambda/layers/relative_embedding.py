@@ -15,7 +15,10 @@ uses. They are written with shape arithmetic only (no data-dependent Python bran
 ``torch.jit.trace`` or ONNX export made at one size is right at every size.
 """
 import collections
+import functools
 from typing import List, Optional
+
+import numpy as np
 
 import torch
 from torch import nn
@@ -166,28 +169,29 @@ def block_index(tile: int, step: int, kernel_h: int, kernel_w: int, device: torc
     return index.reshape(tile * tile * mh * mw)
 
 
-_BLOCK_INDEX_CACHE: 'collections.OrderedDict[tuple, torch.Tensor]' = collections.OrderedDict()
+@functools.lru_cache(maxsize=16)
+def _block_index_array(tile: int, step: int, kernel_h: int, kernel_w: int) -> np.ndarray:
+    """:func:`block_index` as numpy data (never a traced or fake computation)."""
+    mh, mw = step * (tile - 1) + kernel_h, step * (tile - 1) + kernel_w
+    q = np.arange(tile)
+    ey = np.arange(mh)[None, :] - step * q[:, None]
+    ex = np.arange(mw)[None, :] - step * q[:, None]
+    inside = ((ey >= 0) & (ey < kernel_h))[:, None, :, None] & ((ex >= 0) & (ex < kernel_w))[None, :, None, :]
+    index = np.where(inside, ey[:, None, :, None] * kernel_w + ex[None, :, None, :], kernel_h * kernel_w)
+    return index.reshape(-1).astype(np.int64)
 
 
 @torch.jit.unused
 def _block_index_cached(tile: int, step: int, kernel_h: int, kernel_w: int, device: torch.device) -> torch.Tensor:
-    """:func:`block_index` built once per kernel size (outside inference mode, at most 16 kept): a constant in
-    traces and exports, so that onnxruntime folds the whole block embedding of a local scope at load time."""
-    if torch.compiler.is_compiling():  # Dynamo (compile, export): plain ops, no global state to mutate
-        return block_index(tile, step, kernel_h, kernel_w, device)
-    key = (tile, step, kernel_h, kernel_w, str(device))
-    index = _BLOCK_INDEX_CACHE.get(key)
-    if index is None:
-        tracing = torch._C._get_tracing_state()  # built outside a jit.trace in progress: a constant of the trace
-        torch._C._set_tracing_state(None)
-        try:
-            with torch.inference_mode(False), torch.no_grad():
-                index = _BLOCK_INDEX_CACHE[key] = block_index(tile, step, kernel_h, kernel_w, device)
-        finally:
-            torch._C._set_tracing_state(tracing)
-        while len(_BLOCK_INDEX_CACHE) > 16:
-            _BLOCK_INDEX_CACHE.popitem(last=False)
-    return index
+    """:func:`block_index` from data computed once per kernel size: a constant of ``jit.trace``, ``torch.export``
+    and the ONNX exporters, so that onnxruntime folds the whole block embedding of a local scope at load time
+    (computed in the graph, it is a ~20 ms gather per layer and run at 224 px)."""
+    tracing = torch._C._get_tracing_state()  # a tensor made outside a jit.trace in progress: a trace constant
+    torch._C._set_tracing_state(None)
+    try:
+        return torch.as_tensor(_block_index_array(tile, step, kernel_h, kernel_w), device=device)
+    finally:
+        torch._C._set_tracing_state(tracing)
 
 
 def block_embedding(table: torch.Tensor, tile: int, step: int = 1,
