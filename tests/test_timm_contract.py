@@ -199,6 +199,33 @@ def test_onnx_global_scope_errors_above_max_size(tmp_path, dynamo):
         session.run(None, {'x': torch.randn(1, 3, 160, 128).numpy()})
 
 
+@pytest.mark.parametrize('dynamo', [False, True], ids=['legacy', 'dynamo'])
+def test_onnx_holds_the_block_index_as_a_constant(tmp_path, dynamo):
+    """A local scope's gather index of the block embedding is data in the file (onnxruntime then folds the
+    embedding at load time), not a graph recomputed at every run: the file holds an int64 constant equal to
+    ``block_index`` (8x8 query blocks, 23x23 scope)."""
+    import onnx
+    from onnx import numpy_helper
+    from timm_lambda.layers.relative_embedding import block_index
+    layer = LambdaLayer(32, 32, scope=23, impl='tiled').eval()
+    x = torch.randn(1, 32, 16, 16)
+    path = tmp_path / 'layer.onnx'
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        if dynamo:
+            torch.onnx.export(layer, (x,), str(path), dynamo=True,
+                              dynamic_shapes=({2: torch.export.Dim('h', min=4, max=512)},), verbose=False)
+        else:
+            torch.onnx.export(layer, (x,), str(path), dynamo=False, opset_version=17, input_names=['x'],
+                              dynamic_axes={'x': {2: 'h'}})
+    graph = onnx.load(str(path)).graph
+    constants = [numpy_helper.to_array(t) for t in graph.initializer]
+    constants += [numpy_helper.to_array(a.t) for n in graph.node if n.op_type == 'Constant' for a in n.attribute
+                  if a.name == 'value']
+    expected = block_index(8, 1, 23, 23, torch.device('cpu')).numpy()
+    assert any(c.shape == expected.shape and (c == expected).all() for c in constants)
+
+
 # --- what timm's train.py does ----------------------------------------------------------------------
 
 def _train_step(model, dtype=torch.float32, seed=0):

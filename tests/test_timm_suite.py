@@ -6,7 +6,7 @@ functions and fixtures are imported into this module, unchanged, and ``tests/con
 whose ``model_name`` is one of ours (marker ``timm_suite``): default cfgs (meta device, dtype changes),
 forward, backward, features, TorchScript, FX, FX + TorchScript. No model of ours is excluded.
 
-    python -m pytest tests/test_timm_suite.py        # ~13 minutes on 2 cores
+    python -m pytest tests/test_timm_suite.py        # the longest part of CI
     python -m pytest tests -m "not timm_suite"       # everything else
 """
 import importlib.metadata

@@ -12,6 +12,7 @@ one (what ``impl='auto'`` switches on, timm_lambda/layers/position_lambda.py).
     python tools/benchmark_lambda_layer.py                     # ~1 minute on 2 CPU cores
     python tools/benchmark_lambda_layer.py --impls auto conv einsum
     python tools/benchmark_lambda_layer.py --sweep --plot docs/lambda_layer_sweep.png
+    python tools/benchmark_lambda_layer.py --replot docs/results/sweep_scope23.json --plot docs/lambda_layer_sweep.png
     python tools/benchmark_lambda_layer.py --device cuda --dtype bfloat16
 
 Method: timm_lambda/benchmarks/measure.py (interleaved repeats in one process, medians, live-tensor peak memory).
@@ -106,7 +107,7 @@ def sweep(args):
     return results
 
 
-def _plot(results, args):
+def _plot(results, args, machine_line=None):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -123,7 +124,7 @@ def _plot(results, args):
         ax.grid(alpha=0.3)
     axes[0].legend()
     fig.suptitle(f'lambda layer (width {args.width}, batch {args.batch}, scope {args.scope}, |u|={args.dim_u}) vs 3x3 conv'
-                 f'\n{machine(args.device)}',
+                 f'\n{machine_line or machine(args.device)}',
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(args.plot, dpi=110)
@@ -146,12 +147,18 @@ def main(argv=None):
     p.add_argument('--sizes', type=int, nargs='+', default=[8, 14, 20, 26, 32, 40, 48, 64])
     p.add_argument('--plot', default=None, help='sweep: write the PNG plot here')
     p.add_argument('--json', default=None, help='also write the results here')
+    p.add_argument('--replot', default=None, help='sweep: plot the results of this --json file (no measurement)')
     args = p.parse_args(argv)
     args.dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.batch is None:
-        args.batch = 2 if args.sweep else 1
+        args.batch = 2 if args.sweep or args.replot else 1
+    if args.replot:
+        with open(args.replot) as f:
+            saved = json.load(f)
+        _plot(saved['results'], args, saved['machine'])
+        return saved['results']
     results = sweep(args) if args.sweep else detection_table(args)
     if args.json:
         with open(args.json, 'w') as f:

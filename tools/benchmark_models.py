@@ -157,6 +157,8 @@ def onnx_comparison(sizes, repeats, export_size=224, workdir='/tmp'):
                                   dynamic_shapes={'x': {0: dim, 2: dim, 3: dim}})
             options = ort.SessionOptions()
             options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+            # four sessions take turns in one process: an idle session's threads must not spin on the cores
+            options.add_session_config_entry('session.intra_op.allow_spinning', '0')
             sessions[f'{label} {exporter}'] = ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
     results = []
     for size in sizes:
