@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from timm_lambda.docs import generated_files, render_readme
+from timm_lambda.docs import DOC_BLOCKS, generated_files, render_blocks
 
 REPO = Path(__file__).resolve().parents[1]
 GENERATED = generated_files(REPO)
@@ -24,7 +24,7 @@ def test_every_recipe_and_config_is_generated():
 
 def test_readme_blocks_are_required():
     with pytest.raises(ValueError, match='generated:models'):
-        render_readme('no blocks here')
+        render_blocks('no blocks here', DOC_BLOCKS['README.md'])
 
 
 def test_mmdet_metafile_indexes_the_table14_configs():

@@ -168,6 +168,14 @@ def test_inference_mode_then_training(impl, scope):
             layer(xi)
 
 
+@pytest.mark.parametrize('tile,step,kh,kw', [(8, 1, 23, 23), (4, 2, 23, 23), (8, 1, 7, 5), (2, 1, 1, 3)])
+def test_constant_block_index_equals_the_graph_one(tile, step, kh, kw):
+    """The numpy block index (a constant of traces and exports) is the TorchScript-able torch one."""
+    from timm_lambda.layers import relative_embedding as RE
+    expected = RE.block_index(tile, step, kh, kw, torch.device('cpu'))
+    assert torch.equal(torch.as_tensor(RE._block_index_array(tile, step, kh, kw)), expected)
+
+
 def test_index_cache_is_bounded():
     from timm_lambda.layers import relative_embedding as RE
     table = torch.randn(2, 1, 5, 5)

@@ -14,7 +14,6 @@ from .paper import AA_TABLE3, AA_TABLE6, LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPT
 from .recipes import all_recipes, mmdet_config_name, mmdet_configs, mmdet_metafile
 
 __all__ = ['model_table', 'attention_tables', 'table14_table', 'recipes_table', 'DOC_BLOCKS', 'render_blocks',
-           'render_readme',
            'generated_files', 'TABLE3_MODELS', 'count_params', 'table3_rows', 'aa_rows']
 
 
@@ -186,11 +185,6 @@ def render_blocks(text: str, blocks: Dict[str, Callable[[], str]], name: str = '
             raise ValueError(f'{name} has no <!-- generated:{block} --> ... <!-- /generated:{block} --> block')
         text = pattern.sub(lambda m, fn=fn: m.group(1) + fn() + '\n' + m.group(2), text)
     return text
-
-
-def render_readme(text: str) -> str:
-    """The README with its generated blocks (the model table) up to date."""
-    return render_blocks(text, DOC_BLOCKS['README.md'])
 
 
 def generated_files(repo: Path) -> Dict[str, str]:

@@ -576,7 +576,7 @@ def _tiled_blocks(q: Tensor, v: Tensor, kernel: Tensor, height: int, width: int,
     else:
         y = _banded_graph(qb, vp, table.to(qb.dtype), step, blocks_y, blocks_x,
                           None if kernel_size is None else table_size)
-    oy, ox = torch.arange(ho, device=y.device), torch.arange(wo, device=y.device)
+    oy, ox = torch.arange(ho, device=y.device), torch.arange(wo, device=y.device)  # also the stride-2 border counts
     if kernels:  # back to the output positions: one permute of whole channel vectors
         y = y.reshape(b, blocks_y, blocks_x, t, t, h * dv).permute(0, 1, 3, 2, 4, 5)
         y = y.reshape(b, blocks_y * t, blocks_x * t, h * dv)[:, :ho, :wo].permute(0, 3, 1, 2)

@@ -171,7 +171,8 @@ def block_index(tile: int, step: int, kernel_h: int, kernel_w: int, device: torc
 
 @functools.lru_cache(maxsize=16)
 def _block_index_array(tile: int, step: int, kernel_h: int, kernel_w: int) -> np.ndarray:
-    """:func:`block_index` as numpy data (never a traced or fake computation)."""
+    """:func:`block_index` as numpy data, never a traced or fake computation (the torch version stays for
+    TorchScript, which cannot call numpy; ``tests/test_position_lambda.py`` checks that the two are equal)."""
     mh, mw = step * (tile - 1) + kernel_h, step * (tile - 1) + kernel_w
     q = np.arange(tile)
     ey = np.arange(mh)[None, :] - step * q[:, None]
