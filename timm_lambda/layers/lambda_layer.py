@@ -23,6 +23,7 @@ from timm.layers import register_notrace_function
 from .position_lambda import POSITION_IMPLS, choose_impl, position_lambdas, tile_window, warn_torchscript
 from .checks import check_bool, check_choice, check_heads, check_input, check_scope, check_stride, downsample_pool, to_int
 from .relative_embedding import RelativePositionEmbedding
+from .batch_one import reshape_normed
 
 __all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS']
 
@@ -215,8 +216,8 @@ class LambdaLayer(nn.Module):
         n = H * W
         k, u, v, h = self.dim_k, self.dim_u, self.dim_v, self.heads
         q, keys, values = torch.split(self.qkv(x), [h * k, k * u, v * u], dim=1)
-        q = self.norm_q(q).reshape(B, h, k, n)
-        values = self.norm_v(values).reshape(B, u, v, n)
+        q = reshape_normed(self.norm_q(q), [B, h, k, n])
+        values = reshape_normed(self.norm_v(values), [B, u, v, n])
         out: Optional[torch.Tensor] = None
         full: Optional[torch.Tensor] = None
         if self.content:

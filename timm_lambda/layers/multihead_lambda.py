@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .checks import check_choice, check_heads, check_input, check_stride, downsample_pool, to_int
+from .batch_one import reshape_normed
 from .lambda_layer import KEY_NORMS, normalize_keys
 from .relative_embedding import RelativePositionEmbedding, dense_embedding, relative_kernel
 
@@ -55,8 +56,8 @@ class MultiHeadLambdaLayer(nn.Module):
         self.pos_embedding.check_size(H, W)
         n, h, k_, v_ = H * W, self.heads, self.dim_k, self.dim_v
         q, k, v = torch.split(self.qkv(x), [h * k_, h * k_, h * v_], dim=1)
-        q = self.norm_q(q).reshape(B, h, k_, n)
-        v = self.norm_v(v).reshape(B, h, v_, n)
+        q = reshape_normed(self.norm_q(q), [B, h, k_, n])
+        v = reshape_normed(self.norm_v(v), [B, h, v_, n])
         keys = normalize_keys(k.reshape(B, h, k_, n), self.key_norm)
         content_lambda = torch.einsum('bhkm,bhvm->bhkv', keys, v)
         kernel = relative_kernel(self.pos_embedding.weight, H, W, self.global_scope)
