@@ -139,3 +139,13 @@ def test_cifar_pretrained_cfgs(name):
 def test_cifar_stem_refuses_other_stems(kw):
     with pytest.raises(ValueError, match=next(iter(kw))):
         timm.create_model('resnet26_lambda_cifar', **kw)
+
+
+@pytest.mark.parametrize('norm_layer', ['groupnorm1', 'layernorm2d', 'batchnorm2d'])
+def test_cifar_models_take_any_norm_layer_timm_accepts(norm_layer):
+    """GroupNorm1 gives per-sample gradients (docs/small_inputs.md); the stem used to read bn1.num_features."""
+    model = timm.create_model('resnet26_lambda_cifar', norm_layer=norm_layer, num_classes=3)
+    assert model.conv1.out_channels == 64 and model.conv1.kernel_size == (3, 3)
+    out = model(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 3)
+    out.sum().backward()

@@ -300,6 +300,9 @@ def test_bad_arguments_raise_value_error_naming_parameter():
         layer(torch.randn(1, 6, 4, 4))
     with pytest.raises(ValueError, match='x of shape'):
         layer(torch.randn(8, 4, 4))
+    for h, w in ((0, 0), (0, 5), (5, 0)):
+        with pytest.raises(ValueError, match=rf'at least 1x1 \(H, W >= 1\), got {h}x{w}'):
+            layer(torch.randn(1, 8, h, w))
 
 
 def _emb(layer):

@@ -75,6 +75,24 @@ def test_annotation_file_that_is_not_coco_names_the_file(tmp_path, ann, content,
         build(bad)
 
 
+def _without_bbox(d):
+    d['annotations'][0].pop('bbox')
+    return d
+
+
+@pytest.mark.parametrize('content,problem', [
+    (_without_bbox, r"an entry lacks the key 'bbox'"),
+    (lambda d: dict(d, images={str(i['id']): i for i in d['images']}), 'string indices|indices must be'),
+], ids=['annotation_without_bbox', 'images_as_object'])
+def test_annotation_entries_of_another_shape_name_the_file(tmp_path, ann, content, problem):
+    """Instead of a bare KeyError: 'bbox' (mmdet's parser) or TypeError (pycocotools' index)."""
+    bad = tmp_path / 'bad_schema.json'
+    bad.write_text(json.dumps(content(json.loads(open(ann).read()))))
+    with pytest.raises(ValueError, match=rf'{bad}: the annotation file does not follow the COCO schema \(.*'
+                                         rf'({problem})'):
+        build(bad)
+
+
 def test_empty_after_filtering(tmp_path, ann):
     data = json.loads(open(ann).read())
     data['annotations'] = []

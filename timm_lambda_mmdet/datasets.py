@@ -20,6 +20,8 @@ class CheckedCocoDataset(CocoDataset):
     * malformed JSON (``ValueError`` with ``path:line:column`` and the parser's message);
     * JSON that is not a COCO object (a list, ...) or lacks ``images`` / ``categories`` (``ValueError``
       naming the file and what it holds), instead of pycocotools' AssertionError or ``KeyError: 'categories'``;
+    * entries of another shape (``images`` as an object, an annotation without ``bbox``): a ``ValueError``
+      naming the file and the missing key, instead of a bare ``KeyError`` / ``TypeError``;
     * ``metainfo.classes`` with a name that is no category of the file (``ValueError`` naming the unmatched
       names and the file's categories): a misspelt class would otherwise train silently empty.
       ``allow_missing_classes=True`` accepts such names on purpose (with a warning), e.g. a class absent
@@ -70,6 +72,11 @@ class CheckedCocoDataset(CocoDataset):
             kind = {'list': 'array', 'str': 'string', 'NoneType': 'null'}.get(found[1], found[1]) if found else '?'
             raise ValueError(f'{path}: the annotation file holds a JSON {kind}, not a COCO object (a JSON object '
                              'with images, annotations and categories)') from None
+        except (KeyError, TypeError) as e:  # pycocotools' index or mmdet's parser met an entry of another shape
+            detail = f'an entry lacks the key {e}' if isinstance(e, KeyError) else str(e)
+            raise ValueError(f'{path}: the annotation file does not follow the COCO schema ({detail}): images, '
+                             'annotations and categories must be lists of objects, each annotation with '
+                             'image_id, category_id and bbox [x, y, w, h]') from e
         classes = tuple(self.metainfo.get('classes', ()))
         names = self._category_names
         unmatched = [c for c in classes if c not in names]

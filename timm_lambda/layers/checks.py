@@ -105,6 +105,9 @@ def check_input(x: torch.Tensor, channels: int, name: str) -> None:
     if x.dim() != 4 or x.shape[1] != channels:
         raise ValueError(name + ' expects x of shape [B, ' + str(channels) + ', H, W], got '
                          + str(list(x.shape)))
+    if x.shape[2] < 1 or x.shape[3] < 1:
+        raise ValueError(name + ' needs an input of at least 1x1 (H, W >= 1), got ' + str(x.shape[2]) + 'x'
+                         + str(x.shape[3]))
 
 
 def check_max_size(height: int, width: int, max_h: int, max_w: int) -> None:

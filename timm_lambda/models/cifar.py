@@ -45,7 +45,7 @@ class CifarLambdaResNet(LambdaResNet):
                 raise ValueError(f'{name} does not apply to the CIFAR stem (one 3x3 stride-1 convolution, '
                                  f'no pooling); got {name}={kwargs[name]!r}')
         super().__init__(*args, in_chans=in_chans, device=device, dtype=dtype, **kwargs)
-        stem_chs = self.bn1.num_features  # 64: timm's single-convolution stem width
+        stem_chs = self.conv1.out_channels  # 64: timm's single-convolution stem width (any norm_layer)
         self.conv1 = nn.Conv2d(in_chans, stem_chs, kernel_size=3, stride=1, padding=1, bias=False,
                                device=device, dtype=dtype)
         nn.init.kaiming_normal_(self.conv1.weight, mode='fan_out', nonlinearity='relu')  # as ResNet.init_weights
