@@ -10,8 +10,26 @@ from mmengine.runner import BaseLoop
 from mmdet.registry import HOOKS
 
 from .checkpoint_compat import check_checkpoint_file
+from .mmcv_cuda import mmcv_has_cuda_ops
 
-__all__ = ['PreflightHook']
+__all__ = ['PreflightHook', 'check_mmcv_ops_for_device']
+
+MMCV_CUDA_REBUILD = 'TIMM_LAMBDA_MMCV_CUDA=1 bash tools/install.sh'
+
+
+def check_mmcv_ops_for_device(device_type: str, mmcv_has_cuda: bool) -> None:
+    """Refuse a model on a CUDA device with an mmcv whose compiled ops are CPU-only.
+
+    mmcv's RoIAlign / NMS / ... dispatch on the tensors' device; a CPU-only build (``FORCE_CUDA=0``, the
+    prebuilt wheel of tools/install.sh on a machine without a GPU) fails at the first iteration with
+    ``<op> is not implemented on CUDA``-like errors. Raising here names the cause and the fix instead.
+    """
+    if device_type == 'cuda' and not mmcv_has_cuda:
+        raise RuntimeError(
+            'the model is on a CUDA device, but the installed mmcv has CPU-only compiled ops (no CUDA device code '
+            'in mmcv/_ext*.so): RoIAlign/NMS would fail at the first iteration. Rebuild mmcv with its CUDA ops: '
+            f'`{MMCV_CUDA_REBUILD}` (needs the CUDA toolkit matching torch.version.cuda; see docs/install.md, '
+            '"GPU (CUDA) install"), or run on CPU.')
 
 
 @HOOKS.register_module()
@@ -26,7 +44,9 @@ class PreflightHook(Hook):
     * ``before_run``: the checkpoint to load (``load_from``, the test checkpoint, ``--resume``'s) must not be
       empty or a truncated zip (an error names the file instead of torch's bare ``EOFError``); every output
       file of the built test/val evaluators (mmdet ``tools/test.py --out``, ``CocoMetric.outfile_prefix``)
-      must be in an existing, writable directory, checked before the evaluation runs rather than after it.
+      must be in an existing, writable directory, checked before the evaluation runs rather than after it;
+      a model on a CUDA device needs mmcv's CUDA ops (:func:`check_mmcv_ops_for_device`), else a
+      ``RuntimeError`` says how to rebuild mmcv.
     """
     priority = 'VERY_HIGH'
 
@@ -34,6 +54,7 @@ class PreflightHook(Hook):
         self.strict_checkpoint = strict_checkpoint
 
     def before_run(self, runner) -> None:
+        self._check_mmcv_ops(runner)
         self._check_checkpoint_to_load(runner)
         for loop in (getattr(runner, '_test_loop', None), getattr(runner, '_val_loop', None)):
             if not isinstance(loop, BaseLoop) or getattr(loop, 'evaluator', None) is None:
@@ -41,6 +62,15 @@ class PreflightHook(Hook):
             for metric in loop.evaluator.metrics:
                 for attr in ('out_file_path', 'outfile_prefix'):
                     _check_writable(getattr(metric, attr, None), f'{type(metric).__name__}.{attr}')
+
+    @staticmethod
+    def _check_mmcv_ops(runner) -> None:
+        """The model's device (its first parameter's; mmengine has moved it there before ``before_run``)."""
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        param = next(iter(model.parameters()), None)
+        if param is None or param.device.type != 'cuda':
+            return
+        check_mmcv_ops_for_device(param.device.type, mmcv_has_cuda_ops())
 
     @staticmethod
     def _check_checkpoint_to_load(runner) -> None:

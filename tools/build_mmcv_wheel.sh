@@ -12,11 +12,22 @@
 #   * the -std=c++17 flags in mmcv's setup.py raised to -std=c++20 (recent
 #     torch headers need C++20),
 #   * MAX_JOBS from the core count (and memory), ninja for parallel compiles.
-# About 17+ minutes on 2 cores.  The wheel is written to --out (atomically);
+# About 17+ minutes on 2 cores for CPU ops.
+#
+# CUDA ops (FORCE_CUDA=1; tools/install.sh sets it when it decides for CUDA,
+# see docs/install.md "GPU (CUDA) install"): the script finds the toolkit itself
+# (CUDA_HOME, CUDA_PATH, /usr/local/cuda, /usr/local/cuda-*, nvcc on PATH),
+# requires nvcc's major version to equal torch.version.cuda's, and adds the
+# headers that torch's pip dependencies ship (site-packages/nvidia/*/include,
+# e.g. cusparse.h, which torch's CUDAContextLight.h includes and a minimal
+# toolkit lacks) to CPATH.  TORCH_CUDA_ARCH_LIST (default: the visible GPUs',
+# else "8.0;8.6;8.9;9.0+PTX") picks the cubins; ~18 minutes for 9.0 alone on 2
+# cores, more per extra arch.  The wheel must then hold CUDA device code.  The wheel is written to --out (atomically);
 # the build log is kept next to it as mmcv-<version>-build.log.
 #
 # Environment: MMCV_VERSION (default: the mmcv pin in constraints.txt),
-# MAX_JOBS (default: nproc, capped by memory), MMCV_BUILD_NICE (default 10).
+# MAX_JOBS (default: nproc, capped by memory), MMCV_BUILD_NICE (default 10),
+# FORCE_CUDA (default 0), TORCH_CUDA_ARCH_LIST, CUDA_HOME.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,7 +42,7 @@ while [[ $# -gt 0 ]]; do
     case "$1" in
         --python) PY="${2:?--python needs a value}"; shift 2 ;;
         --out) OUT="${2:?--out needs a value}"; shift 2 ;;
-        -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -h|--help) sed -n '2,32p' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) die "unknown argument: $1 (see --help)" ;;
     esac
 done
@@ -60,6 +71,47 @@ fi
 command -v ninja >/dev/null 2>&1 || die "ninja is not available"
 command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1 \
     || die "no C++ compiler found (install g++, e.g. apt-get install g++)"
+
+FORCE_CUDA="${FORCE_CUDA:-0}"
+CHECK_PY="$ROOT/timm_lambda_mmdet/mmcv_cuda.py"   # stdlib-only helpers, run as a script
+if [[ "$FORCE_CUDA" == "1" ]]; then
+    # The toolkit: nvcc whose major version matches torch's CUDA, and the headers torch's CUDA headers include.
+    TORCH_CUDA="$("$PY" -c 'import torch; print(torch.version.cuda or "")')"
+    [[ -n "$TORCH_CUDA" ]] || die "FORCE_CUDA=1, but torch $TORCH_VERSION has no CUDA (torch.version.cuda is None); install a CUDA build of torch"
+    if [[ -z "${CUDA_HOME:-}" ]]; then
+        for d in "${CUDA_PATH:-}" /usr/local/cuda $(ls -d /usr/local/cuda-* 2>/dev/null | sort -rV); do
+            if [[ -n "$d" && -x "$d/bin/nvcc" ]]; then CUDA_HOME="$d"; break; fi
+        done
+    fi
+    if [[ -z "${CUDA_HOME:-}" ]] && command -v nvcc >/dev/null 2>&1; then
+        nvcc_real="$(readlink -f "$(command -v nvcc)")"
+        CUDA_HOME="$(dirname "$(dirname "$nvcc_real")")"
+        # a wrapper script (exec /usr/local/cuda-X/bin/nvcc "$@") is not inside a toolkit: ask nvcc itself
+        [[ -d "$CUDA_HOME/include" ]] || CUDA_HOME="$(dirname "$(dirname "$(sed -n 's/^exec \([^ ]*nvcc\).*/\1/p' "$nvcc_real" | head -n1)")")"
+    fi
+    [[ -n "${CUDA_HOME:-}" && -x "$CUDA_HOME/bin/nvcc" ]] \
+        || die "FORCE_CUDA=1 needs the CUDA $TORCH_CUDA toolkit (nvcc), found none in CUDA_HOME${CUDA_HOME:+=$CUDA_HOME}, CUDA_PATH, /usr/local/cuda*, PATH; install it (e.g. apt-get install cuda-toolkit-${TORCH_CUDA%%.*}-${TORCH_CUDA#*.}) and/or set CUDA_HOME"
+    NVCC_CUDA="$("$CUDA_HOME/bin/nvcc" --version | sed -n 's/.*release \([0-9][0-9.]*\),.*/\1/p' | head -n1)"
+    [[ "${NVCC_CUDA%%.*}" == "${TORCH_CUDA%%.*}" ]] \
+        || die "nvcc $CUDA_HOME/bin/nvcc is CUDA ${NVCC_CUDA:-?}, torch $TORCH_VERSION is built with CUDA $TORCH_CUDA: the major versions must match; set CUDA_HOME to a CUDA ${TORCH_CUDA%%.*}.x toolkit"
+    export CUDA_HOME PATH="$CUDA_HOME/bin:$PATH"
+    # torch's pip dependencies ship CUDA headers (nvidia/cu13/include, nvidia/cusparse/include, ...): put them
+    # on CPATH after the toolkit's own, for the headers a minimal toolkit lacks.
+    NV_INC="$("$PY" - nvidia-include-dirs <"$CHECK_PY")"
+    CPATH="$CUDA_HOME/include${NV_INC:+:$NV_INC}${CPATH:+:$CPATH}"
+    export CPATH
+    missing=""
+    for h in cuda_runtime_api.h cusparse.h cublas_v2.h cusolverDn.h; do
+        found=""
+        IFS=: read -r -a inc_dirs <<<"$CPATH"
+        for d in "${inc_dirs[@]}"; do [[ -f "$d/$h" ]] && { found=1; break; }; done
+        [[ -n "$found" ]] || missing+=" $h"
+    done
+    [[ -z "$missing" ]] || die "CUDA headers missing:$missing (searched CPATH=$CPATH); install the toolkit's dev packages (e.g. cuda-libraries-dev-${TORCH_CUDA%%.*}-${TORCH_CUDA#*.}) or the nvidia-*-cu${TORCH_CUDA%%.*} pip packages torch depends on"
+    TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$(TIMM_LAMBDA_MMCV_CUDA=1 "$PY" - decide <"$CHECK_PY" | sed -n 's/^archs=//p')}"
+    export TORCH_CUDA_ARCH_LIST
+    log "CUDA ops: nvcc $CUDA_HOME/bin/nvcc (CUDA $NVCC_CUDA, torch's $TORCH_CUDA), TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
+fi
 
 if [[ -z "${MAX_JOBS:-}" ]]; then
     cores="$(nproc 2>/dev/null || echo 2)"
@@ -94,7 +146,7 @@ if grep -q -- '-std=c++17' "$SRC/setup.py"; then die "patching -std=c++17 -> -st
 
 log "compiling (MAX_JOBS=$MAX_JOBS, nice ${MMCV_BUILD_NICE:-10}); log: $LOG"
 start=$SECONDS
-if ! MMCV_WITH_OPS=1 FORCE_CUDA="${FORCE_CUDA:-0}" nice -n "${MMCV_BUILD_NICE:-10}" \
+if ! MMCV_WITH_OPS=1 FORCE_CUDA="$FORCE_CUDA" nice -n "${MMCV_BUILD_NICE:-10}" \
         "$PY" -m pip --disable-pip-version-check wheel -v --progress-bar off \
         --no-build-isolation --no-deps -w "$WORK/wheel" "$SRC" >"$LOG" 2>&1; then
     tail -n 40 "$LOG" >&2
@@ -108,6 +160,13 @@ import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
 sys.exit(0 if any(n.startswith("mmcv/_ext") and n.endswith(".so") for n in names) else 1)
 EOF
+if [[ "$FORCE_CUDA" == "1" ]]; then
+    # FORCE_CUDA=1 must give CUDA kernels (device code in mmcv/_ext*.so), not a silent CPU-only build
+    unzip_dir="$WORK/check"
+    "$PY" -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); [z.extract(n, sys.argv[2]) for n in z.namelist() if n.startswith("mmcv/_ext") and n.endswith(".so")]' "$whl" "$unzip_dir"
+    "$PY" - has-cuda-ops "$(ls "$unzip_dir"/mmcv/_ext*.so | head -n1)" <"$CHECK_PY" \
+        || die "FORCE_CUDA=1, but the built mmcv/_ext*.so holds no CUDA device code (.nv_fatbin); see $LOG"
+fi
 cp "$whl" "$OUT/.$(basename "$whl").part"
 mv -f "$OUT/.$(basename "$whl").part" "$OUT/$(basename "$whl")"
 log "built $OUT/$(basename "$whl") in $((SECONDS - start)) s"

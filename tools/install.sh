@@ -10,12 +10,18 @@
 #   1. virtualenv: $VENV, else the active $VIRTUAL_ENV, else <repo>/.venv
 #      (created with ${PYTHON:-python3}, which must be >= 3.9);
 #   2. torch + torchvision (+ setuptools<81, wheel), pinned by constraints.txt;
-#   3. mmcv with compiled ops, first usable source wins:
+#   3. mmcv with compiled ops, CPU-only or with CUDA kernels (docs/install.md
+#      "GPU (CUDA) install"): TIMM_LAMBDA_MMCV_CUDA=1 asks for CUDA ops, =0 for
+#      CPU ops; unset ("auto"): CUDA ops when torch has CUDA, a GPU is visible,
+#      nvcc is found and CI is unset, else CPU ops.  TORCH_CUDA_ARCH_LIST:
+#      the visible GPUs', else 8.0;8.6;8.9;9.0+PTX.  First usable source wins,
+#      each checked for the ops asked for (CUDA device code in mmcv/_ext*.so):
 #        a. the installed mmcv, if its ops load against the installed torch;
-#        b. the wheel cache ${TIMM_LAMBDA_WHEEL_CACHE:-${XDG_CACHE_HOME:-~/.cache}/timm-lambda/wheels}/torch-<version>/;
+#        b. the wheel cache ${TIMM_LAMBDA_WHEEL_CACHE:-${XDG_CACHE_HOME:-~/.cache}/timm-lambda/wheels}/torch-<version>/
+#           cpu/ or cuda-<archs>/ (a wheel directly in torch-<version>/ is an older CPU-only build);
 #        c. a wheel offered by pip's find-links (PIP_FIND_LINKS / pip config);
-#        d. a source build (tools/build_mmcv_wheel.sh, ~17+ min on 2 cores),
-#           whose wheel is stored in the cache for the next install;
+#        d. a source build (tools/build_mmcv_wheel.sh, ~17+ min on 2 cores for
+#           CPU ops, ~18 min per CUDA arch), whose wheel is stored in the cache;
 #   4. pip install -c constraints.txt ".[det,test]" and an import check.
 set -euo pipefail
 
@@ -58,16 +64,35 @@ pip_ install "${PIP_QUIET[@]}" -c "$CONSTRAINTS" "setuptools<81" wheel torch tor
 MMCV_VERSION="$(sed -n 's/^mmcv==\([^ ;#]*\).*/\1/p' "$CONSTRAINTS" | head -n1)"
 [[ -n "$MMCV_VERSION" ]] || die "no mmcv==X pin in $CONSTRAINTS"
 TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')"
-CACHE_DIR="${TIMM_LAMBDA_WHEEL_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/timm-lambda/wheels}/torch-${TORCH_VERSION//+/_}"
+CACHE_ROOT="${TIMM_LAMBDA_WHEEL_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/timm-lambda/wheels}/torch-${TORCH_VERSION//+/_}"
+CHECK_PY="$ROOT/timm_lambda_mmdet/mmcv_cuda.py"   # stdlib-only, run as a script (the package is not installed yet)
+
+# CPU or CUDA ops (timm_lambda_mmdet/mmcv_cuda.py: decide_mmcv_build)
+DECISION="$("$PY" - decide <"$CHECK_PY")" || die "${DECISION#error=}"
+MMCV_CUDA="$(sed -n 's/^cuda=//p' <<<"$DECISION")"
+MMCV_ARCHS="$(sed -n 's/^archs=//p' <<<"$DECISION")"
+log "mmcv ops: $([[ "$MMCV_CUDA" == 1 ]] && echo "CPU + CUDA (TORCH_CUDA_ARCH_LIST=$MMCV_ARCHS)" || echo "CPU only"); $(sed -n 's/^reason=//p' <<<"$DECISION")"
+if [[ "$MMCV_CUDA" == 1 ]]; then
+    arch_tag="${MMCV_ARCHS//[;, ]/_}"
+    CACHE_DIR="$CACHE_ROOT/cuda-${arch_tag//+/}"
+else
+    CACHE_DIR="$CACHE_ROOT/cpu"
+fi
 WHEEL_NAME="mmcv-$MMCV_VERSION-$("$PY" -c 'import sys; t = "cp%d%d" % sys.version_info[:2]; print(t + "-" + t)')-linux_$(uname -m).whl"
 
 # True if mmcv==$MMCV_VERSION is installed and its compiled ops (mmcv/_ext*.so)
-# load against the installed torch.  Loads the extension file directly, so it
-# works before mmcv's own dependencies (mmengine, cv2) are installed.
+# load against the installed torch and are the ops asked for: CUDA kernels
+# when MMCV_CUDA=1, none with TIMM_LAMBDA_MMCV_CUDA=0; in auto mode a CPU
+# decision also keeps an installed CUDA build (it has the CPU ops too).
+# Loads the extension file directly, so it works before mmcv's own
+# dependencies (mmengine, cv2) are installed.
 mmcv_ops_ok() {
-    "$PY" - "$MMCV_VERSION" <<'EOF'
+    local want_ops="cpu-or-cuda"
+    if [[ "$MMCV_CUDA" == 1 ]]; then want_ops="cuda"
+    elif [[ "${TIMM_LAMBDA_MMCV_CUDA:-}" == 0 ]]; then want_ops="cpu"; fi
+    "$PY" - "$MMCV_VERSION" "$want_ops" "$CHECK_PY" <<'EOF'
 import importlib.metadata as md, importlib.util, sys
-want = sys.argv[1]
+want, want_ops, check_py = sys.argv[1:4]
 try:
     have = md.version("mmcv")
 except md.PackageNotFoundError:
@@ -87,12 +112,23 @@ except ImportError as e:
     sys.exit(f"mmcv's compiled ops do not load against torch {torch.__version__}: {e}")
 if not hasattr(mod, "nms") or not hasattr(mod, "roi_align_forward"):
     sys.exit("mmcv._ext lacks nms/roi_align_forward")
+ns = {"__name__": "mmcv_cuda"}
+exec(compile(open(check_py).read(), check_py, "exec"), ns)
+cuda = ns["has_cuda_device_code"](str(exts[0].locate()))
+if want_ops == "cuda" and not cuda:
+    sys.exit("mmcv's compiled ops are CPU-only (no CUDA device code in mmcv/_ext*.so), CUDA ops were asked for")
+if want_ops == "cpu" and cuda:
+    sys.exit("mmcv's compiled ops include CUDA kernels, TIMM_LAMBDA_MMCV_CUDA=0 asks for a CPU-only build")
 EOF
 }
 
 MMCV_SOURCE=""
 if mmcv_ops_ok 2>/dev/null; then
     MMCV_SOURCE="already installed"
+fi
+# an older install cached its (CPU-only) wheel directly in torch-<version>/
+if [[ -z "$MMCV_SOURCE" && "$MMCV_CUDA" != 1 && ! -f "$CACHE_DIR/$WHEEL_NAME" && -f "$CACHE_ROOT/$WHEEL_NAME" ]]; then
+    mkdir -p "$CACHE_DIR" && mv -f "$CACHE_ROOT/$WHEEL_NAME" "$CACHE_DIR/$WHEEL_NAME"
 fi
 if [[ -z "$MMCV_SOURCE" && -f "$CACHE_DIR/$WHEEL_NAME" ]]; then
     log "installing mmcv from the wheel cache: $CACHE_DIR/$WHEEL_NAME"
@@ -112,21 +148,27 @@ if [[ -z "$MMCV_SOURCE" ]]; then
         if mmcv_ops_ok; then
             MMCV_SOURCE="find-links wheel"
         else
-            log "the find-links mmcv wheel does not fit torch $TORCH_VERSION; building from source"
+            log "the find-links mmcv wheel does not fit torch $TORCH_VERSION or lacks the ops asked for; building from source"
         fi
     else
         log "no mmcv $MMCV_VERSION wheel in find-links (PIP_FIND_LINKS='${PIP_FIND_LINKS:-}') or cache"
     fi
 fi
 if [[ -z "$MMCV_SOURCE" ]]; then
-    log "building mmcv $MMCV_VERSION from source into $CACHE_DIR (takes ~17+ minutes on 2 cores)"
-    bash "$ROOT/tools/build_mmcv_wheel.sh" --python "$PY" --out "$CACHE_DIR" >/dev/null
+    if [[ "$MMCV_CUDA" == 1 ]]; then
+        log "building mmcv $MMCV_VERSION with CUDA ops ($MMCV_ARCHS) from source into $CACHE_DIR (~18 minutes per arch on 2 cores; see docs/install.md)"
+        FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="$MMCV_ARCHS" \
+            bash "$ROOT/tools/build_mmcv_wheel.sh" --python "$PY" --out "$CACHE_DIR" >/dev/null
+    else
+        log "building mmcv $MMCV_VERSION (CPU ops) from source into $CACHE_DIR (takes ~17+ minutes on 2 cores)"
+        FORCE_CUDA=0 bash "$ROOT/tools/build_mmcv_wheel.sh" --python "$PY" --out "$CACHE_DIR" >/dev/null
+    fi
     [[ -f "$CACHE_DIR/$WHEEL_NAME" ]] || die "the build did not produce $CACHE_DIR/$WHEEL_NAME"
     pip_ install "${PIP_QUIET[@]}" --no-deps --force-reinstall "$CACHE_DIR/$WHEEL_NAME"
     mmcv_ops_ok || die "the freshly built mmcv wheel does not load; see $CACHE_DIR/mmcv-$MMCV_VERSION-build.log"
     MMCV_SOURCE="source build (cached as $CACHE_DIR/$WHEEL_NAME)"
 fi
-log "mmcv $MMCV_VERSION with ops: $MMCV_SOURCE"
+log "mmcv $MMCV_VERSION with $("$PY" - has-cuda-ops <"$CHECK_PY" && echo "CPU + CUDA" || echo "CPU-only") ops: $MMCV_SOURCE"
 
 # 4. the package itself ----------------------------------------------------------
 log "installing timm-lambda[det,test] (constraints.txt)"

@@ -1,0 +1,168 @@
+"""On a CUDA device (``pytest -m cuda``; skipped without one, never run in CI, which has no GPU): the
+position-lambda forms and executions against the float64 reference, with gradients and under bf16/fp16
+autocast; a training step of every registered model (NCHW and channels_last); the batch-1 gradient check of
+tests/test_batch_one.py; mmdet's own train/test tools with Mask R-CNN for a few iterations at 512 px (which
+needs mmcv with CUDA ops: ``TIMM_LAMBDA_MMCV_CUDA=1 bash tools/install.sh``, docs/install.md).
+
+Everything here imports without CUDA (and without the [det] extra: the mmdet test imports it itself), so the
+module is collected and its tests skipped with one reason on a machine without a GPU."""
+import os.path as osp
+import sys
+
+import pytest
+import timm
+import torch
+
+import timm_lambda
+from timm_lambda.layers import position_lambda as PL
+
+from reference import position_term_reference
+from test_batch_one import (BLOCK_BY_BLOCK, _check_blocks, _check_duplicate, _input_size, _model_params,
+                            _randomize_norms)
+from test_position_lambda import CASES, FORMS, IDS, _call, _inputs
+
+HAVE_CUDA = torch.cuda.is_available()
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not HAVE_CUDA, reason='needs a CUDA device (torch.cuda.is_available() is False)'),
+]
+DEV = 'cuda'
+
+
+# --------------------------------------------------------------------------
+# position lambdas: every form and execution on the device
+# --------------------------------------------------------------------------
+def _on_device(tensors, dtype=None):
+    return [t.to(DEV, dtype).requires_grad_() for t in tensors]
+
+
+@pytest.mark.parametrize('chunks', ['one', 'many'])
+@pytest.mark.parametrize('graph', [False, True], ids=['kernel', 'graph'])
+@pytest.mark.parametrize('impl', FORMS)
+@pytest.mark.parametrize('case', CASES, ids=IDS)
+def test_forms_equal_the_reference_on_cuda(case, impl, graph, chunks, monkeypatch):
+    """float64 on the device: outputs and gradients equal the per-query reference (computed on the CPU)."""
+    if graph:
+        monkeypatch.setattr(PL, '_use_kernels', lambda: False)
+    if chunks == 'many':  # one query block per chunk: the device loop over chunks, not one launch per layer
+        monkeypatch.setattr(PL, 'DEVICE_CHUNK_ELEMENTS', 1)
+    q, v, table = (t.requires_grad_() for t in _inputs(case))
+    ref = position_term_reference(q, v, table, case[1], case[2], case[8], case[9])
+    qd, vd, td = _on_device((q.detach(), v.detach(), table.detach()))
+    y = _call(impl, case, qd, vd, td)
+    assert y.device.type == DEV and y.dtype == torch.float64
+    torch.testing.assert_close(y.cpu(), ref.detach(), rtol=1e-9, atol=1e-9)
+    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=ref.dtype)
+    got = torch.autograd.grad(y, (qd, vd, td), g.to(DEV))
+    want = torch.autograd.grad(ref, (q, v, table), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize('dtype, tol', [(torch.float16, 1e-2), (torch.bfloat16, 4e-2)], ids=['fp16', 'bf16'])
+@pytest.mark.parametrize('graph', [False, True], ids=['kernel', 'graph'])
+@pytest.mark.parametrize('impl', FORMS)
+@pytest.mark.parametrize('case', CASES, ids=IDS)
+def test_forms_under_autocast_close_to_float32(case, impl, graph, dtype, tol, monkeypatch):
+    """Autocast outputs (and gradients) within the low precision's rounding of the float32 result."""
+    if graph:
+        monkeypatch.setattr(PL, '_use_kernels', lambda: False)
+    inputs = _inputs(case, dtype=torch.float32)
+    q32, v32, t32 = _on_device(inputs)
+    y32 = _call(impl, case, q32, v32, t32)
+    g = torch.randn(y32.shape, generator=torch.Generator().manual_seed(5)).to(DEV)
+    grads32 = torch.autograd.grad(y32, (q32, v32, t32), g)
+    q, v, t = _on_device(inputs)
+    with torch.autocast(DEV, dtype=dtype):
+        y = _call(impl, case, q, v, t)
+    assert y.dtype in (dtype, torch.float32) and torch.isfinite(y).all()
+    err = ((y.float() - y32).norm() / y32.norm()).item()
+    assert err < tol, f'{dtype} autocast output differs from float32 by a relative {err:.3g}'
+    for a, b in zip(torch.autograd.grad(y, (q, v, t), g.to(y.dtype)), grads32):
+        assert a.dtype == torch.float32  # gradients in the inputs' dtype
+        err = ((a - b).norm() / b.norm()).item()
+        assert err < 2 * tol, f'{dtype} autocast gradient differs from float32 by a relative {err:.3g}'
+
+
+# --------------------------------------------------------------------------
+# every registered model: one SGD training step on the device
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize('channels_last', [False, True], ids=['nchw', 'channels_last'])
+@pytest.mark.parametrize('name', timm_lambda.registered_models())
+def test_training_step_on_cuda(name, channels_last):
+    torch.manual_seed(0)
+    size = _input_size(name)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = timm.create_model(name, num_classes=10).to(DEV, memory_format=fmt).train()
+    x = torch.randn(2, 3, size, size, device=DEV).to(memory_format=fmt)
+    target = torch.tensor([1, 7], device=DEV)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = torch.nn.functional.cross_entropy(model(x), target)
+    assert torch.isfinite(loss), loss
+    opt.zero_grad()
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads), 'missing or non-finite gradients'
+    opt.step()
+    changed = sum(not torch.equal(a, p.detach()) for a, p in zip(before, model.parameters()))
+    assert changed > 0.9 * len(before), f'only {changed} of {len(before)} parameters changed'
+    with torch.no_grad():
+        assert torch.isfinite(model.eval()(x)).all()
+
+
+# --------------------------------------------------------------------------
+# batch size 1 on the device (tests/test_batch_one.py's check)
+# --------------------------------------------------------------------------
+@pytest.mark.parametrize('name,train', _model_params())
+def test_model_batch_one_equals_duplicated_batch_on_cuda(name, train):
+    torch.manual_seed(0)
+    size = _input_size(name)
+    x = torch.randn(1, 3, size, size, dtype=torch.float64)
+    calibrate = torch.cat([x, x + 0.3 * torch.randn_like(x)])
+    # the norms are randomised with CPU generators, then everything runs on the device (the helpers make
+    # their random tensors on the default device)
+    model = _randomize_norms(timm.create_model(name, num_classes=5).double(), calibrate=calibrate).to(DEV)
+    x = x.to(DEV)
+    with torch.device(DEV):
+        if (name, train) in BLOCK_BY_BLOCK:
+            _check_blocks(model, size, train)
+            return
+        with torch.no_grad():
+            weight = torch.randn(model.eval().forward_features(x).shape[1:], dtype=torch.float64)
+        _check_duplicate(model.train(train), x, weight)
+
+
+# --------------------------------------------------------------------------
+# MMDetection: Mask R-CNN train (a few iterations) and test with mmdet's own tools, on the GPU
+# --------------------------------------------------------------------------
+@pytest.mark.slow
+def test_mmdet_mask_rcnn_train_test_on_cuda(tmp_path):
+    pytest.importorskip('mmdet', reason='detection extra not installed (pip install "timm-lambda[det]")')
+    from _mmdet_helpers import CLASSES, CONFIG_DIR, MMDET_TOOLS, run
+    from timm_lambda_mmdet.mmcv_cuda import mmcv_has_cuda_ops
+    from timm_lambda_mmdet.overrides import small_run_overrides, to_cli_options
+    from timm_lambda_mmdet.synthetic_coco import make_coco_dataset
+
+    assert mmcv_has_cuda_ops(), ('mmcv has CPU-only ops: rebuild it with `TIMM_LAMBDA_MMCV_CUDA=1 bash '
+                                 'tools/install.sh` (docs/install.md, "GPU (CUDA) install")')
+    config = osp.join(CONFIG_DIR, 'mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco.py')
+    root = str(tmp_path / 'coco')
+    make_coco_dataset(root, num_train=8, num_val=2, image_size=512, seed=3)
+
+    def options(**kw):
+        return to_cli_options(small_run_overrides(root, image_size=512, classes=CLASSES,
+                                                  num_classes=len(CLASSES), validate=False, **kw))
+
+    work = str(tmp_path / 'work')
+    rc, out = run([sys.executable, osp.join(MMDET_TOOLS, 'train.py'), config, '--work-dir', work,
+                   '--cfg-options'] + options(max_iters=3, batch_size=2), timeout=900)
+    assert rc == 0, out[-4000:]
+    assert 'CUDA available: True' in out, out[:3000]  # mmengine's environment report: it ran on the GPU
+    assert 'Iter(train) [3/3]' in out, out[-3000:]
+    assert osp.isfile(osp.join(work, 'iter_3.pth')), out[-2000:]
+    test_dir = str(tmp_path / 'test')
+    rc, out = run([sys.executable, osp.join(MMDET_TOOLS, 'test.py'), config, osp.join(work, 'iter_3.pth'),
+                   '--work-dir', test_dir, '--cfg-options'] + options(), timeout=900)
+    assert rc == 0, out[-4000:]
+    assert 'Average Precision  (AP) @[ IoU=0.50:0.95' in out, out[-3000:]  # pycocotools ran on the predictions
