@@ -533,6 +533,21 @@ def _tiled(q: Tensor, v: Tensor, kernel: Tensor, height: int, width: int, stride
     return y.reshape(b, h, dv, y.shape[-2] * y.shape[-1])
 
 
+def _block_counts(height: int, width: int, t: int) -> Tuple[int, int]:
+    """Query blocks of side ``t`` along each axis: ``ceil(size / t)``, and at least 2 inside ``torch.export``.
+
+    A block count of 1 is a size-1 dimension of the block tensors, and torch.export (2.14) guards on it when it
+    records their contiguity: an export from one example size would then hold only for the inputs with the same
+    'one block or more' answer in every layer (129-256 px for a LambdaResNet exported at 160 px). With at least
+    two blocks, the extra block is all padding (zero values, queries whose outputs are dropped), so the results
+    are the same at every size, and the guard never arises.
+    """
+    blocks_y, blocks_x = (height + t - 1) // t, (width + t - 1) // t
+    if not torch.jit.is_scripting() and _compiler_flag('is_exporting'):
+        blocks_y, blocks_x = torch.sym_max(blocks_y, 2), torch.sym_max(blocks_x, 2)
+    return blocks_y, blocks_x
+
+
 def _tiled_blocks(q: Tensor, v: Tensor, kernel: Tensor, height: int, width: int, stride: int,
                   count_include_pad: bool, kernels: bool, kernel_size: Optional[List[int]]) -> Tensor:
     b, h, k, n = q.shape
@@ -547,7 +562,7 @@ def _tiled_blocks(q: Tensor, v: Tensor, kernel: Tensor, height: int, width: int,
     if stride == 1:
         t, step, table, c = _tile(), 1, kernel, k
         ho, wo = height, width
-        blocks_y, blocks_x = (ho + t - 1) // t, (wo + t - 1) // t
+        blocks_y, blocks_x = _block_counts(ho, wo, t)
         qb = F.pad(qn, [0, blocks_x * t - width, 0, blocks_y * t - height])
         qb = qb.reshape(b, h, k, blocks_y, t, blocks_x, t).permute(0, 3, 5, 4, 6, 1, 2)  # [B, by, bx, T, T, h, k]
         pad_y, pad_x = (kh - 1) // 2, (kw - 1) // 2  # values before the first query's window
@@ -556,7 +571,7 @@ def _tiled_blocks(q: Tensor, v: Tensor, kernel: Tensor, height: int, width: int,
         # nine shifted kernels, and its window starts two input positions further for the next output
         t, step, table, c = _pooled_tile(), 2, _pooled_table(kernel), 9 * k
         ho, wo = (height + 1) // 2, (width + 1) // 2
-        blocks_y, blocks_x = (ho + t - 1) // t, (wo + t - 1) // t
+        blocks_y, blocks_x = _block_counts(ho, wo, t)
         qp = F.pad(qn, [1, 2 * blocks_x * t - width, 1, 2 * blocks_y * t - height])
         patch: List[Tensor] = []
         for dy in range(3):

@@ -1,0 +1,94 @@
+"""torch.export with a dynamic batch and ``Dim.AUTO`` height and width, from one example size: the graph's range
+covers every input size at which the network's last stage is at least 2x2, up to 1024 px and beyond (a
+global scope: up to its ``max_size``), and the exported module equals eager mode over that range.
+
+Query-block counts are kept >= 2 inside an export (``position_lambda._block_counts``): a count of 1 used to be
+specialised, and an export at 160 px held only for 129-256 px. A last stage of 1x1 (an input of 32 px or less
+for a /32 network) is still a separate graph: torch.export guards on size-1 dimensions in the reshapes and
+matmuls of the layer (docs/execution_modes.md).
+"""
+import math
+import warnings
+
+import pytest
+import timm
+import torch
+from torch.export import Dim
+
+from timm_lambda.layers import LambdaLayer
+
+AUTO = ({0: Dim.AUTO, 2: Dim.AUTO, 3: Dim.AUTO},)
+
+
+def _export(module, x):
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        return torch.export.export(module.eval(), (x,), dynamic_shapes=AUTO)
+
+
+def _range(ep):
+    """(lowest, highest) size the graph accepts for height and width (None: unbounded)."""
+    placeholder = next(n for n in ep.graph.nodes if n.op == 'placeholder' and n.name == 'x')
+    ranges = []
+    for dim in placeholder.meta['val'].shape[2:]:
+        vr = ep.range_constraints[dim.node.expr]
+        upper = None if math.isinf(float(vr.upper)) else int(vr.upper)
+        ranges.append((int(vr.lower), upper))
+    return ranges
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize('stride', [1, 2])
+def test_layer_exported_at_one_query_block_serves_every_size(stride):
+    torch.manual_seed(0)
+    layer = LambdaLayer(16, dim_k=4, heads=2, scope=5, stride=stride).eval()
+    ep = _export(layer, torch.randn(2, 16, 5, 6))  # one 8x8 query block
+    assert _range(ep) == [(2, None), (2, None)]
+    module = ep.module()
+    # the smallest: an output of 2x2 (an output of 1x1 is a separate graph, refused with the guard's message)
+    for hw in [(2 * stride - 1, 2 * stride), (8, 8), (9, 17), (19, 21), (40, 33)]:
+        x = torch.randn(3, 16, *hw)
+        with torch.no_grad():
+            assert _rel(module(x), layer(x)) < 1e-5, hw
+    if stride == 2:
+        with pytest.raises(AssertionError, match='Guard failed'):
+            module(torch.randn(1, 16, 2, 2))
+
+
+# (model, example size, lowest size with a last stage of at least 2x2, sizes to compare)
+MODELS = [
+    ('lambdaresnet50', 160, 33, [(33, 33), (100, 150), (224, 224), (320, 256), (512, 512)]),
+    ('mobilenetv2_100_lambda', 160, 33, [(33, 40), (96, 64), (224, 224), (1024, 1024)]),
+    ('resnet26_lambda_cifar', 32, 9, [(9, 9), (32, 32), (48, 40), (100, 150)]),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name,example,lowest,sizes', MODELS, ids=[m[0] for m in MODELS])
+def test_model_export_from_one_size_covers_every_size(name, example, lowest, sizes):
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=10).eval()
+    ep = _export(model, torch.randn(2, 3, example, example))
+    for low, high in _range(ep):
+        assert low <= lowest and high is None, _range(ep)
+    module = ep.module()
+    for hw in sizes:
+        x = torch.randn(1, 3, *hw)
+        with torch.no_grad():
+            assert _rel(module(x), model(x)) < 1e-4, hw
+
+
+def test_global_scope_export_is_bounded_by_max_size():
+    torch.manual_seed(0)
+    layer = LambdaLayer(16, dim_k=4, heads=2, scope='global', max_size=(12, 10)).eval()
+    ep = _export(layer, torch.randn(2, 16, 6, 5))
+    (low_h, high_h), (low_w, high_w) = _range(ep)
+    assert low_h <= 2 and low_w <= 2 and high_h == 12 and high_w == 10
+    module = ep.module()
+    for hw in [(2, 2), (12, 10), (7, 9)]:
+        x = torch.randn(1, 16, *hw)
+        with torch.no_grad():
+            assert _rel(module(x), layer(x)) < 1e-5, hw
