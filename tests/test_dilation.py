@@ -209,14 +209,15 @@ def test_smp_training_steps(arch, kw):
     smp = pytest.importorskip('segmentation_models_pytorch')
     torch.manual_seed(0)
     model = getattr(smp, arch)(encoder_name='tu-lambdaresnet50', encoder_weights=None, classes=3, **kw)
-    x = torch.randn(2, 3, 64, 64)
-    target = torch.randint(0, 3, (2, 64, 64))
+    size = 128 if arch == 'PAN' else 64  # PAN's feature pyramid attention pools c5 three times: 8x8 at least
+    x = torch.randn(2, 3, size, size)
+    target = torch.randint(0, 3, (2, size, size))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model.train()
     losses = []
     for _ in range(3):
         out = model(x)
-        assert out.shape == (2, 3, 64, 64)
+        assert out.shape == (2, 3, size, size)
         loss = F.cross_entropy(out, target)
         opt.zero_grad()
         loss.backward()
