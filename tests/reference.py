@@ -45,16 +45,20 @@ def _normalize_keys(keys: torch.Tensor, key_norm: str) -> torch.Tensor:
     return keys
 
 
-def _rel_embedding(table: torch.Tensor, ny: int, nx: int, my: torch.Tensor, mx: torch.Tensor) -> torch.Tensor:
+def _rel_embedding(table: torch.Tensor, ny: int, nx: int, my: torch.Tensor, mx: torch.Tensor,
+                   dilation: int = 1) -> torch.Tensor:
     """e_nm for one query n=(ny, nx) and context positions m=(my, mx) from the raw table.
 
     ``table`` is [k, u, Rh, Rw] centred on offset (0, 0); offsets outside it (outside the
-    scope) give zero embeddings. Returns [m, k, u].
+    scope) give zero embeddings. With ``dilation`` d, only m = n + d * o with o inside the table
+    has an embedding, R[o] (a dilated local scope). Returns [m, k, u].
     """
     k, u, rh, rw = table.shape
     ch, cw = (rh - 1) // 2, (rw - 1) // 2
     dy, dx = my - ny, mx - nx  # m - n
-    inside = (dy.abs() <= ch) & (dx.abs() <= cw)
+    on_grid = (dy % dilation == 0) & (dx % dilation == 0)
+    dy, dx = torch.div(dy, dilation, rounding_mode='floor'), torch.div(dx, dilation, rounding_mode='floor')
+    inside = on_grid & (dy.abs() <= ch) & (dx.abs() <= cw)
     e = torch.zeros(my.numel(), k, u, dtype=table.dtype)
     iy, ix = (dy + ch)[inside], (dx + cw)[inside]
     e[inside] = table[:, :, iy, ix].permute(2, 0, 1)
@@ -105,7 +109,7 @@ def lambda_layer_reference(layer, x: torch.Tensor) -> torch.Tensor:
             if layer.content:
                 lam += torch.einsum('muk,muv->kv', Kbar, V)
             if layer.position:
-                E = _rel_embedding(table, ny, nx, py, px)  # [m, k, u]
+                E = _rel_embedding(table, ny, nx, py, px, getattr(layer, 'dilation', 1))  # [m, k, u]
                 lam += torch.einsum('mku,muv->kv', E, V)
                 if bias is not None:
                     lam += bias[:, None]

@@ -37,6 +37,7 @@ from torch import nn
 
 from .checks import check_ratio, check_stride, downsample_pool, to_int, to_pair
 from .relative_attention import RelPosSelfAttention2d, upsample_to
+from .dilation import check_dilation
 
 __all__ = ['AugmentedConv2d', 'augmented_depths']
 
@@ -93,6 +94,8 @@ class AugmentedConv2d(nn.Module):
         max_size: (H, W) of the largest attention input, i.e. the layer's output size divided by 2 when
             ``attn_downsample`` (sizes the relative tables).
         attn_downsample: average-pool the attention input 3x3 with stride 2 and upsample its output bilinearly.
+        dilation: dilation of the convolution (in a dilated backbone stage, output_stride 16 / 8; needs
+            stride 1); the attention is global and has none.
         norm_layer: accepted for the mixer interface (the batch norm after the layer normalises both parts).
         device, dtype: factory kwargs.
 
@@ -111,6 +114,7 @@ class AugmentedConv2d(nn.Module):
             min_dim_head_k: int = 20,
             max_size: Optional[Tuple[int, int]] = None,
             attn_downsample: bool = False,
+            dilation: int = 1,
             norm_layer=None,
             device=None,
             dtype=None,
@@ -147,8 +151,11 @@ class AugmentedConv2d(nn.Module):
         self.dim_v = self.heads * self.dim_head_v
         self.dim_k = self.heads * self.dim_head_k
         conv_out = self.dim_out - self.dim_v
-        self.conv = nn.Conv2d(self.dim, conv_out, kernel_size, self.stride, padding=kernel_size // 2, bias=False,
-                              **dd) if conv_out > 0 else None
+        self.dilation = check_dilation(dilation)
+        if self.dilation > 1 and self.stride != 1:
+            raise ValueError(f'dilation={dilation} needs stride=1, got stride={self.stride}')
+        self.conv = nn.Conv2d(self.dim, conv_out, kernel_size, self.stride, padding=self.dilation * (kernel_size // 2),
+                              dilation=self.dilation, bias=False, **dd) if conv_out > 0 else None
         self.pool = downsample_pool(self.stride)
         self.attn_downsample = attn_downsample
         # not "attn_pool": torchvision's FX feature extraction confuses it with "attn.pool" (regex dot)

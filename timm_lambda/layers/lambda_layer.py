@@ -24,6 +24,7 @@ from .position_lambda import POSITION_IMPLS, choose_impl, position_lambdas, tile
 from .checks import check_bool, check_choice, check_heads, check_input, check_scope, check_stride, downsample_pool, to_int
 from .relative_embedding import RelativePositionEmbedding
 from .batch_one import reshape_normed
+from .dilation import batch_to_space, check_dilation, space_to_batch
 
 __all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS']
 
@@ -41,6 +42,8 @@ def normalize_keys(keys: torch.Tensor, key_norm: str, dim: int = -1) -> torch.Te
 
 torch.fx.wrap('check_input')
 torch.fx.wrap('position_lambdas')
+torch.fx.wrap('space_to_batch')
+torch.fx.wrap('batch_to_space')
 register_notrace_function(check_input)
 
 
@@ -57,6 +60,13 @@ class LambdaLayer(nn.Module):
         max_size: (H, W) of the largest input, required for ``scope='global'``.
         stride: 1, or 2 for 3x3 average pooling with stride 2 after the layer (appendix F.2); padding 1
             as timm's strided 3x3 convs, borders averaged over in-image positions only (as TF 'SAME').
+        dilation: the local scope on a grid dilated by ``d``: query ``n`` uses the contexts ``m = n + d o`` for
+            the offsets ``o`` of the scope (same table, ``d`` times the receptive field), as a dilated 3x3
+            convolution in a backbone with output_stride 16 or 8 (DeepLab). Not in the paper, our extension by
+            analogy with atrous convolution: computed as the undilated position lambdas on each of the
+            ``d x d`` interleaved sub-grids (space-to-batch, :mod:`.dilation`), so every ``impl`` serves it;
+            the content lambda stays global over all positions. ``dilation > 1`` needs a local scope and
+            ``stride=1``.
         pool_count_include_pad: average the stride-2 pooling's border windows over all 9 positions, the
             zero padding included (PyTorch's ``nn.AvgPool2d(3, 2, 1)`` default), instead of over the
             in-image positions. Off by default; on for checkpoints trained that way (d-li14/lambda.pytorch).
@@ -107,6 +117,7 @@ class LambdaLayer(nn.Module):
             pos_embedding: Optional[RelativePositionEmbedding] = None,
             pool_count_include_pad: bool = False,
             position_bias: bool = False,
+            dilation: int = 1,
             norm_layer: Callable[..., nn.Module] = nn.BatchNorm2d,
             device=None,
             dtype=None,
@@ -132,6 +143,11 @@ class LambdaLayer(nn.Module):
         self.key_norm = check_choice(key_norm, 'key_norm', KEY_NORMS)
         self.impl = check_choice(impl, 'impl', POSITION_IMPLS)
         scope = check_scope(scope)
+        self.dilation = check_dilation(dilation)
+        if self.dilation > 1 and (scope == 'global' or self.stride != 1):
+            raise ValueError(f'dilation={dilation} needs a local scope and stride=1 (a dilated layer keeps the '
+                             f'resolution; a global scope already sees every position), got scope={scope!r}, '
+                             f'stride={self.stride}')
         if scope != 'global' and max_size is not None:
             raise ValueError(f'max_size={max_size!r} only applies to scope=\'global\'; a local scope '
                              f'({scope[0]}x{scope[1]}) serves any input size')
@@ -190,6 +206,7 @@ class LambdaLayer(nn.Module):
         return (f'dim={self.dim}, dim_out={self.dim_out}, dim_k={self.dim_k}, heads={self.heads}, '
                 f'dim_u={self.dim_u}, dim_v={self.dim_v}, scope={self.scope}, stride={self.stride}, '
                 f'content={self.content}, position={self.position}, key_norm={self.key_norm!r}, impl={self.impl!r}'
+                + (f', dilation={self.dilation}' if self.dilation > 1 else '')
                 + (', position_bias=True' if self.pos_bias is not None else '')
                 + (', pool_count_include_pad=True' if self.pool_count_include_pad and self.stride == 2 else ''))
 
@@ -208,6 +225,8 @@ class LambdaLayer(nn.Module):
         """The position-lambda implementation used for a ``height x width`` input (the 'auto' rule)."""
         if not self.position:
             return 'none'
+        d = self.dilation  # the position lambdas run on the d x d sub-grids
+        height, width = (height + d - 1) // d, (width + d - 1) // d
         return choose_impl(self.impl, height, width, tile_window(*self.embedding_table_size()), self.global_scope)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -230,7 +249,17 @@ class LambdaLayer(nn.Module):
             full = bias.expand(B, h, v, n) if full is None else full + bias
         if full is not None:  # the terms computed at full resolution, pooled when the layer downsamples
             out = self.pool(full.reshape(B, h * v, H, W))
-        if self.pos_embedding is not None:
+        if self.pos_embedding is not None and self.dilation > 1:
+            # dilated scope: the position lambdas of each d x d interleaved sub-grid (space-to-batch)
+            d = self.dilation
+            qs = space_to_batch(q.reshape(B, h * k, H, W), d)
+            vs = space_to_batch(values.reshape(B, u * v, H, W), d)
+            hs, ws = qs.shape[-2], qs.shape[-1]
+            pos = position_lambdas(qs.reshape(B * d * d, h, k, hs * ws), vs.reshape(B * d * d, u, v, hs * ws),
+                                   self.pos_embedding.weight, hs, ws, self.impl, False, 1, False, self.table_size)
+            pos = batch_to_space(pos.reshape(B * d * d, h * v, hs, ws), d, H, W)
+            out = pos if out is None else out + pos
+        elif self.pos_embedding is not None:
             # position lambdas, average-pooled by the same 3x3 stride-2 pooling when the layer downsamples
             pos = position_lambdas(q, values, self.pos_embedding.weight, H, W, self.impl, self.global_scope,
                                    self.stride, self.pool_count_include_pad, self.table_size)

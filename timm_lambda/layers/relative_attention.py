@@ -42,6 +42,7 @@ from timm.layers.halo_attn import HaloAttn
 from timm.layers.weight_init import trunc_normal_
 
 from .checks import check_heads, check_ratio, check_stride, downsample_pool, to_int, to_pair
+from .dilation import batch_to_space, check_dilation, space_to_batch
 
 __all__ = ['rel_to_abs', 'relative_logits_1d', 'relative_table', 'upsample_to',
            'RelPosSelfAttention2d', 'AxialSelfAttention2d', 'LocalSelfAttention2d']
@@ -101,6 +102,8 @@ def nonempty_batch(x: torch.Tensor) -> torch.Tensor:
 torch.fx.wrap('relative_table')
 torch.fx.wrap('upsample_to')
 torch.fx.wrap('nonempty_batch')
+torch.fx.wrap('space_to_batch')
+torch.fx.wrap('batch_to_space')
 register_notrace_function(relative_table)
 register_notrace_function(upsample_to)
 register_notrace_function(nonempty_batch)
@@ -294,11 +297,16 @@ class LocalSelfAttention2d(HaloAttn):
         kernel_size: odd neighbourhood side >= 3 (default 7, SASA and LambdaNetworks Table 4).
         qk_ratio: total query/key depth relative to ``dim_out``.
         qkv_bias: bias in the q/k/v projections.
+        dilation: the neighbourhood on a grid dilated by ``d`` (keys at ``n + d o``), as the dilated 3x3
+            convolution of a backbone with output_stride 16 / 8; our extension (SASA has none), computed as the
+            attention on each of the ``d x d`` interleaved sub-grids (space-to-batch, :mod:`.dilation`). Needs
+            stride 1. With ``qkv_bias`` the padded positions of sizes not divisible by ``d`` hold the bias, not 0.
         device, dtype: factory kwargs.
     """
 
     def __init__(self, dim: int, dim_out: Optional[int] = None, stride: int = 1, num_heads: int = 8,
-                 kernel_size: int = 7, qk_ratio: float = 1.0, qkv_bias: bool = False, device=None, dtype=None):
+                 kernel_size: int = 7, qk_ratio: float = 1.0, qkv_bias: bool = False, dilation: int = 1,
+                 device=None, dtype=None):
         dim = to_int(dim, 'dim')
         dim_out = to_int(dim if dim_out is None else dim_out, 'dim_out')
         num_heads = check_heads(num_heads, dim_out, 'num_heads')
@@ -312,13 +320,22 @@ class LocalSelfAttention2d(HaloAttn):
         self.pool = downsample_pool(stride)
         self.stride = stride
         self.kernel_size = kernel_size
+        self.dilation = check_dilation(dilation)
+        if self.dilation > 1 and stride != 1:
+            raise ValueError(f'dilation={dilation} needs stride=1, got stride={stride}')
 
     def extra_repr(self) -> str:
         return (f'num_heads={self.num_heads}, dim_head_qk={self.dim_head_qk}, dim_head_v={self.dim_head_v}, '
-                f'kernel_size={self.kernel_size}, stride={self.stride}')
+                f'kernel_size={self.kernel_size}, stride={self.stride}'
+                + (f', dilation={self.dilation}' if self.dilation > 1 else ''))
 
     # timm's forward, under a name of its own (TorchScript compiles a method by its function's name)
     _halo_forward = renamed(HaloAttn.forward, '_halo_forward')
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dilation > 1:  # the attention of each d x d interleaved sub-grid
+            B, _, H, W = x.shape
+            xs = space_to_batch(x, self.dilation)
+            out = self._halo_forward(nonempty_batch(xs))[:xs.shape[0]]
+            return batch_to_space(out, self.dilation, H, W)
         return self._halo_forward(nonempty_batch(x))[:x.shape[0]]  # an empty batch gives an empty output

@@ -17,18 +17,39 @@ from torch import nn
 from timm.layers import create_attn, get_norm_layer
 from timm.models.resnet import BasicBlock, Bottleneck
 
-__all__ = ['MixerBottleneck', 'MixerBasicBlock', 'StageBlocks', 'stage_sizes', 'norm_with_bn_args']
+__all__ = ['MixerBottleneck', 'MixerBasicBlock', 'StageBlocks', 'stage_sizes', 'norm_with_bn_args',
+           'check_output_stride', 'OUTPUT_STRIDES']
 
 Size = Tuple[int, int]
 
 
-def stage_sizes(img_size: Optional[Size], stem_reduction: int = 4) -> Tuple[Optional[Size], ...]:
+OUTPUT_STRIDES = (8, 16, 32)
+
+
+def check_output_stride(output_stride) -> int:
+    """8, 16 or 32 (timm's ResNet ``output_stride``); a ValueError naming the accepted values otherwise."""
+    if isinstance(output_stride, bool) or output_stride not in OUTPUT_STRIDES:
+        raise ValueError(f'output_stride must be one of {OUTPUT_STRIDES}, got {output_stride!r}')
+    return int(output_stride)
+
+
+def stage_sizes(img_size: Optional[Size], stem_reduction: int = 4,
+                output_stride: int = 32) -> Tuple[Optional[Size], ...]:
     """(H, W) of the c2..c5 outputs of a ResNet at ``img_size`` whose stem reduces by ``stem_reduction`` (4:
     stride-2 stem and stride-2 pool; 1: the CIFAR stem), every stride-2 step rounding up; ``None`` for each
-    when ``img_size`` is None. The first block of stage ``s`` sees ``stage_sizes(...)[max(s - 1, 0)]``."""
+    when ``img_size`` is None. The first block of stage ``s`` sees ``stage_sizes(...)[max(s - 1, 0)]``.
+
+    ``output_stride`` 16 or 8: the stages timm's ``make_blocks`` dilates (those whose nominal stride, counted
+    from 4 after the stem, would pass ``output_stride``) keep the previous stage's size."""
+    output_stride = check_output_stride(output_stride)
     if img_size is None:
         return (None,) * 4
-    return tuple(tuple(math.ceil(s / (stem_reduction * 2 ** stage)) for s in img_size) for stage in range(4))
+    steps, net_stride = [], 4
+    for stage in range(4):
+        if stage > 0 and net_stride < output_stride:  # as make_blocks: dilate once net_stride >= output_stride
+            net_stride *= 2
+        steps.append(net_stride // 4)
+    return tuple(tuple(math.ceil(s / (stem_reduction * step)) for s in img_size) for step in steps)
 
 
 def norm_with_bn_args(norm_layer, bn_momentum: Optional[float] = None, bn_eps: Optional[float] = None):
@@ -45,11 +66,18 @@ def norm_with_bn_args(norm_layer, bn_momentum: Optional[float] = None, bn_eps: O
     return partial(norm_layer, **bound) if bound else norm_layer
 
 
+def _dilation_arg(dilation: int) -> dict:
+    """``{'dilation': d}`` for a dilated block's mixer, nothing at dilation 1 (mixers built without it)."""
+    return {'dilation': dilation} if dilation > 1 else {}
+
+
 class MixerBottleneck(nn.Module):
     """timm's ResNet bottleneck (1x1, mixer, 1x1, residual) with ``mixer`` in place of the 3x3 convolution.
 
     ``mixer(in_chs, out_chs, stride=stride, norm_layer=norm_layer, device=, dtype=)`` builds the spatial
-    layer (it downsamples itself when ``stride == 2``). Parameter names, ``forward`` and ``zero_init_last``
+    layer (it downsamples itself when ``stride == 2``); in a dilated stage (timm's ``output_stride`` 16 or 8)
+    it also gets ``dilation=first_dilation or dilation`` (the dilation timm gives its 3x3 convolution) when
+    that is > 1. Parameter names, ``forward`` and ``zero_init_last``
     are timm's :class:`~timm.models.resnet.Bottleneck`'s, so checkpoints and tools treat both alike.
     Shapes: ``[B, inplanes, H, W] -> [B, 4 planes, H / stride, W / stride]``.
     """
@@ -80,10 +108,9 @@ class MixerBottleneck(nn.Module):
         dd = {'device': device, 'dtype': dtype}
         if mixer is None:
             raise ValueError('MixerBottleneck needs a mixer (the layer that replaces the 3x3 convolution)')
-        if cardinality != 1 or dilation != 1 or (first_dilation or 1) != 1 or aa_layer is not None:
+        if cardinality != 1 or aa_layer is not None:
             raise ValueError('blocks with a lambda layer or attention support plain bottlenecks only: '
-                             f'cardinality=1, dilation=1 (output_stride=32), no aa_layer; got cardinality='
-                             f'{cardinality}, dilation={dilation}, aa_layer={aa_layer}')
+                             f'cardinality=1, no aa_layer; got cardinality={cardinality}, aa_layer={aa_layer}')
         width = int(math.floor(planes * (base_width / 64)))
         first_planes = width // reduce_first
         outplanes = planes * self.expansion
@@ -91,7 +118,8 @@ class MixerBottleneck(nn.Module):
         self.conv1 = nn.Conv2d(inplanes, first_planes, kernel_size=1, bias=False, **dd)
         self.bn1 = norm_layer(first_planes, **dd)
         self.act1 = act_layer(inplace=True)
-        self.conv2 = mixer(first_planes, width, stride=stride, norm_layer=norm_layer, **dd)
+        self.conv2 = mixer(first_planes, width, stride=stride, norm_layer=norm_layer,
+                           **_dilation_arg(first_dilation or dilation), **dd)
         self.bn2 = norm_layer(width, **dd)
         self.drop_block = drop_block() if drop_block is not None else nn.Identity()
         self.act2 = act_layer(inplace=True)
@@ -113,7 +141,7 @@ class MixerBasicBlock(nn.Module):
     """timm's ResNet basic block (3x3, 3x3, residual) with ``mixer`` in place of the first 3x3 convolution.
 
     ``mixer(in_chs, out_chs, stride=stride, norm_layer=norm_layer, device=, dtype=)`` builds the layer (it
-    downsamples itself). Parameter names, ``forward`` and ``zero_init_last`` are timm's
+    downsamples itself; ``dilation`` as in :class:`MixerBottleneck`). Parameter names, ``forward`` and ``zero_init_last`` are timm's
     :class:`~timm.models.resnet.BasicBlock`'s.
     """
     expansion = 1
@@ -143,18 +171,20 @@ class MixerBasicBlock(nn.Module):
         dd = {'device': device, 'dtype': dtype}
         if mixer is None:
             raise ValueError('MixerBasicBlock needs a mixer (the layer that replaces the first 3x3 convolution)')
-        if cardinality != 1 or base_width != 64 or dilation != 1 or (first_dilation or 1) != 1 or aa_layer is not None:
+        if cardinality != 1 or base_width != 64 or aa_layer is not None:
             raise ValueError('basic blocks with attention support plain blocks only: cardinality=1, base_width=64, '
-                             f'dilation=1 (output_stride=32), no aa_layer; got cardinality={cardinality}, '
-                             f'base_width={base_width}, dilation={dilation}, aa_layer={aa_layer}')
+                             f'no aa_layer; got cardinality={cardinality}, base_width={base_width}, '
+                             f'aa_layer={aa_layer}')
         first_planes = planes // reduce_first
         outplanes = planes * self.expansion
-        self.conv1 = mixer(inplanes, first_planes, stride=stride, norm_layer=norm_layer, **dd)
+        self.conv1 = mixer(inplanes, first_planes, stride=stride, norm_layer=norm_layer,
+                           **_dilation_arg(first_dilation or dilation), **dd)
         self.bn1 = norm_layer(first_planes, **dd)
         self.drop_block = drop_block() if drop_block is not None else nn.Identity()
         self.act1 = act_layer(inplace=True)
         self.aa = nn.Identity()
-        self.conv2 = nn.Conv2d(first_planes, outplanes, kernel_size=3, padding=1, bias=False, **dd)
+        self.conv2 = nn.Conv2d(first_planes, outplanes, kernel_size=3, padding=dilation, dilation=dilation,
+                               bias=False, **dd)
         self.bn2 = norm_layer(outplanes, **dd)
         self.se = create_attn(attn_layer, outplanes, **dd)
         self.act2 = act_layer(inplace=True)

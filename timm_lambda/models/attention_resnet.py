@@ -40,7 +40,7 @@ from ..layers.checks import check_ratio, to_int, to_pair
 from ..layers.relative_attention import (AxialAttention1d, AxialSelfAttention2d, LocalSelfAttention2d,
                                          RelPosSelfAttention2d)
 from ..paper import STAGE_DEPTHS
-from ._blocks import StageBlocks, norm_with_bn_args, stage_sizes
+from ._blocks import StageBlocks, check_output_stride, norm_with_bn_args, stage_sizes
 from ._pretrained import AA_PAPER, cfg
 
 __all__ = ['AttentionResNet', 'ATTENTIONS']
@@ -57,32 +57,32 @@ _OPTIONS = {
 
 
 def _aa_mixer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, kappa=0.2, upsilon=0.1, num_heads=8,
-              min_dim_head_k=20, attn_downsample=False, device=None, dtype=None):
+              min_dim_head_k=20, attn_downsample=False, dilation=1, device=None, dtype=None):
     size = None
     if in_size is not None:  # attention at the output resolution, halved again when downsampled
         size = tuple(math.ceil(s / stride) for s in in_size)
         size = tuple(math.ceil(s / 2) for s in size) if attn_downsample else size
     return AugmentedConv2d(in_chs, out_chs, 3, stride, kappa=kappa, upsilon=upsilon, heads=num_heads,
                            min_dim_head_k=min_dim_head_k, max_size=size, attn_downsample=attn_downsample,
-                           device=device, dtype=dtype)
+                           dilation=dilation, device=device, dtype=dtype)
 
 
 def _global_mixer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, num_heads=8, qk_ratio=1.0,
-                  device=None, dtype=None):
+                  dilation=1, device=None, dtype=None):  # global: nothing to dilate (tables sized by in_size)
     return RelPosSelfAttention2d(in_chs, out_chs, feat_size=in_size, stride=stride, num_heads=num_heads,
                                  qk_ratio=qk_ratio, device=device, dtype=dtype)
 
 
 def _axial_mixer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, num_heads=8, qk_ratio=0.5,
-                 device=None, dtype=None):
+                 dilation=1, device=None, dtype=None):  # whole rows / columns: nothing to dilate
     return AxialSelfAttention2d(in_chs, out_chs, feat_size=in_size, stride=stride, num_heads=num_heads,
                                 qk_ratio=qk_ratio, device=device, dtype=dtype)
 
 
 def _local_mixer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, num_heads=8, qk_ratio=1.0,
-                 kernel_size=7, device=None, dtype=None):
+                 kernel_size=7, dilation=1, device=None, dtype=None):
     return LocalSelfAttention2d(in_chs, out_chs, stride=stride, num_heads=num_heads, kernel_size=kernel_size,
-                                qk_ratio=qk_ratio, device=device, dtype=dtype)
+                                qk_ratio=qk_ratio, dilation=dilation, device=device, dtype=dtype)
 
 
 _MIXERS = {'aa': _aa_mixer, 'global': _global_mixer, 'axial': _axial_mixer, 'local': _local_mixer}
@@ -107,6 +107,8 @@ class AttentionResNet(ResNet):
         img_size: largest input, int or (H, W) (default 224): sizes the relative position tables of 'aa',
             'global' and 'axial' (larger inputs raise a ValueError naming img_size); not accepted by 'local',
             which serves any size.
+        output_stride: 32 (default), 16 or 8 (timm's ResNet argument): dilated stages keep the resolution (tables
+            sized for it; the AA convolution and local attention dilated, global and axial attention unchanged).
         bn_momentum, bn_eps: batch-norm settings for every norm layer (timm train.py arguments).
         norm_layer: normalisation layer of every block.
         device, dtype: factory kwargs.
@@ -169,7 +171,9 @@ class AttentionResNet(ResNet):
         norm_layer = norm_with_bn_args(norm_layer, bn_momentum, bn_eps)
         dd = {'device': device, 'dtype': dtype}
 
-        sizes = stage_sizes(size)
+        # output_stride 16 / 8: dilated stages keep their resolution; tables are sized for it, the AA convolution
+        # and local attention take the dilation, global and axial attention have none to take
+        sizes = stage_sizes(size, output_stride=check_output_stride(kwargs.get('output_stride', 32)))
         plans = []
         for stage in range(4):
             if stage not in attn_stages:

@@ -32,7 +32,9 @@ class CifarLambdaResNet(LambdaResNet):
     before returning, initialises the new convolution as timm does, and states the stage reductions (1, 1,
     2, 4, 8) in ``feature_info``. Everything downstream (``create_model``, ``features_only``, FX, TorchScript,
     checkpoints) only ever sees the CIFAR stem. Global scopes size their tables for the stage resolutions of
-    this stem (``stem_reduction = 1``).
+    this stem (``stem_reduction = 1``). ``output_stride`` (16 or 8) counts timm's nominal strides, as timm's
+    ``make_blocks`` does (it assumes a stride-4 stem): 16 dilates c5, 8 dilates c4 and c5, so the real
+    reductions are a quarter of the nominal ones (c5 at 4 or 2 instead of 8).
 
     Args: those of :class:`~timm_lambda.models.lambda_resnet.LambdaResNet`, except the stem options
     ``stem_type``, ``stem_width`` and ``replace_stem_pool`` (refused).

@@ -30,12 +30,16 @@ _MOBILENETV2_ARCH = [
 
 
 def lightweight_lambda_block(chs: int, dim_k: int = 32, heads: int = 4, scope: int = 5, drop_path_rate: float = 0.,
-                             act_layer=nn.ReLU6, norm_layer=nn.BatchNorm2d, device=None, dtype=None) -> InvertedResidual:
-    """Non-expanding inverted bottleneck whose depthwise conv is a lambda convolution: ``[B, chs, H, W]`` in and out."""
+                             act_layer=nn.ReLU6, norm_layer=nn.BatchNorm2d, dilation: int = 1, device=None,
+                             dtype=None) -> InvertedResidual:
+    """Non-expanding inverted bottleneck whose depthwise conv is a lambda convolution: ``[B, chs, H, W]`` in and out.
+    ``dilation``: that of the depthwise conv it replaces (timm's ``output_stride`` 16 / 8), the lambda
+    convolution's scope on a dilated grid (see :class:`~timm_lambda.layers.LambdaLayer`)."""
     dd = {'device': device, 'dtype': dtype}
     blk = InvertedResidual(chs, chs, exp_ratio=1.0, act_layer=act_layer, norm_layer=norm_layer,
                            drop_path_rate=drop_path_rate, **dd)
-    blk.conv_dw = LambdaLayer(chs, chs, dim_k=dim_k, heads=heads, scope=scope, norm_layer=norm_layer, **dd)
+    blk.conv_dw = LambdaLayer(chs, chs, dim_k=dim_k, heads=heads, scope=scope, dilation=dilation,
+                              norm_layer=norm_layer, **dd)
     return blk
 
 
@@ -46,6 +50,8 @@ class LambdaMobileNetV2(EfficientNet):
         lambda_blocks: 1-based numbers of the inverted bottlenecks to replace (default 10, 16).
         dim_k, heads, scope: lambda convolution options (E.4.2 defaults).
         bn_momentum, bn_eps: batch-norm settings for every norm layer (timm train.py arguments).
+        output_stride: 32 (default), 16 or 8 (timm's EfficientNet argument): the lambda blocks of dilated
+            stages take the dilation of the depthwise convolution they replace.
 
     timm's EfficientNet builds its blocks inside its constructor with no hook for another block type, so
     the chosen blocks are rebuilt here, in this constructor, with the model's norm layer and factory kwargs.
@@ -69,8 +75,9 @@ class LambdaMobileNetV2(EfficientNet):
             if not getattr(old, 'has_skip', False):
                 raise ValueError(f'block {number} changes width or stride; lightweight lambda blocks '
                                  f'replace residual (same width, stride 1) blocks only')
+            dilation = old.conv_dw.dilation[0]  # > 1 in stages timm dilates for output_stride 16 / 8
             new = lightweight_lambda_block(old.conv_pwl.out_channels, dim_k, heads, scope, act_layer=act_layer,
-                                           norm_layer=norm_layer, device=device, dtype=dtype)
+                                           norm_layer=norm_layer, dilation=dilation, device=device, dtype=dtype)
             new.drop_path = old.drop_path
             self.blocks[s][i] = new
 

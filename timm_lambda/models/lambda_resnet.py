@@ -35,7 +35,7 @@ from timm.models.resnet import ResNet
 from ..layers import LambdaLayer, RelativePositionEmbedding
 from ..layers.checks import check_scope, to_int, to_pair
 from ..paper import LAMBDA_BLOCKS, RESOLUTIONS, RESOLUTIONS_C4, STAGE_DEPTHS
-from ._blocks import StageBlocks, norm_with_bn_args, stage_sizes
+from ._blocks import StageBlocks, check_output_stride, norm_with_bn_args, stage_sizes
 from ._pretrained import RESNETRS_PAPER, cfg
 
 __all__ = ['LambdaResNet', 'norm_with_bn_args', 'stage_block_indices', 'checkpoint_filter_dli14', 'DLI14_MODEL',
@@ -78,6 +78,9 @@ class LambdaResNet(ResNet):
         shared_embeddings: one position-embedding table for every lambda layer (Table 4).
         img_size: input size, int or (H, W); required with ``scope='global'`` (it sizes the
             embedding tables), not accepted with a local scope (which serves any size).
+        output_stride: 32 (default), 16 or 8 (timm's ResNet argument, e.g. for DeepLab): the stages that would
+            pass it keep the resolution; their lambda layers take ``dilation`` (local scope on a dilated grid)
+            and global tables are sized for the larger maps.
         bn_momentum, bn_eps: batch-norm settings for every norm layer (timm train.py arguments).
         norm_layer: normalisation layer of every block, lambda layers included.
         device, dtype: factory kwargs.
@@ -135,7 +138,10 @@ class LambdaResNet(ResNet):
                            qv_norm=qv_norm, content=content, position=position, position_bias=position_bias,
                            pool_count_include_pad=pool_count_include_pad)
 
-        sizes = stage_sizes(img_size, type(self).stem_reduction)
+        # output_stride 16 / 8: the dilated stages keep their resolution (global tables sized for it); their
+        # lambda layers get dilation=d from the blocks (a local scope on a dilated grid, see LambdaLayer)
+        output_stride = check_output_stride(kwargs.get('output_stride', 32))
+        sizes = stage_sizes(img_size, type(self).stem_reduction, output_stride)
         shared = None
         if shared_embeddings and position and any(positions):
             first = min(i for i, p in enumerate(positions) if p)
@@ -144,7 +150,7 @@ class LambdaResNet(ResNet):
         plans = []
         for stage, blocks in enumerate(positions):
             # the stage's first lambda layer sees the previous stage's resolution (it downsamples itself)
-            mixer = partial(LambdaLayer, max_size=sizes[max(stage - 1, 0)], pos_embedding=shared, **lambda_args)
+            mixer = partial(_lambda_mixer, max_size=sizes[max(stage - 1, 0)], pos_embedding=shared, **lambda_args)
             plans.append(StageBlocks(mixer, blocks, attn_layer=se_layer if stage in se_stages else None))
         super().__init__(block=tuple(plans), layers=layers, norm_layer=norm_layer, **dd, **kwargs)
         self.lambda_positions = tuple(positions)
@@ -157,6 +163,14 @@ class LambdaResNet(ResNet):
         for m in self.modules():
             if isinstance(m, LambdaLayer):
                 m.reset_parameters()
+
+
+def _lambda_mixer(dim: int, dim_out: int, dilation: int = 1, **kwargs) -> LambdaLayer:
+    """A block's lambda layer; a dilated block's global-scope layer takes no dilation (it sees every position;
+    its table is sized for the dilated stage's resolution)."""
+    if kwargs.get('scope') == 'global':
+        dilation = 1
+    return LambdaLayer(dim, dim_out, dilation=dilation, **kwargs)
 
 
 # ResNet-RS base (appendix F.2): ResNet-D, deep stem whose max pool is a strided 3x3 conv.
