@@ -63,6 +63,7 @@ def _randomize_norms(model: nn.Module, seed: int = 0, calibrate: Optional[torch.
 LAYERS = [
     ('lambda_local', lambda **kw: LambdaLayer(8, dim_k=4, heads=2, scope=3, **kw)),
     ('lambda_local_u2', lambda **kw: LambdaLayer(8, dim_k=4, heads=2, dim_u=2, scope=3, **kw)),
+    ('lambda_dilated', lambda **kw: LambdaLayer(8, dim_k=4, heads=2, scope=3, dilation=2, **kw)),
     ('lambda_global', lambda **kw: LambdaLayer(8, dim_k=4, heads=2, scope='global', max_size=(5, 6), **kw)),
     ('multihead_local', lambda **kw: MultiHeadLambdaLayer(8, dim_k=2, heads=2, scope=3, **kw)),
     ('relpos', lambda **kw: RelPosSelfAttention2d(8, num_heads=2, feat_size=(5, 6), **kw)),
