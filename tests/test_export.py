@@ -92,3 +92,23 @@ def test_global_scope_export_is_bounded_by_max_size():
         x = torch.randn(1, 16, *hw)
         with torch.no_grad():
             assert _rel(module(x), layer(x)) < 1e-5, hw
+
+
+@pytest.mark.slow
+def test_aoti_package_equals_eager_and_never_aborts(tmp_path):
+    """AOTInductor (PyTorch's deployment path) compiled from one export: equals eager at every size of the
+    export's range, multiples of 32 and not (a LambdaResNet-50 package aborted the process at 320 px when the
+    export was specialised to one block count)."""
+    from torch import nn
+    torch.manual_seed(0)
+    model = nn.Sequential(LambdaLayer(8, dim_k=4, heads=2, scope=5, stride=2), nn.ReLU(),
+                          LambdaLayer(8, dim_k=4, heads=2, scope=5)).eval()
+    ep = _export(model, torch.randn(2, 8, 12, 12))
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / 'lambda.pt2'))
+    runner = torch._inductor.aoti_load_package(path)
+    for hw in [(3, 4), (16, 16), (17, 33), (64, 96), (100, 150), (320, 256)]:
+        x = torch.randn(1, 8, *hw)
+        with torch.no_grad():
+            assert _rel(runner(x), model(x)) < 1e-4, hw
