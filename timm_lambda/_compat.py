@@ -67,3 +67,10 @@ def register_load_state_dict_pre_hook(module: nn.Module, hook) -> None:
         public(hook)
     else:
         module._register_load_state_dict_pre_hook(hook, with_module=True)
+
+
+# torch.compile traces torch._C._are_functorch_transforms_active() (folds it to a constant) since torch 2.5;
+# torch 2.4's dynamo stops at it ("torch.* op returned non-Tensor bool"). There, code being compiled treats it
+# as False (no torch.func transform around a compiled region), so torch.compile works; torch.compile inside a
+# torch.func transform on torch 2.4 then runs the kernels, which have no batching rules, and fails.
+DYNAMO_FOLDS_FUNCTORCH_FLAG = not _older(torch.__version__, '2.5')
