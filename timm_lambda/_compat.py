@@ -1,7 +1,8 @@
 """Version floors and the few shims that let timm-lambda run on older torch / timm.
 
-The floors are the oldest versions on which the non-mmdet test suite was run and passed
-(``tools/test_version_floors.sh``, docs/install.md); pyproject.toml declares the same numbers.
+The floors are the versions below which this package cannot import; ``tools/test_version_floors.sh`` runs the
+non-mmdet tests on them (its result, still with failures, is in docs/install.md). pyproject.toml declares the
+same numbers.
 :func:`check_versions` runs first thing in ``timm_lambda/__init__.py`` so that an older install fails
 with an error that says what to upgrade (the ``.pth`` hook, ``timm_lambda_autoload``, prints it) instead
 of an ``AttributeError`` from deep inside an import.
