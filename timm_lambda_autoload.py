@@ -15,7 +15,9 @@ Guarantees:
 
 * a process that never imports ``timm`` never imports ``timm_lambda`` or torch;
 * ``import timm`` is never broken by this hook: if ``import timm_lambda``
-  fails, a ``RuntimeWarning`` is emitted and ``timm`` is returned as usual;
+  fails, a ``RuntimeWarning`` is emitted and ``timm`` is returned as usual
+  (for a torch or timm older than timm-lambda's floor, the warning says which
+  one and the ``pip install -U`` that fixes it);
 * re-entrancy is guarded (``timm_lambda`` importing ``timm`` is fine).
 
 Set ``TIMM_LAMBDA_NO_AUTOLOAD=1`` to disable the hook (then ``import
@@ -41,14 +43,19 @@ def _load_plugin():
         try:
             import warnings
 
-            warnings.warn(
-                f"timm-lambda: `import {_PLUGIN}` failed after `import {_TARGET}` "
-                f"({type(exc).__name__}: {exc}); the LambdaResNet models are not "
-                f"registered with timm. Run `python -c 'import {_PLUGIN}'` to see "
-                f"the full traceback, or set {_DISABLE_ENV}=1 to silence this hook.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            if type(exc).__name__ == "VersionTooOld":  # timm_lambda._compat: torch/timm below the floor
+                message = (
+                    f"timm-lambda: the LambdaResNet models are not registered with timm: {exc} "
+                    f"(or set {_DISABLE_ENV}=1 to silence this hook)"
+                )
+            else:
+                message = (
+                    f"timm-lambda: `import {_PLUGIN}` failed after `import {_TARGET}` "
+                    f"({type(exc).__name__}: {exc}); the LambdaResNet models are not "
+                    f"registered with timm. Run `python -c 'import {_PLUGIN}'` to see "
+                    f"the full traceback, or set {_DISABLE_ENV}=1 to silence this hook."
+                )
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
         except Exception:  # e.g. `-W error`: still keep `import timm` working
             try:
                 sys.stderr.write(f"timm-lambda: `import {_PLUGIN}` failed: {exc!r}\n")

@@ -3,8 +3,12 @@
 Importing this package registers the LambdaResNet family in timm's model registry
 (``timm.create_model('lambdaresnet101')``).
 """
-from .layers import LambdaLayer, MaskedLambdaLayer1d, MultiHeadLambdaLayer, RelativePositionEmbedding
-from .models import LambdaResNet
+from ._compat import check_versions as _check_versions
+
+_check_versions()  # first: an old torch/timm gets an error naming what to upgrade, not an AttributeError below
+
+from .layers import LambdaLayer, MaskedLambdaLayer1d, MultiHeadLambdaLayer, RelativePositionEmbedding  # noqa: E402
+from .models import LambdaResNet  # noqa: E402
 
 __version__ = '0.1.0'
 

@@ -20,6 +20,7 @@ from torch import nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
+from .._compat import register_load_state_dict_pre_hook
 from .position_lambda import POSITION_IMPLS, choose_impl, position_lambdas, tile_window, warn_torchscript
 from .checks import check_bool, check_choice, check_heads, check_input, check_scope, check_stride, downsample_pool, to_int
 from .relative_embedding import RelativePositionEmbedding
@@ -176,7 +177,7 @@ class LambdaLayer(nn.Module):
             pos_embedding._has_owner = True
             if self.shared_embedding:
                 self._register_state_dict_hook(_drop_shared_embedding)
-                self.register_load_state_dict_pre_hook(_restore_shared_embedding)
+                register_load_state_dict_pre_hook(self, _restore_shared_embedding)
         else:
             self.pos_embedding = RelativePositionEmbedding(k, u, scope, max_size, **dd)
         self.scope = scope

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from timm.layers import register_notrace_function
 
+from .._compat import DYNAMO_FOLDS_FUNCTORCH_FLAG
 from .checks import check_max_size
 from .relative_embedding import block_embedding, dense_embedding, dense_embedding_cached, relative_kernel
 
@@ -115,6 +116,8 @@ def _note_graph_form() -> None:
 @torch.jit.ignore
 def _functorch_active() -> bool:
     """True inside a ``torch.func`` transform (grad, vmap, jacrev, jvp, ...)."""
+    if not DYNAMO_FOLDS_FUNCTORCH_FLAG and _compiler_flag('is_compiling'):
+        return False  # torch 2.4: dynamo cannot trace the flag below (timm_lambda/_compat.py)
     active = getattr(torch._C, '_are_functorch_transforms_active', None)
     return bool(active()) if active is not None else False
 

@@ -137,9 +137,9 @@ _INDEX_CACHE_MAX_ELEMENTS = 1 << 22
 def _dense_index(height: int, width: int, table_h: int, table_w: int, masked: bool,
                  device: torch.device) -> torch.Tensor:
     key = (height, width, table_h, table_w, masked, str(device))
-    index = _INDEX_CACHE.get(key)
+    index = _INDEX_CACHE.pop(key, None)
     if index is not None:
-        _INDEX_CACHE.move_to_end(key)
+        _INDEX_CACHE[key] = index  # most recently used last (pop + set: torch 2.4's dynamo has no move_to_end)
         return index
     with torch.inference_mode(False):
         ys, xs = torch.arange(height, device=device), torch.arange(width, device=device)
