@@ -182,17 +182,25 @@ def _check_blocks(model: nn.Module, size: int, train: bool):
             feats = out
 
 
-@pytest.mark.parametrize('name,train', _model_params())
-def test_model_batch_one_equals_duplicated_batch(name, train):
+def check_model_batch_one(name: str, train: bool, device: str = 'cpu') -> None:
+    """The batch-1 check of one registered model on ``device`` (tests/test_cuda.py runs it on a GPU): the
+    norms are randomised and calibrated with CPU generators, then everything runs on the device."""
     torch.manual_seed(0)
     size = _input_size(name)
     x = torch.randn(1, 3, size, size, dtype=torch.float64)
     # statistics of the sample and a slightly different one: no channel of a 1x1 map is constant
     calibrate = torch.cat([x, x + 0.3 * torch.randn_like(x)])
-    model = _randomize_norms(timm.create_model(name, num_classes=5).double(), calibrate=calibrate)
-    if (name, train) in BLOCK_BY_BLOCK:
-        _check_blocks(model, size, train)
-        return
-    with torch.no_grad():
-        weight = torch.randn(model.eval().forward_features(x).shape[1:], dtype=torch.float64)
-    _check_duplicate(model.train(train), x, weight)
+    model = _randomize_norms(timm.create_model(name, num_classes=5).double(), calibrate=calibrate).to(device)
+    x = x.to(device)
+    with torch.device(device):  # the helpers make their random tensors on the default device
+        if (name, train) in BLOCK_BY_BLOCK:
+            _check_blocks(model, size, train)
+            return
+        with torch.no_grad():
+            weight = torch.randn(model.eval().forward_features(x).shape[1:], dtype=torch.float64)
+        _check_duplicate(model.train(train), x, weight)
+
+
+@pytest.mark.parametrize('name,train', _model_params())
+def test_model_batch_one_equals_duplicated_batch(name, train):
+    check_model_batch_one(name, train)

@@ -17,8 +17,7 @@ import timm_lambda
 from timm_lambda.layers import position_lambda as PL
 
 from reference import position_term_reference
-from test_batch_one import (BLOCK_BY_BLOCK, _check_blocks, _check_duplicate, _input_size, _model_params,
-                            _randomize_norms)
+from test_batch_one import _input_size, _model_params, check_model_batch_one
 from test_position_lambda import CASES, FORMS, IDS, _call, _inputs
 
 HAVE_CUDA = torch.cuda.is_available()
@@ -116,21 +115,7 @@ def test_training_step_on_cuda(name, channels_last):
 # --------------------------------------------------------------------------
 @pytest.mark.parametrize('name,train', _model_params())
 def test_model_batch_one_equals_duplicated_batch_on_cuda(name, train):
-    torch.manual_seed(0)
-    size = _input_size(name)
-    x = torch.randn(1, 3, size, size, dtype=torch.float64)
-    calibrate = torch.cat([x, x + 0.3 * torch.randn_like(x)])
-    # the norms are randomised with CPU generators, then everything runs on the device (the helpers make
-    # their random tensors on the default device)
-    model = _randomize_norms(timm.create_model(name, num_classes=5).double(), calibrate=calibrate).to(DEV)
-    x = x.to(DEV)
-    with torch.device(DEV):
-        if (name, train) in BLOCK_BY_BLOCK:
-            _check_blocks(model, size, train)
-            return
-        with torch.no_grad():
-            weight = torch.randn(model.eval().forward_features(x).shape[1:], dtype=torch.float64)
-        _check_duplicate(model.train(train), x, weight)
+    check_model_batch_one(name, train, DEV)
 
 
 # --------------------------------------------------------------------------
