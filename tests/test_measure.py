@@ -86,3 +86,30 @@ def test_dense_form_training_step_holds_logits_and_their_gradient():
     """The custom operator's backward holds the logits (recomputed) and their gradient at once."""
     step, logits_bytes = _dense_layer_steps(training=True)
     assert peak_step_bytes(step) >= 2 * logits_bytes
+
+
+def _tool(name):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / 'tools' / f'{name}.py'
+    spec = importlib.util.spec_from_file_location(name, path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def test_memory_only_run_replaces_the_memory_of_a_saved_result(tmp_path):
+    """``benchmark_lambda_layer.py --memory-only --json FILE``: the timings in FILE stay, each ``peak_mib`` is
+    the new measurement, the memory run is recorded."""
+    import json
+    path = tmp_path / 'sweep.json'
+    saved = dict(machine='timing run', results=[dict(size=8, conv3x3=dict(ms=3.0, peak_mib=-1.0),
+                                                     dense=dict(ms=2.0, peak_mib=-1.0))])
+    path.write_text(json.dumps(saved))
+    _tool('benchmark_lambda_layer').main(['--memory-only', '--sweep', '--width', '32', '--sizes', '8',
+                                          '--json', str(path)])
+    result = json.loads(path.read_text())
+    row = result['results'][0]
+    assert result['machine'] == 'timing run' and row['conv3x3']['ms'] == 3.0 and row['dense']['ms'] == 2.0
+    assert all(row[k]['peak_mib'] > 0 for k in ('conv3x3', 'dense', 'tiled', 'conv', 'einsum'))
+    assert '--memory-only' in result['memory']['command']
