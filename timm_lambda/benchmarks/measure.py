@@ -10,7 +10,8 @@
   allocator hands out or takes back, inside custom operators and kernels as well (a convolution's scratch,
   the temporaries of ``timm_lambda::dense_attention``), and the peak of their running sum is the figure
   (:func:`peak_of_memory_events`). Blocks that existed before the step (parameters, inputs, gradients kept
-  from an earlier step) are not counted; memory a library takes from ``malloc`` directly is not visible.
+  from an earlier step) are not counted; memory a library takes from ``malloc`` directly, or allocates on a
+  thread the profiler does not follow, is not visible.
   Memory figures are deterministic, times are not.
 """
 import json
