@@ -19,7 +19,7 @@ settings and results: the files in docs/results/ are these commands' output.
     python tools/benchmark_lambda_layer.py --replot docs/results/sweep_scope23.json --plot docs/lambda_layer_sweep.png
     python tools/benchmark_lambda_layer.py --device cuda --dtype bfloat16
 
-Method: timm_lambda/benchmarks/measure.py (interleaved repeats in one process, medians, live-tensor peak memory).
+Method: tools/dev/benchmarks/measure.py (interleaved repeats in one process, medians, live-tensor peak memory).
 """
 import argparse
 import json
@@ -30,8 +30,9 @@ import time
 import torch
 from torch import nn
 
-from timm_lambda.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
 from timm_lambda.layers import LambdaLayer
+
+from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
 
 DETECTION_SHAPES = [(256, 64, 1), (512, 64, 2), (512, 32, 1)]  # width, input side, stride
 

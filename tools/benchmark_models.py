@@ -15,7 +15,7 @@ to the first baseline, and the load average before and after:
 loss, backward), inference as users run it (eval mode, BN running statistics, ``torch.no_grad``) and the peak
 memory of the training step. ``backbone`` compares LambdaResNet-101 with ResNet-RS-101 with SE (the paper's
 Table 13 baseline), without SE, and with the model's own convolutional twin (every lambda layer a 3x3 conv), so
-that the SE placement is not mistaken for lambda speed. Method: timm_lambda/benchmarks/measure.py.
+that the SE placement is not mistaken for lambda speed. Method: tools/dev/benchmarks/measure.py.
 """
 import argparse
 import json
@@ -24,7 +24,8 @@ import time
 import torch
 
 import timm
-from timm_lambda.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
+
+from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
 
 LAMBDA101, RS101 = ('LambdaResNet-101', 'lambdaresnet101', {}), ('ResNet-RS-101+SE', 'resnetrs101', {})
 RS101_NOSE = ('ResNet-RS-101 without SE', 'resnetrs101_nose', {})
