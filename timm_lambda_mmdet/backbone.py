@@ -143,8 +143,9 @@ class TimmLambdaResNet(BaseModule):
         if checkpoint is not None:  # timm loads it into the classification model, before features_only wraps it
             local = download_cached_file(checkpoint) if '://' in checkpoint else checkpoint
             check_checkpoint_file(local, 'init_cfg.checkpoint')  # missing, empty or truncated: an error naming it
-            model_kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(file=local), pretrained_filter_fn=(
-                _pretrained_filter(checkpoint, local, model_name, init_cfg.get('prefix'), init_cfg.get('use_ema', True))))
+            check = _pretrained_filter(checkpoint, local, model_name, init_cfg.get('prefix'),
+                                       init_cfg.get('use_ema', True))
+            model_kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(file=local), pretrained_filter_fn=check)
         try:
             # timm feature index i+1 is c(i+2): index 0 is the stride-2 stem.
             self.body = timm.create_model(model_name, features_only=True,
