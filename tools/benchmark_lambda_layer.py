@@ -18,8 +18,14 @@ settings and results: the files in docs/results/ are these commands' output.
         --json docs/results/sweep_scope7_u4.json
     python tools/benchmark_lambda_layer.py --replot docs/results/sweep_scope23.json --plot docs/lambda_layer_sweep.png
     python tools/benchmark_lambda_layer.py --device cuda --dtype bfloat16
+    python tools/benchmark_lambda_layer.py --memory-only --json docs/results/lambda_layer.json   # no timings
 
-Method: tools/dev/benchmarks/measure.py (interleaved repeats in one process, medians, live-tensor peak memory).
+``--memory-only``: the peak memory of every candidate's training step and no timing (memory is deterministic, so
+it can be measured on a busy machine); with ``--json`` naming an existing result of the same command, its
+``peak_mib`` fields are replaced and the run recorded under ``memory``.
+
+Method: tools/dev/benchmarks/measure.py (interleaved repeats in one process, medians; peak memory from the
+allocator's events, custom operators included).
 """
 import argparse
 import json
@@ -40,6 +46,7 @@ DETECTION_SHAPES = [(256, 64, 1), (512, 64, 2), (512, 32, 1)]  # width, input si
 def _step(layer, x, dtype):
     def run():
         x.grad = None
+        layer.zero_grad(set_to_none=True)
         with torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
             y = layer(x)
         y.float().sum().backward()
@@ -58,13 +65,56 @@ def measure(width, size, stride, batch, impls, device, dtype, repeats, max_secon
     x = torch.randn(batch, width, size, size, device=device, requires_grad=True)
     layers = _candidates(width, stride, impls, device, scope, dim_u)
     steps = {k: _step(m, x, dtype) for k, m in layers.items()}
+    if repeats == 0:  # memory only
+        return {k: dict(peak_mib=peak_step_bytes(step, device=device) / 2 ** 20) for k, step in steps.items()}
     times = interleaved_times(steps, repeats=repeats, device=device, max_seconds=max_seconds)
     rows = {}
-    for k, m in layers.items():
-        peak = peak_step_bytes(steps[k], exclude=[x, *m.parameters(), *m.buffers()], device=device)
+    for k, step in steps.items():
+        peak = peak_step_bytes(step, device=device)
         lo, mid, hi = spread(times[k])
         rows[k] = dict(ms=1e3 * mid, min_ms=1e3 * lo, max_ms=1e3 * hi, peak_mib=peak / 2 ** 20)
     return rows
+
+
+def _impls_at(size, impls_max={'einsum': 32, 'conv': 64, 'dense': 48, 'tiled': 256}):
+    """The sweep's candidates at one size (each run kept to seconds on a CPU)."""
+    return [i for i in ('dense', 'tiled', 'conv', 'einsum') if size <= impls_max[i]]
+
+
+def memory_table(args):
+    """``--memory-only``: peak MiB of each candidate's training step at the table's or the sweep's shapes."""
+    shapes = [(args.width, s, 1, _impls_at(s)) for s in args.sizes] if args.sweep else \
+        [(w, s, stride, args.impls) for w, s, stride in DETECTION_SHAPES]
+    print(f'# peak memory of a training step (MiB), batch {args.batch}, {args.dtype}, {machine(args.device)}')
+    results = []
+    for width, size, stride, impls in shapes:
+        rows = measure(width, size, stride, args.batch, impls, args.device, args.dtype, 0, scope=args.scope,
+                       dim_u=args.dim_u)
+        key = dict(size=size) if args.sweep else dict(width=width, size=size, stride=stride)
+        results.append(dict(key, **rows))
+        print(f'{width}, {size}x{size}, s{stride}: ' + ', '.join(f"{k} {r['peak_mib']:.1f}" for k, r in rows.items()),
+              flush=True)
+    return results
+
+
+def record_memory(path, results, meta):
+    """Write ``results`` to ``path``, or where it holds a result of the same command, replace its ``peak_mib``
+    fields (and record the memory run's ``meta`` under ``memory``)."""
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except FileNotFoundError:
+        saved = dict(machine=meta['machine'], results=results)
+    else:
+        by_key = {tuple(v for v in r.values() if not isinstance(v, dict)): r for r in saved['results']}
+        for row in results:
+            old = by_key[tuple(v for v in row.values() if not isinstance(v, dict))]
+            for k, cell in row.items():
+                if isinstance(cell, dict):
+                    old.setdefault(k, {})['peak_mib'] = cell['peak_mib']
+    saved['memory'] = meta
+    with open(path, 'w') as f:
+        json.dump(saved, f, indent=1, default=str)
 
 
 def detection_table(args):
@@ -89,13 +139,11 @@ def detection_table(args):
 
 def sweep(args):
     sizes = args.sizes
-    impl_max = {'einsum': 32, 'conv': 64, 'dense': 48, 'tiled': 256}  # keep each run to seconds on a CPU
-    impls = ['dense', 'tiled', 'conv', 'einsum']
     print(f'# sweep: width {args.width}, scope {args.scope}, |u|={args.dim_u}, batch {args.batch}, {args.dtype}, '
           f'{machine(args.device)}')
     results = []
     for size in sizes:
-        use = [i for i in impls if size <= impl_max[i]]
+        use = _impls_at(size)
         rows = measure(args.width, size, 1, args.batch, use, args.device, args.dtype, args.repeats, max_seconds=20,
                        scope=args.scope, dim_u=args.dim_u)
         results.append(dict(size=size, **rows))
@@ -160,6 +208,7 @@ def main(argv=None):
                    help='sweep: input sides (px)')
     p.add_argument('--plot', default=None, help='sweep: write the PNG plot here')
     p.add_argument('--json', default=None, help='also write the results here')
+    p.add_argument('--memory-only', action='store_true', help='peak memory only, no timing (see above)')
     p.add_argument('--replot', default=None, help='sweep: plot the results of this --json file (no measurement)')
     args = p.parse_args(argv)
     args.dtype = getattr(torch, args.dtype)
@@ -167,6 +216,15 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     if args.batch is None:
         args.batch = 2 if args.sweep or args.replot else 1
+    if args.memory_only:
+        meta = dict(command=shlex.join(['python', 'tools/benchmark_lambda_layer.py', *(sys.argv[1:] if argv is None
+                                                                                    else argv)]),
+                    date=time.strftime('%Y-%m-%d', time.gmtime()), machine=machine(args.device),
+                    method='tools/dev/benchmarks/measure.py: allocator events (torch.profiler, profile_memory)')
+        results = memory_table(args)
+        if args.json:
+            record_memory(args.json, results, meta)
+        return results
     if args.replot:
         with open(args.replot) as f:
             saved = json.load(f)

@@ -16,9 +16,17 @@ loss, backward), inference as users run it (eval mode, BN running statistics, ``
 memory of the training step. ``backbone`` compares LambdaResNet-101 with ResNet-RS-101 with SE (the paper's
 Table 13 baseline), without SE, and with the model's own convolutional twin (every lambda layer a 3x3 conv), so
 that the SE placement is not mistaken for lambda speed. Method: tools/dev/benchmarks/measure.py.
+
+``--memory-only`` (``backbone``, ``classification``, ``cifar``): the peak training-step memory and no timing
+(memory is deterministic, so it can be measured on a busy machine); with ``--json`` naming an existing result of
+the same command, its ``peak_mib`` fields are replaced and the run recorded under ``memory``:
+
+    python tools/benchmark_models.py backbone --memory-only --json docs/results/backbone_1024.json
 """
 import argparse
 import json
+import shlex
+import sys
 import time
 
 import torch
@@ -84,11 +92,24 @@ def table(title, rows, columns, baseline):
         print(f'| {label} | ' + ' | '.join(out) + ' |', flush=True)
 
 
-def compare(which, size, batch, device, repeats):
+def peak_memory(built, x, device):
+    """Peak training-step memory (MiB) of each model, printed as a table."""
+    print('| model | params (M) | peak training-step memory (MiB) |\n|---|---:|---:|')
+    memory = {}
+    for label, m in built.items():
+        memory[label] = peak_step_bytes(train_step(m, x), device=device) / 2 ** 20
+        print(f'| {label} | {sum(p.numel() for p in m.parameters()) / 1e6:.2f} | {memory[label]:.0f} |', flush=True)
+    return memory
+
+
+def compare(which, size, batch, device, repeats, memory_only=False):
     models, default_batch, default_size, kind = COMPARISONS[which]
     size, batch = size or default_size, batch or default_batch
     built = {label: build(name, kw, kind, device) for label, name, kw in models}
     x = torch.randn(batch, 3, size, size, device=device)
+    if memory_only:
+        print(f'# {which}: {size}x{size}, batch {batch}; {machine(device)}')
+        return dict(comparison=which, size=size, batch=batch, peak_mib=peak_memory(built, x, device))
     steps = {}
     for label, m in built.items():
         steps[(label, 'training step')] = train_step(m, x)
@@ -98,13 +119,7 @@ def compare(which, size, batch, device, repeats):
     rows = {label: {kind_: times[(label, kind_)] for kind_ in ('training step', 'inference')} for label in built}
     table(f'{which}: {size}x{size}, batch {batch}; {machine(device)} (load before: {before})', rows,
           ['training step', 'inference'], models[1][0])
-    print('| model | params (M) | peak training-step memory (MiB) |\n|---|---:|---:|')
-    memory = {}
-    for label, m in built.items():
-        params = list(m.parameters())
-        m.zero_grad(set_to_none=True)
-        memory[label] = peak_step_bytes(train_step(m, x), exclude=[x, *params, *m.buffers()], device=device) / 2 ** 20
-        print(f'| {label} | {sum(p.numel() for p in params) / 1e6:.2f} | {memory[label]:.0f} |')
+    memory = peak_memory(built, x, device)
     print(f'load average after: {load_average()}\n', flush=True)
     return dict(comparison=which, size=size, batch=batch, machine=machine(device), load_before=before,
                 load_after=load_average(), times={f'{k[0]}/{k[1]}': v for k, v in times.items()}, peak_mib=memory)
@@ -217,6 +232,24 @@ def cuda_comparison(device, repeats, backbone_batch, classifier_batch, sizes=(10
     return results
 
 
+def record_memory(path, results, meta):
+    """Write ``results`` to ``path``, or where it holds results of the same command, replace their ``peak_mib``
+    (and record the memory run's ``meta`` under ``memory`` in each)."""
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except FileNotFoundError:
+        saved = [dict(r, machine=meta['machine']) for r in results]
+    else:
+        by_key = {(r['comparison'], r['size'], r['batch']): r for r in saved}
+        for r in results:
+            by_key[(r['comparison'], r['size'], r['batch'])]['peak_mib'] = r['peak_mib']
+    for r in saved:
+        r['memory'] = meta
+    with open(path, 'w') as f:
+        json.dump(saved, f, indent=1, default=str)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('comparison', choices=sorted(COMPARISONS) + ['compile', 'onnx', 'cuda'])
@@ -227,7 +260,10 @@ def main(argv=None):
     p.add_argument('--threads', type=int, default=None, help='torch.set_num_threads (CPU)')
     p.add_argument('--classifier-batch', type=int, default=64, help='cuda: batch of the 224 px classifiers')
     p.add_argument('--json', default=None, help='also write the results here')
+    p.add_argument('--memory-only', action='store_true', help='peak memory only, no timing (see above)')
     args = p.parse_args(argv)
+    if args.memory_only and args.comparison not in COMPARISONS:
+        p.error(f'--memory-only applies to {sorted(COMPARISONS)}')
     if args.threads:
         torch.set_num_threads(args.threads)
     device = args.device or ('cuda' if args.comparison == 'cuda' else 'cpu')
@@ -239,8 +275,14 @@ def main(argv=None):
         results = cuda_comparison(device, args.repeats, args.batch or 4, args.classifier_batch,
                                   tuple(args.sizes) if args.sizes else (1024, 224))
     else:
-        results = [compare(args.comparison, s, args.batch, device, args.repeats) for s in args.sizes or [None]]
-    if args.json:
+        results = [compare(args.comparison, s, args.batch, device, args.repeats, args.memory_only)
+                   for s in args.sizes or [None]]
+    if args.json and args.memory_only:
+        command = shlex.join(['python', 'tools/benchmark_models.py', *(sys.argv[1:] if argv is None else argv)])
+        record_memory(args.json, results, dict(
+            command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), machine=machine(device),
+            method='tools/dev/benchmarks/measure.py: allocator events (torch.profiler, profile_memory)'))
+    elif args.json:
         with open(args.json, 'w') as f:
             json.dump(results, f, indent=1, default=str)
 

@@ -10,6 +10,10 @@ writes it to ``docs/table4.md`` and plots it to ``docs/table4.png``:
     python tools/benchmark_table4.py                        # batch 2, ~10 minutes on 2 free CPU cores
     python tools/benchmark_table4.py --batch 8 --max-gib 12 # global attention is then too large: not run
     python tools/benchmark_table4.py --rows "Lambda layer" "Axial self-attention" --md '' --png ''
+    python tools/benchmark_table4.py --memory-only --json docs/results/table4_memory.json   # no timing
+
+``--memory-only`` measures the peak training-step memory column alone (deterministic, so valid on a busy
+machine) and writes neither the markdown nor the plot (they need the times).
 
 A row whose training step is estimated above ``--max-gib`` is not run (the paper's "OOM"); the table shows
 the analytic memory for it, marked. Method and conventions: tools/dev/benchmarks/table4.py and
@@ -20,6 +24,7 @@ import json
 import os
 import shlex
 import sys
+import time
 
 import torch
 
@@ -54,22 +59,24 @@ def main(argv=None):
     p.add_argument('--md', default='docs/table4.md', help="markdown output ('' to skip)")
     p.add_argument('--png', default='docs/table4.png', help="plot output ('' to skip)")
     p.add_argument('--json', default='', help='raw results as JSON')
+    p.add_argument('--memory-only', action='store_true', help='peak memory only, no timing, no --md / --png')
     args = p.parse_args(argv)
     if args.batch < 1 or args.img_size < 32 or args.repeats < 1:
         p.error('--batch and --repeats must be >= 1, --img-size >= 32')
     if args.threads:
         torch.set_num_threads(args.threads)
     result = run_table4(batch=args.batch, img_size=args.img_size, repeats=args.repeats, max_gib=args.max_gib,
-                        infer=not args.no_infer, rows=args.rows)
-    table = markdown(result)
-    print(table)
-    if args.md:
+                        infer=not args.no_infer, rows=args.rows, timing=not args.memory_only)
+    given = argv if argv is not None else sys.argv[1:]
+    result['command'] = shlex.join(['python', 'tools/benchmark_table4.py', *given])
+    result['date'] = time.strftime('%Y-%m-%d', time.gmtime())
+    print(markdown(result))
+    if args.md and not args.memory_only:
         os.makedirs(os.path.dirname(args.md) or '.', exist_ok=True)
-        given = argv if argv is not None else sys.argv[1:]
         command = shlex.join(['python', 'tools/benchmark_table4.py', *_result_args(given)])
         with open(args.md, 'w') as f:
             f.write(markdown_document(result, command))
-    if args.png:
+    if args.png and not args.memory_only:
         plot(result, args.png)
     if args.json:
         with open(args.json, 'w') as f:

@@ -3,26 +3,28 @@
 * Times are taken **side by side in one process, interleaved** (A, B, A, B, ... with the order reversed
   every other round) and summarised by the median, so a load change hits every candidate alike; report
   ratios, and the machine's load (:func:`machine`) with every figure.
-* Peak memory of a step is measured once, in a separate untimed run. On CUDA it is
-  ``torch.cuda.max_memory_allocated`` above what was allocated before the step. On the CPU it is the
-  largest sum of bytes of tensor storages created during the step and alive at the same time
-  (:class:`LiveTensorBytes`, a ``TorchDispatchMode`` that sees every aten op, forward and backward):
-  activations saved for the backward, temporaries, gradients. Parameters and inputs, which exist before
-  the step, are not counted; buffers a kernel allocates internally (e.g. a convolution's im2col scratch)
-  are not visible to it. Memory figures are deterministic, times are not.
+* Peak memory of a step is measured in a separate untimed run, after one warm-up call, as the most memory
+  the step holds at once above what was allocated before it. On CUDA that is ``torch.cuda.max_memory_allocated``
+  minus what was allocated before the step. On the CPU it is read from the allocator itself: the step runs
+  under ``torch.profiler.profile(profile_memory=True)``, whose ``[memory]`` events record every block the CPU
+  allocator hands out or takes back, inside custom operators and kernels as well (a convolution's scratch,
+  the temporaries of ``timm_lambda::dense_attention``), and the peak of their running sum is the figure
+  (:func:`peak_of_memory_events`). Blocks that existed before the step (parameters, inputs, gradients kept
+  from an earlier step) are not counted; memory a library takes from ``malloc`` directly, or allocates on a
+  thread the profiler does not follow, is not visible.
+  Memory figures are deterministic, times are not.
 """
+import json
 import os
 import platform
 import statistics
+import tempfile
 import time
-import weakref
 from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
-__all__ = ['LiveTensorBytes', 'peak_step_bytes', 'interleaved_times', 'median', 'machine', 'load_average',
+__all__ = ['peak_step_bytes', 'peak_of_memory_events', 'interleaved_times', 'median', 'machine', 'load_average',
            'synchronize', 'spread']
 
 
@@ -49,49 +51,47 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-class LiveTensorBytes(TorchDispatchMode):
-    """Peak bytes of tensor storages created by aten ops inside the mode and alive at the same time.
+_CPU_DEVICE_TYPES = (0, 2, 5)  # c10::DeviceType CPU, MKLDNN, IDEEP: the CPU allocator's events
 
-    ``exclude``: tensors (parameters, inputs) whose storages are never counted.
+
+def peak_of_memory_events(events: Iterable[dict]) -> int:
+    """Peak bytes of the blocks allocated during a profile and alive at the same time, from the ``[memory]``
+    events of its Chrome trace (``args``: ``Addr``, ``Bytes``, positive when allocated, negative when freed).
+
+    The free of a block allocated before the profile started is ignored: what existed before is not counted,
+    so the figure does not depend on what ran before.
     """
-
-    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
-        super().__init__()
-        self.exclude = {t.untyped_storage().data_ptr() for t in exclude}
-        self.live = {}  # storage data_ptr -> [nbytes, tensors using it]
-        self.current = 0
-        self.peak = 0
-
-    def _release(self, ptr: int) -> None:
-        entry = self.live.get(ptr)
-        if entry is None:
-            return
-        entry[1] -= 1
-        if entry[1] == 0:
-            self.current -= entry[0]
-            del self.live[ptr]
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor) or t.device.type == 'meta':
-                continue
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
-            if ptr == 0 or ptr in self.exclude:
-                continue
-            entry = self.live.get(ptr)
-            if entry is None:
-                entry = self.live[ptr] = [storage.nbytes(), 0]
-                self.current += entry[0]
-                self.peak = max(self.peak, self.current)
-            entry[1] += 1
-            weakref.finalize(t, self._release, ptr)
-        return out
+    live = {}  # address -> bytes of the blocks allocated during the profile and not yet freed
+    current = peak = 0
+    records = sorted((e for e in events if e.get('name') == '[memory]'
+                      and e['args'].get('Device Type') in _CPU_DEVICE_TYPES), key=lambda e: e['ts'])
+    for e in records:
+        addr, nbytes = e['args']['Addr'], e['args']['Bytes']
+        if nbytes > 0:
+            current += nbytes - live.get(addr, 0)
+            live[addr] = nbytes
+            peak = max(peak, current)
+        elif addr in live:
+            current -= live.pop(addr)
+    return peak
 
 
-def peak_step_bytes(step: Callable[[], object], exclude: Iterable[torch.Tensor] = (), device: str = 'cpu') -> int:
-    """Peak memory one call of ``step`` adds (see the module docstring for what is counted)."""
+def _cpu_peak_bytes(step: Callable[[], object]) -> int:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, 'trace.json')
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)['traceEvents']
+    return peak_of_memory_events(events)
+
+
+def peak_step_bytes(step: Callable[[], object], device: str = 'cpu', warmup: int = 1) -> int:
+    """Peak memory one call of ``step`` adds above what was allocated before it (see the module docstring),
+    after ``warmup`` untracked calls (so that caches built on a first call are not counted)."""
+    for _ in range(warmup):
+        step()
     if device.startswith('cuda'):
         synchronize(device)
         torch.cuda.empty_cache()
@@ -100,9 +100,7 @@ def peak_step_bytes(step: Callable[[], object], exclude: Iterable[torch.Tensor] 
         step()
         synchronize(device)
         return torch.cuda.max_memory_allocated() - base
-    with LiveTensorBytes(exclude) as tracker:
-        step()
-    return tracker.peak
+    return _cpu_peak_bytes(step)
 
 
 def interleaved_times(steps: Dict[str, Callable[[], object]], repeats: int = 5, warmup: int = 1,

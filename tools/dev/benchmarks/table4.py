@@ -9,7 +9,7 @@ ResNet-50 frame (``tools/benchmark_table4.py`` is the command line; it writes do
   with |k| = 8), shared embeddings one ``k n^2`` table per resolution 0.625.
 * :func:`run_table4`, :func:`markdown`, :func:`plot`: the benchmark. Peak memory of one training step
   (forward, cross-entropy, backward) is measured with :func:`dev.benchmarks.measure.peak_step_bytes`
-  (live tensors, CPU) where it fits ``max_gib``; a row whose estimate does not fit is not run and shows the
+  (the CPU allocator's events) where it fits ``max_gib``; a row whose estimate does not fit is not run and shows the
   analytic figure instead, marked as such. Times are medians of interleaved training steps (and inference
   forwards), reported as ratios to the lambda layer row, next to the paper's ratio of inference throughputs.
 """
@@ -75,10 +75,11 @@ def _estimate_step_gib(kind: str, batch: int, img_size: int) -> float:
 
 def run_table4(batch: int = 2, img_size: int = 224, repeats: int = 3, warmup: int = 1, max_gib: float = 8.0,
                infer: bool = True, rows: Optional[Sequence[str]] = None, max_seconds: Optional[float] = None,
-               model_kwargs: Optional[dict] = None, log=print) -> dict:
+               model_kwargs: Optional[dict] = None, log=print, timing: bool = True) -> dict:
     """Measure every Table 4 row (or ``rows``, layer names) at ``img_size`` and ``batch`` on the CPU.
 
     ``model_kwargs`` go to every ``create_model`` (e.g. ``layers=(1, 1, 1, 1)`` for a quick check).
+    ``timing=False``: peak memory only (times and ratios None).
 
     Returns dict(batch, img_size, machine, load_before, load_after, rows=[...]) with, per row: layer,
     model, complexity, paper_gb, paper_throughput, paper_top1, analytic_gib (batch 128), params_m,
@@ -110,7 +111,6 @@ def run_table4(batch: int = 2, img_size: int = 224, repeats: int = 3, warmup: in
         if estimate > max_gib:
             log(f'{layer}: estimated {estimate:.1f} GiB > max_gib={max_gib}: not run')
             continue
-        models[layer] = model
 
         def train(m=model):
             m.zero_grad(set_to_none=True)
@@ -121,13 +121,14 @@ def run_table4(batch: int = 2, img_size: int = 224, repeats: int = 3, warmup: in
                 m(x)
 
         log(f'{layer}: measuring peak memory of a training step ({name})')
-        peak = peak_step_bytes(train, exclude=[x, *model.parameters(), *model.buffers()])
-        row['measured_gib'] = peak / 2 ** 30
-        train_steps[layer] = train
-        infer_steps[layer] = forward
-    log(f'timing {len(train_steps)} training steps, interleaved, {repeats} rounds')
-    times = interleaved_times(train_steps, repeats=repeats, warmup=warmup, max_seconds=max_seconds)
-    if infer:
+        row['measured_gib'] = peak_step_bytes(train) / 2 ** 30
+        if timing:
+            models[layer], train_steps[layer], infer_steps[layer] = model, train, forward
+    times = {}
+    if timing:
+        log(f'timing {len(train_steps)} training steps, interleaved, {repeats} rounds')
+        times = interleaved_times(train_steps, repeats=repeats, warmup=warmup, max_seconds=max_seconds)
+    if infer and timing:
         for m in models.values():
             m.eval()
         log('timing inference')
@@ -135,7 +136,7 @@ def run_table4(batch: int = 2, img_size: int = 224, repeats: int = 3, warmup: in
     for row in results:
         if row['layer'] in times:
             row['train_s'] = median(times[row['layer']])
-            row['infer_s'] = median(infer_times[row['layer']]) if infer else None
+            row['infer_s'] = median(infer_times[row['layer']]) if infer and timing else None
     ref = next(r for r in results if r['layer'] == REFERENCE)
     for row in results:
         row['train_ratio'] = row['train_s'] / ref['train_s'] if row['train_s'] and ref['train_s'] else None
@@ -201,9 +202,10 @@ frame) whose 16 bottleneck 3x3 convolutions are all replaced by the layer, at {r
   resolution at 224 px (56, 28, 14, 7 px), GiB. It reproduces 120 / 4.8 / 1.9 / 0.95 / 0.63 (global
   attention b h n^2 per layer; axial b h n (H + W); lambda k n^2 per layer; shared: one k n^2 table per
   resolution). Local attention and the lambda convolution are our evaluation of the same formulas.
-- **peak memory of a training step, measured**: forward, cross-entropy and backward at batch {b}, largest sum
-  of live tensor storages created during the step (activations, attention maps, temporaries, gradients;
-  parameters and the input excluded; tools/dev/benchmarks/measure.py). It includes the whole network's
+- **peak memory of a training step, measured**: forward, cross-entropy and backward at batch {b}, the most
+  memory the CPU allocator held at once for blocks allocated during the step (activations, attention maps,
+  temporaries inside every operator, gradients; parameters and the input excluded; read from the profiler's
+  allocator events, tools/dev/benchmarks/measure.py). It includes the whole network's
   activations, so it is not the paper's quantity; a row estimated above `--max-gib` is not run (the paper's
   OOM) and only its analytic figure stands.
 - **time ratio, paper**: the lambda layer's inference throughput divided by the row's (8 TPUv3 cores).
