@@ -13,9 +13,10 @@ import timm
 from timm_lambda import registered_models
 from timm_lambda.layers import (AxialSelfAttention2d, LambdaLayer, LocalSelfAttention2d,
                                 RelPosSelfAttention2d)
-from timm_lambda.benchmarks.table4 import TABLE4_ROWS, analytic_memory_gib, markdown, plot, run_table4
-from timm_lambda.docs import TABLE3_MODELS, table3_rows
 from timm_lambda.paper import TABLE3, TABLE4
+
+from dev.benchmarks.table4 import TABLE4_ROWS, analytic_memory_gib, markdown, plot, run_table4
+from dev.docs import TABLE3_MODELS, table3_rows
 
 TABLE4_MODELS = [name for name, _, _ in TABLE4_ROWS.values()]
 ATTENTION_MODELS = ['aa_resnet34', 'aa_resnet50', 'resnet50_global_attn', 'resnet50_axial_attn',
@@ -130,7 +131,7 @@ def test_table4_lambda_variants():
 
 
 def test_table4_analytic_memory_reproduces_the_papers_figures():
-    """The paper's memory column from its complexity column (timm_lambda.benchmarks.table4 docstring): within rounding."""
+    """The paper's memory column from its complexity column (dev.benchmarks.table4 docstring): within rounding."""
     paper = {layer: gb for layer, _, gb, _, _ in TABLE4}
     for layer, (_, _, kind) in TABLE4_ROWS.items():
         if paper[layer] is not None:
@@ -218,7 +219,7 @@ def test_benchmark_and_table_tools_run(tmp_path):
                            '--png', ''], cwd=repo, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert '| Lambda layer | `resnet50_lambda` | Θ(lkn²) | 1.9 | 1.92 |' in (tmp_path / 't.md').read_text()
-    from timm_lambda.docs import attention_tables
+    from dev.docs import attention_tables
     out = attention_tables()
     assert 'Local relative self-attention (Ramachandran et al., 2019) | 18.0 |' in out
     assert '`aa_resnet152` | 61.6 | 61.61' in out

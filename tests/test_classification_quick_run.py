@@ -1,5 +1,5 @@
-"""The README's classification quick run (tools/classification_quick_run.py, timm_lambda.quick_train) and its
-generated data set (timm_lambda.datasets.SyntheticShapes)."""
+"""The README's classification quick run (tools/classification_quick_run.py, dev.quick_train) and its
+generated data set (dev.datasets.SyntheticShapes)."""
 import re
 import subprocess
 import sys
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from timm_lambda.datasets import SHAPE_CLASSES, SyntheticShapes
-from timm_lambda.quick_train import QuickRunConfig, quick_train
+from dev.datasets import SHAPE_CLASSES, SyntheticShapes
+from dev.quick_train import QuickRunConfig, quick_train
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -127,7 +127,7 @@ def test_mmdet_mask_rcnn_train_test_on_cuda(tmp_path):
     from _mmdet_helpers import CLASSES, CONFIG_DIR, MMDET_TOOLS, run
     from timm_lambda_mmdet.mmcv_cuda import mmcv_has_cuda_ops
     from timm_lambda_mmdet.overrides import small_run_overrides, to_cli_options
-    from timm_lambda_mmdet.synthetic_coco import make_coco_dataset
+    from dev.synthetic_coco import make_coco_dataset
 
     assert mmcv_has_cuda_ops(), ('mmcv has CPU-only ops: rebuild it with `TIMM_LAMBDA_MMCV_CUDA=1 bash '
                                  'tools/install.sh` (docs/install.md, "GPU (CUDA) install")')

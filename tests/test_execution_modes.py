@@ -121,8 +121,8 @@ def test_mmengine_compile_true_on_a_shrunk_table14_config(tmp_path):
     import _det  # noqa: F401  (skips without the [det] extra)
     import os.path as osp
     from mmengine.runner import Runner
-    from timm_lambda_mmdet.quickstart import build_config
-    from timm_lambda_mmdet.synthetic_coco import make_coco_dataset
+    from dev.quickstart import build_config
+    from dev.synthetic_coco import make_coco_dataset
     from _mmdet_helpers import CONFIG_DIR
 
     data = make_coco_dataset(str(tmp_path / 'data'), num_train=8, num_val=2, image_size=96, seed=0)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from timm_lambda.docs import DOC_BLOCKS, generated_files, render_blocks
+from dev.docs import DOC_BLOCKS, generated_files, render_blocks
 
 REPO = Path(__file__).resolve().parents[1]
 GENERATED = generated_files(REPO)

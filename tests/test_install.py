@@ -110,8 +110,12 @@ def test_autoload_pth_is_recorded_in_the_distribution():
     )
 
 
-def test_wheel_ships_the_recipe_templates(tmp_path):
-    """timm_lambda.recipes reads configs/timm's templates as package data: a wheel built from this tree has them."""
+INSTALLED = ("timm_lambda", "timm_lambda_mmdet", "mmdet_plugin")  # the packages users import (tests/test_layout.py)
+
+
+def test_wheel_holds_what_users_import(tmp_path):
+    """A wheel built from this tree holds every module of the installed packages and the autoload hook, and nothing
+    else: no development code (tools/dev/, imported as ``dev``), no tests, no configs."""
     src = tmp_path / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "data", "work_dirs", ".whl", ".gl"))
@@ -119,9 +123,12 @@ def test_wheel_ships_the_recipe_templates(tmp_path):
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "whl"),
          str(src)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    names = set(zipfile.ZipFile(next((tmp_path / "whl").glob("timm_lambda-*.whl"))).namelist())
-    templates = {f"timm_lambda/recipe_templates/{p.name}" for p in (REPO / "timm_lambda" / "recipe_templates").iterdir()}
-    assert templates and templates <= names, sorted(templates - names)
+    names = {n for n in zipfile.ZipFile(next((tmp_path / "whl").glob("timm_lambda-*.whl"))).namelist()
+             if ".dist-info/" not in n}
+    modules = {p.relative_to(REPO).as_posix() for package in INSTALLED for p in (REPO / package).rglob("*.py")}
+    assert modules and modules <= names, sorted(modules - names)
+    hook = {"timm_lambda_autoload.py", "timm_lambda_autoload.pth"}
+    assert names == modules | hook, f"extra: {sorted(names - modules - hook)}, missing: {sorted(hook - names)}"
 
 
 def _write_stub(root, timm_lambda_body):

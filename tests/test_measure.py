@@ -1,4 +1,4 @@
-"""Peak memory of a step (timm_lambda/benchmarks/measure.py) counts what the CPU allocator hands out, inside
+"""Peak memory of a step (tools/dev/benchmarks/measure.py) counts what the CPU allocator hands out, inside
 custom operators too: a custom operator's own scratch, and the lambda layer's dense form (one custom operator
 holding the logits ``[b, h n, m]`` inside) against the same arithmetic in plain ops."""
 import sys
@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from timm_lambda.benchmarks.measure import peak_of_memory_events, peak_step_bytes
+from dev.benchmarks.measure import peak_of_memory_events, peak_step_bytes
 from timm_lambda.layers import LambdaLayer
 from timm_lambda.layers.position_lambda import position_lambdas
 

@@ -9,9 +9,11 @@ import torch
 import torch.nn as nn
 from mmengine.model import revert_sync_batchnorm
 from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from mmdet.registry import MODELS
-from timm_lambda_mmdet import TimmLambdaResNet
+from timm_lambda_mmdet import TimmLambdaResNet, norm_layer_from_cfg
 
 from _mmdet_helpers import REPO
 
@@ -95,6 +97,31 @@ def test_norm_cfg_builds_every_norm(norm_cfg, expected):
     out[-1].mean().backward()
 
 
+class _FactoryDevices(TorchDispatchMode):
+    """Devices of every tensor an operator creates (a CPU build then a move shows 'cpu')."""
+
+    def __init__(self):
+        super().__init__()
+        self.devices = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.devices |= {t.device.type for t in tree_leaves(out) if isinstance(t, torch.Tensor)}
+        return out
+
+
+@pytest.mark.parametrize('norm_cfg', [dict(type='BN'), dict(type='SyncBN'), dict(type='GN', num_groups=4)])
+def test_norms_are_built_on_the_target_device(norm_cfg):
+    """timm passes device=/dtype= to norm_layer: the norm is made there, never on the CPU first."""
+    with _FactoryDevices() as seen:
+        layer = norm_layer_from_cfg(norm_cfg)(8, device='meta', dtype=torch.float16)
+    assert seen.devices == {'meta'}
+    assert all(t.is_meta for t in (*layer.parameters(), *layer.buffers()))
+    assert layer.weight.dtype == torch.float16
+    b = build(norm_cfg=norm_cfg, model_kwargs=dict(device='meta'))
+    assert all(t.is_meta for t in (*b.parameters(), *b.buffers()))
+
+
 def test_requires_grad_false_in_norm_cfg():
     b = build(norm_cfg=dict(type='BN', requires_grad=False))
     bn_params = [p for m in b.modules() if isinstance(m, _BatchNorm)
@@ -149,7 +176,7 @@ def test_pretrained_timm_checkpoint(tmp_path, wrap):
     path = tmp_path / 'timm.pth'
     torch.save(sd if wrap == 'plain' else {wrap: sd}, path)
     b = build(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    b.init_weights()
+    b.init_weights()  # what mmengine's Runner calls: timm loaded the weights at construction, nothing changes
     ref = full.state_dict()
     for k, v in b.body.state_dict().items():
         torch.testing.assert_close(v, ref[k], msg=k)
@@ -168,7 +195,6 @@ def test_pretrained_prefers_ema_weights_as_timm(tmp_path, use_ema):
     if use_ema is not None:
         init_cfg['use_ema'] = use_ema
     b = build(init_cfg=init_cfg)
-    b.init_weights()
     expected = raw if use_ema is False else ema
     for k, v in b.body.state_dict().items():
         torch.testing.assert_close(v, expected[k], msg=k)
@@ -179,28 +205,64 @@ def test_pretrained_safetensors(tmp_path):
     full = timm.create_model('lambdaresnet50')
     save_file({k: v.contiguous() for k, v in full.state_dict().items()}, str(tmp_path / 'w.safetensors'))
     b = build(init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'w.safetensors')))
-    b.init_weights()
     ref = full.state_dict()
     assert all(torch.equal(v, ref[k]) for k, v in b.body.state_dict().items())
 
 
 def test_pretrained_checkpoint_errors(tmp_path):
-    b = build(init_cfg=dict(type='Pretrained',
-                            checkpoint=str(tmp_path / 'missing.pth')))
-    with pytest.raises(FileNotFoundError, match='missing.pth'):
-        b.init_weights()
-    # a checkpoint of another architecture: shapes differ
-    other = timm.create_model('resnet18').state_dict()
-    torch.save(other, tmp_path / 'r18.pth')
-    b = build(init_cfg=dict(type='Pretrained',
-                            checkpoint=str(tmp_path / 'r18.pth')))
-    with pytest.raises(ValueError, match='init_cfg.checkpoint.*missing keys'):
-        b.init_weights()
+    with pytest.raises(FileNotFoundError, match='init_cfg.checkpoint.*missing.pth'):
+        build(init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'missing.pth')))
+    # a checkpoint of another architecture: keys and shapes differ
+    torch.save(timm.create_model('resnet18').state_dict(), tmp_path / 'r18.pth')
+    with pytest.raises(ValueError, match=rf"init_cfg.checkpoint {tmp_path / 'r18.pth'} does not match.*missing keys"):
+        build(init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'r18.pth')))
+    # a detector checkpoint without prefix, and a prefix that no key has
+    torch.save({'state_dict': {'backbone.body.' + k: v for k, v in build().body.state_dict().items()}},
+               tmp_path / 'det.pth')
+    with pytest.raises(ValueError, match='is prefix set'):
+        build(init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'det.pth')))
+    with pytest.raises(ValueError, match="no key starts with prefix='neck.'"):
+        build(init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'det.pth'), prefix='neck.'))
+    # same keys, one shape differs
+    sd = timm.create_model('lambdaresnet50').state_dict()
+    sd['conv1.0.weight'] = sd['conv1.0.weight'][:, :2]
+    torch.save(sd, tmp_path / 'shape.pth')
+    with pytest.raises(ValueError, match=r"shapes of \['conv1.0.weight'\] differ"):
+        build(init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'shape.pth')))
     with pytest.raises(ValueError, match='use_ema'):
         build(init_cfg=dict(type='Pretrained', checkpoint='x.pth', ema=True))
     for bad in ('', 3, ['x.pth']):
         with pytest.raises(ValueError, match='init_cfg.checkpoint must be a file path'):
             build(init_cfg=dict(type='Pretrained', checkpoint=bad))
+
+
+def test_pretrained_detector_backbone_with_prefix(tmp_path):
+    """prefix='backbone.' takes the backbone of a detector checkpoint (keys backbone.body.<timm key>)."""
+    torch.manual_seed(0)
+    trained = build()
+    state = {'backbone.' + k: v for k, v in trained.state_dict().items()}
+    state['neck.lateral_convs.0.conv.weight'] = torch.zeros(1)
+    torch.save({'meta': {'epoch': 1}, 'state_dict': state}, tmp_path / 'det.pth')
+    b = build(init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'det.pth'), prefix='backbone.'))
+    ref = trained.body.state_dict()
+    assert all(torch.equal(v, ref[k]) for k, v in b.body.state_dict().items())
+
+
+def test_pretrained_flattened_feature_keys(tmp_path):
+    """A model whose features_only wrapper renames modules (MobileNetV2: blocks.0.0 -> blocks_0.0) loads a plain
+    timm checkpoint: timm loads the classification model before it wraps it."""
+    full = timm.create_model('mobilenetv2_100_lambda')
+    torch.save(full.state_dict(), tmp_path / 'mbv2.pth')
+    b = build(model_name='mobilenetv2_100_lambda', norm_cfg=None,
+              init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'mbv2.pth')))
+    got = b.body.state_dict()
+    assert 'blocks_0.0.conv_dw.weight' in got and 'blocks.0.0.conv_dw.weight' not in got
+    for k, v in full.state_dict().items():
+        parts = k.split('.')
+        flat = '_'.join(parts[:2]) + '.' + '.'.join(parts[2:]) if parts[0] == 'blocks' else k
+        if flat in got:
+            assert torch.equal(got[flat], v), k
+    assert sum(k.startswith('blocks_') for k in got) > 100
 
 
 def test_unreadable_checkpoint_names_the_file(tmp_path):
@@ -216,9 +278,8 @@ def test_unreadable_checkpoint_names_the_file(tmp_path):
     for name, content in files.items():
         path = tmp_path / name
         path.write_bytes(content)
-        b = build(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
         with pytest.raises(ValueError, match=rf'init_cfg.checkpoint.*{path}.*{problems[name]}'):
-            b.init_weights()
+            build(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
 
 
 def test_checkpoint_none_trains_from_scratch():

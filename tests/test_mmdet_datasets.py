@@ -8,7 +8,7 @@ import timm_lambda_mmdet  # noqa: F401
 from mmdet.registry import DATASETS
 from mmdet.utils import register_all_modules
 
-from timm_lambda_mmdet.synthetic_coco import make_coco_dataset
+from dev.synthetic_coco import make_coco_dataset
 
 from _mmdet_helpers import CLASSES
 

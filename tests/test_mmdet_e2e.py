@@ -19,7 +19,7 @@ from pycocotools.coco import COCO
 import timm_lambda_mmdet.runner_checkpoints  # noqa: F401  (opts in to the allow-list, as the configs do)
 from timm_lambda_mmdet.overrides import small_run_overrides, to_cli_options
 
-from timm_lambda_mmdet.synthetic_coco import make_coco_dataset
+from dev.synthetic_coco import make_coco_dataset
 
 from _mmdet_helpers import CLASSES, CONFIG_DIR, MMDET_TOOLS, python_m, run
 

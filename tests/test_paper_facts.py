@@ -1,7 +1,8 @@
 """timm_lambda/paper.py (the one place each paper fact is written) against the paper's own text.
 
 The paper's text is ../shared/papers/lambdanetworks_iclr.txt beside the repository (CI has it); the tables are
-parsed from it here, independently of how paper.py writes them down.
+parsed from it here, independently of how paper.py writes them down. Without the papers these tests skip, saying
+where they looked; where the papers are expected (CI=true, or TIMM_LAMBDA_REQUIRE_PAPERS=1) they fail instead.
 """
 import os
 import re
@@ -14,7 +15,17 @@ from timm_lambda import paper
 PAPERS = Path(os.environ.get('TIMM_LAMBDA_PAPERS', Path(__file__).resolve().parents[2] / 'shared' / 'papers'))
 PAPER = PAPERS / 'lambdanetworks_iclr.txt'
 AA_PAPER = PAPERS / 'attention_augmented_convnets.txt'
-pytestmark = pytest.mark.skipif(not PAPER.is_file(), reason=f'paper text not found at {PAPER} (set TIMM_LAMBDA_PAPERS)')
+REQUIRE_PAPERS = os.environ.get('TIMM_LAMBDA_REQUIRE_PAPERS') == '1' or os.environ.get('CI', '').lower() == 'true'
+
+
+@pytest.fixture(autouse=True)
+def _papers_present():
+    missing = [str(p) for p in (PAPER, AA_PAPER) if not p.is_file()]
+    if missing and REQUIRE_PAPERS:
+        pytest.fail(f'paper text not found: {", ".join(missing)} (CI=true or TIMM_LAMBDA_REQUIRE_PAPERS=1 requires '
+                    'it; set TIMM_LAMBDA_PAPERS to the folder holding it)')
+    if missing:
+        pytest.skip(f'paper text not found: {", ".join(missing)} (set TIMM_LAMBDA_PAPERS)')
 
 
 def _table_rows(caption: str, ncols: int):

@@ -16,13 +16,13 @@ import yaml
 from timm.models import get_pretrained_cfg
 
 import timm_lambda  # noqa: F401  (registers the models even without the autoload hook)
+from timm_lambda.paper import TABLE20
+
+from dev import recipes as timm_train_args
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / 'configs' / 'timm'
 ARGS_FILE = CONFIG_DIR / 'train_py_args.txt'
-
-from timm_lambda import recipes as timm_train_args
-from timm_lambda.paper import TABLE20
 
 # Table 20: depth, image size, RandAugment magnitude, dropout, stochastic depth rate
 ROWS = [(d, s, m, p, sd) for (d, s), (m, p, sd) in sorted(TABLE20.items())]

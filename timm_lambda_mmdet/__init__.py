@@ -26,11 +26,11 @@ if _MISSING:
         + '. Install them with: pip install "timm-lambda[det]"')
 del _MISSING, _mod
 
-from .backbone import TimmLambdaResNet, load_timm_checkpoint, norm_layer_from_cfg  # noqa: E402
+from .backbone import TimmLambdaResNet, norm_layer_from_cfg  # noqa: E402
 from .checkpoint_compat import register_safe_globals  # noqa: E402
 from .datasets import CheckedCocoDataset  # noqa: E402
 from .ddp import CPUCompatibleDDP  # noqa: E402
 from .hooks import PreflightHook  # noqa: E402
 
-__all__ = ['TimmLambdaResNet', 'CheckedCocoDataset', 'PreflightHook', 'CPUCompatibleDDP', 'load_timm_checkpoint',
+__all__ = ['TimmLambdaResNet', 'CheckedCocoDataset', 'PreflightHook', 'CPUCompatibleDDP',
            'norm_layer_from_cfg', 'register_safe_globals']

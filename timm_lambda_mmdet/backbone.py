@@ -1,5 +1,5 @@
 """MMDetection backbone: a timm LambdaResNet (or ResNet-RS) returning c2..c5 for an FPN."""
-import os.path as osp
+import traceback
 from typing import Optional, Sequence
 
 import timm
@@ -8,6 +8,8 @@ import torch.nn as nn
 from mmcv.cnn import build_norm_layer
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
+from timm.models import load_state_dict
+from timm.models._hub import download_cached_file
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmdet.registry import MODELS
@@ -16,12 +18,10 @@ import timm_lambda  # noqa: F401  (registers the LambdaResNet / ResNet-RS-withou
 
 from .checkpoint_compat import check_checkpoint_file
 
-__all__ = ['TimmLambdaResNet', 'norm_layer_from_cfg', 'load_timm_checkpoint']
+__all__ = ['TimmLambdaResNet', 'norm_layer_from_cfg']
 
 # Stride of the deepest feature map (c5); inputs must be padded to it.
 _OUTPUT_STRIDE = 32
-# Keys of a timm classification checkpoint that a feature extractor does not have.
-_HEAD_PREFIXES = ('fc.', 'head.', 'classifier.', 'global_pool.')
 
 
 def norm_layer_from_cfg(norm_cfg: dict):
@@ -45,8 +45,10 @@ def norm_layer_from_cfg(norm_cfg: dict):
                 cfg.setdefault('eps', eps)
         elif eps is not None:
             cfg.setdefault('eps', eps)
-        _, layer = build_norm_layer(cfg, num_features)
-        return layer.to(device=device, dtype=dtype) if device is not None or dtype is not None else layer
+        # built where timm asks (e.g. the meta device), not on the CPU and moved; mmcv passes the rest of
+        # the cfg to the layer class (torch's norms take device/dtype; mmcv's MMSyncBN takes neither)
+        cfg.update({k: v for k, v in dict(device=device, dtype=dtype).items() if v is not None})
+        return build_norm_layer(cfg, num_features)[1]
 
     return norm_layer
 
@@ -75,13 +77,16 @@ class TimmLambdaResNet(BaseModule):
             so that c2..c5 line up with the image; mmdet pads to it with the data preprocessor's
             ``pad_size_divisor=32``. ``None`` disables the check.
         model_kwargs (dict, optional): Extra ``timm.create_model`` kwargs (e.g. ``drop_path_rate``).
-        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH_OR_URL)`` initialises from a timm
-            ImageNet checkpoint through timm's own loading (``.pth``/``.safetensors``, ``state_dict``/``model``
+        init_cfg (dict, optional): ``dict(type='Pretrained', checkpoint=PATH_OR_URL)`` builds the model from a
+            timm ImageNet checkpoint: ``timm.create_model(..., pretrained=True,
+            pretrained_cfg_overlay=dict(file=PATH))`` reads it (``.pth``/``.safetensors``, ``state_dict``/``model``
             wrappers, ``module.`` prefixes, the EMA weights when the file has them; ``use_ema=False`` takes the
-            raw ones); the classifier is dropped and every other key must match (an error names the
-            mismatches). ``prefix='backbone.'`` loads the backbone of a detector checkpoint. ``None``, or
-            ``checkpoint=None`` (the configs' default, so that a child config or ``--cfg-options
-            model.backbone.init_cfg.checkpoint=PATH`` can fill it in): train from scratch.
+            raw ones), drops the classifier and loads the rest before ``features_only`` wraps the model; every
+            other key must match (an error names the file and the mismatches). The weights load at
+            construction, as in mmpretrain's ``TIMMBackbone`` (so mmdet's ``test.py`` reads the file too, then
+            loads the detector checkpoint over it). ``prefix='backbone.'`` loads the backbone of a detector
+            checkpoint. ``None``, or ``checkpoint=None`` (the configs' default, so that a child config or
+            ``--cfg-options model.backbone.init_cfg.checkpoint=PATH`` can fill it in): train from scratch.
     """
 
     def __init__(self,
@@ -102,10 +107,9 @@ class TimmLambdaResNet(BaseModule):
             if not isinstance(init_cfg, dict) or init_cfg.get('type') != 'Pretrained' or 'checkpoint' not in init_cfg:
                 raise ValueError("init_cfg must be None (train from scratch) or dict(type='Pretrained', "
                                  f'checkpoint=PATH or None), got {init_cfg!r}')
-            unknown = set(init_cfg) - {'type', 'checkpoint', 'prefix', 'use_ema', 'map_location'}
+            unknown = set(init_cfg) - {'type', 'checkpoint', 'prefix', 'use_ema'}
             if unknown:
-                raise ValueError(f'init_cfg has unknown keys {sorted(unknown)}; accepted: checkpoint, prefix, '
-                                 'use_ema, map_location')
+                raise ValueError(f'init_cfg has unknown keys {sorted(unknown)}; accepted: checkpoint, prefix, use_ema')
             checkpoint = init_cfg['checkpoint']
             if checkpoint is not None and (not isinstance(checkpoint, str) or not checkpoint):
                 raise ValueError('init_cfg.checkpoint must be a file path or URL (or None: train from scratch), '
@@ -135,9 +139,24 @@ class TimmLambdaResNet(BaseModule):
             if 'norm_layer' in model_kwargs:
                 raise ValueError('give norm_cfg or model_kwargs.norm_layer, not both')
             model_kwargs['norm_layer'] = norm_layer_from_cfg(norm_cfg)
-        # timm feature index i+1 is c(i+2): index 0 is the stride-2 stem.
-        self.body = timm.create_model(model_name, pretrained=False, features_only=True,
-                                      out_indices=tuple(i + 1 for i in out_indices), **model_kwargs)
+        checkpoint = init_cfg['checkpoint'] if init_cfg is not None else None
+        if checkpoint is not None:  # timm loads it into the classification model, before features_only wraps it
+            local = download_cached_file(checkpoint) if '://' in checkpoint else checkpoint
+            check_checkpoint_file(local, 'init_cfg.checkpoint')  # missing, empty or truncated: an error naming it
+            check = _pretrained_filter(checkpoint, local, model_name, init_cfg.get('prefix'),
+                                       init_cfg.get('use_ema', True))
+            model_kwargs.update(pretrained=True, pretrained_cfg_overlay=dict(file=local), pretrained_filter_fn=check)
+        try:
+            # timm feature index i+1 is c(i+2): index 0 is the stride-2 stem.
+            self.body = timm.create_model(model_name, features_only=True,
+                                          out_indices=tuple(i + 1 for i in out_indices), **model_kwargs)
+        except Exception as e:  # a truncated pickle fails anywhere (EOFError, IndexError, ...): name the file
+            # timm reads the file inside create_model: only what its load_state_dict raised is about the file
+            if not any(f.f_code is load_state_dict.__code__ for f, _ in traceback.walk_tb(e.__traceback__)):
+                raise
+            kind = 'safetensors' if type(e).__name__ == 'SafetensorError' else 'a checkpoint'
+            raise ValueError(f'init_cfg.checkpoint {checkpoint}: cannot read the file as {kind} '
+                             f'({type(e).__name__}: {e})') from e
         reductions = self.body.feature_info.reduction()
         expected = [4 * 2 ** i for i in out_indices]
         if list(reductions) != expected:
@@ -152,28 +171,16 @@ class TimmLambdaResNet(BaseModule):
             self.body.set_grad_checkpointing(True)
         self._freeze_stages()
 
-    # ------------------------------------------------------------------ stages
-    def _stage_groups(self):
-        """Top-level module names grouped as [stem, c2, c3, c4, c5] (the stem ends at timm's stride-2
-        feature, e.g. ``act1``; parameter-free modules such as the max-pool fall into c2)."""
-        groups = [[]]
-        ends = list(self._stage_end_names)
-        for name in self.body.keys():
-            groups[-1].append(name)
-            if ends and name == ends[0]:
-                ends.pop(0)
-                groups.append([])
-        return [g for g in groups if g]
-
     def _freeze_stages(self):
+        """Freezes the stem and the first ``frozen_stages`` stages: the FeatureListNet's top-level modules up to the
+        one that ends stage ``frozen_stages`` (e.g. ``act1`` ends the stem; the max-pool falls into c2)."""
         if self.frozen_stages < 0:
             return
-        for group in self._stage_groups()[:self.frozen_stages + 1]:
-            for name in group:
-                m = self.body[name]
-                m.eval()
-                for p in m.parameters():
-                    p.requires_grad = False
+        for name, module in self.body.items():
+            module.eval()
+            module.requires_grad_(False)
+            if name == self._stage_end_names[self.frozen_stages]:
+                break
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -184,7 +191,6 @@ class TimmLambdaResNet(BaseModule):
                     m.eval()
         return self
 
-    # ----------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor):
         if self.size_divisor and (x.shape[-1] % self.size_divisor or x.shape[-2] % self.size_divisor):
             raise ValueError(
@@ -193,75 +199,43 @@ class TimmLambdaResNet(BaseModule):
                 'or set the backbone size_divisor=None')
         return tuple(self.body(x))
 
-    # ----------------------------------------------------- pretrained weights
     def init_weights(self):
-        if self.init_cfg is not None and self.init_cfg['checkpoint'] is not None:
-            cfg = self.init_cfg
-            load_timm_checkpoint(self.body, cfg['checkpoint'], model_name=self.model_name,
-                                 prefix=cfg.get('prefix'), use_ema=cfg.get('use_ema', True),
-                                 map_location=cfg.get('map_location', 'cpu'))
-        # else: timm initialised the weights at construction (from scratch)
+        """Nothing left to do: timm initialised the weights when it built the model, from ``init_cfg.checkpoint``
+        when one is given (as mmpretrain's ``TIMMBackbone`` does)."""
         self._is_init = True
 
 
-def _local_file(path: str) -> str:
-    if '://' in path:
-        from timm.models._hub import download_cached_file
-        return download_cached_file(path)
-    if not osp.isfile(path):
-        raise FileNotFoundError(f"init_cfg.checkpoint: file not found: '{path}'")
-    return path
+def _pretrained_filter(path: str, local: str, model_name: str, prefix: Optional[str], use_ema: bool):
+    """timm's ``pretrained_filter_fn(state_dict, model)`` for ``init_cfg``, doing what timm's ``file`` route does not:
+    the raw weights for ``use_ema=False`` (timm takes the EMA ones when present), a detector's backbone for
+    ``prefix='backbone.'``, and a check of every non-classifier key (timm loads non-strictly once it has dropped
+    the classifier), with errors naming the file."""
+    def filter_fn(state_dict: dict, model: nn.Module) -> dict:
+        if not use_ema:
+            state_dict = load_state_dict(local, use_ema=False)
+        if prefix:  # a detector checkpoint: backbone.body.<timm key>
+            state_dict = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
+            if not state_dict:
+                raise ValueError(f'init_cfg.checkpoint {path}: no key starts with prefix={prefix!r}')
+            state_dict = {k[len('body.'):] if k.startswith('body.') else k: v for k, v in state_dict.items()}
+        classifier = model.pretrained_cfg.get('classifier') or ()
+        head = tuple(f'{c}.' for c in ((classifier,) if isinstance(classifier, str) else classifier))
+        target = {k: v for k, v in model.state_dict().items() if not k.startswith(head)}
+        loaded = {k: v for k, v in state_dict.items() if not k.startswith(head)}
+        missing, unexpected = sorted(set(target) - set(loaded)), sorted(set(loaded) - set(target))
+        if missing or unexpected:
+            raise ValueError(
+                f'init_cfg.checkpoint {path} does not match {model_name}: {len(missing)} missing keys '
+                f'{missing[:8]}{" ..." if len(missing) > 8 else ""}, {len(unexpected)} unexpected keys '
+                f'{unexpected[:8]}{" ..." if len(unexpected) > 8 else ""}; is it a checkpoint of this model_name '
+                '(and, for a detector checkpoint, is prefix set)?')
+        bad_shapes = [k for k, v in loaded.items() if tuple(v.shape) != tuple(target[k].shape)]
+        if bad_shapes:
+            raise ValueError(f'init_cfg.checkpoint {path}: shapes of {bad_shapes[:8]} differ from {model_name}; '
+                             'is it a checkpoint of this model_name?')
+        MMLogger.get_current_instance().info(
+            f'Loaded {len(loaded)} tensors of {model_name} from {path} '
+            f'({"EMA weights where present" if use_ema else "raw weights"})')
+        return state_dict
 
-
-def load_timm_checkpoint(feature_net: nn.Module, path: str, model_name: Optional[str] = None,
-                         prefix: Optional[str] = None, use_ema: bool = True, map_location='cpu'):
-    """Load a timm ImageNet checkpoint (or the backbone of a detector checkpoint, ``prefix='backbone.'``) into a
-    timm ``features_only`` model.
-
-    The file is read by timm's own :func:`timm.models.load_state_dict` (``.pth``/``.bin``/``.safetensors``;
-    ``state_dict``/``model`` wrappers; ``module.`` prefixes; the EMA weights ``state_dict_ema`` / ``model_ema``
-    when present and ``use_ema`` is true, as timm's ``load_checkpoint`` does). Classifier keys are dropped;
-    every other key must match the feature model, else a ValueError names the missing and unexpected keys
-    (a checkpoint of another architecture, or of a detector without ``prefix``). Returns the loaded keys.
-    """
-    from timm.models import load_state_dict
-    logger = MMLogger.get_current_instance()
-    local = _local_file(path)
-    check_checkpoint_file(local, 'init_cfg.checkpoint')
-    try:
-        state = load_state_dict(local, use_ema=use_ema, device=map_location)
-    except Exception as e:  # a truncated pickle fails anywhere (EOFError, IndexError, ...): name the file
-        kind = 'safetensors' if type(e).__name__ == 'SafetensorError' else 'a checkpoint'
-        raise ValueError(f'init_cfg.checkpoint {path}: cannot read the file as {kind} '
-                         f'({type(e).__name__}: {e})') from e
-    if prefix:
-        state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-        if not state:
-            raise ValueError(f'init_cfg.checkpoint {path}: no key starts with prefix={prefix!r}')
-        state = {k[len('body.'):] if k.startswith('body.') else k: v for k, v in state.items()}
-    target = feature_net.state_dict()
-
-    def feature_key(key: str) -> str:  # FeatureListNet flattens first-level Sequentials: stages.0 -> stages_0
-        if key in target:
-            return key
-        parts = key.split('.')
-        flat = '_'.join(parts[:2]) + '.' + '.'.join(parts[2:]) if len(parts) > 2 else key
-        return flat if flat in target else key
-
-    mapped = {feature_key(k): v for k, v in state.items() if not k.startswith(_HEAD_PREFIXES)}
-    missing = sorted(set(target) - set(mapped))
-    unexpected = sorted(set(mapped) - set(target))
-    if missing or unexpected:
-        raise ValueError(
-            f'init_cfg.checkpoint {path} does not match {model_name}: {len(missing)} missing keys '
-            f'{missing[:8]}{" ..." if len(missing) > 8 else ""}, {len(unexpected)} unexpected keys '
-            f'{unexpected[:8]}{" ..." if len(unexpected) > 8 else ""}; is it a checkpoint of this model_name '
-            '(and, for a detector checkpoint, is prefix set)?')
-    bad_shapes = [k for k, v in mapped.items() if tuple(v.shape) != tuple(target[k].shape)]
-    if bad_shapes:
-        raise ValueError(f'init_cfg.checkpoint {path}: shapes of {bad_shapes[:8]} differ from {model_name}; '
-                         'is it a checkpoint of this model_name?')
-    feature_net.load_state_dict(mapped, strict=True)
-    logger.info(f'Loaded {len(mapped)} tensors of {model_name} from {path} '
-                f'({"EMA weights where present" if use_ema else "raw weights"})')
-    return list(mapped)
+    return filter_fn

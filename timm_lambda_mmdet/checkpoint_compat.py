@@ -82,16 +82,9 @@ def mmengine_checkpoint_globals():
 
 
 def register_safe_globals():
-    """Allow-list mmengine checkpoint globals for ``torch.load``.
-
-    No-op on torch versions without ``torch.serialization.add_safe_globals``
-    (< 2.4, where ``weights_only`` defaulted to False anyway).
-    """
-    add = getattr(torch.serialization, 'add_safe_globals', None)
-    if add is None:
-        return []
+    """Allow-list mmengine checkpoint globals for ``torch.load`` (``add_safe_globals``: torch >= 2.4, the floor)."""
     globs = mmengine_checkpoint_globals()
-    add(globs)
+    torch.serialization.add_safe_globals(globs)
     return globs
 
 

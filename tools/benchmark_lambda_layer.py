@@ -6,12 +6,16 @@ Default: the three detection shapes of a LambdaResNet backbone at 1024x1024 (c4 
 ``impl='auto'``; prints time, peak memory and the ratio to the convolution per shape and in total.
 
 ``--sweep``: every implementation and the convolution on square inputs of growing size (width 256), a PNG
-plot of time and memory against the input side, and the input size where the tiled form overtakes the dense
-one (what ``impl='auto'`` switches on, timm_lambda/layers/position_lambda.py).
+plot of time and memory against the input side, and at each size the faster of the dense and tiled forms
+(what ``impl='auto'`` chooses between, timm_lambda/layers/position_lambda.py; tests/test_lambda_impl_rule.py
+reads the committed sweeps). ``--json`` writes the command, date, load before, machine (with the load after),
+settings and results: the files in docs/results/ are these commands' output.
 
-    python tools/benchmark_lambda_layer.py                     # ~1 minute on 2 CPU cores
+    python tools/benchmark_lambda_layer.py --repeats 7 --json docs/results/lambda_layer.json   # ~1 min, 2 cores
     python tools/benchmark_lambda_layer.py --impls auto conv einsum
-    python tools/benchmark_lambda_layer.py --sweep --plot docs/lambda_layer_sweep.png
+    python tools/benchmark_lambda_layer.py --sweep --json docs/results/sweep_scope23.json
+    python tools/benchmark_lambda_layer.py --sweep --scope 7 --dim-u 4 --sizes 5 6 7 8 9 10 12 14 16 20 \
+        --json docs/results/sweep_scope7_u4.json
     python tools/benchmark_lambda_layer.py --replot docs/results/sweep_scope23.json --plot docs/lambda_layer_sweep.png
     python tools/benchmark_lambda_layer.py --device cuda --dtype bfloat16
     python tools/benchmark_lambda_layer.py --memory-only --json docs/results/lambda_layer.json   # no timings
@@ -20,7 +24,7 @@ one (what ``impl='auto'`` switches on, timm_lambda/layers/position_lambda.py).
 it can be measured on a busy machine); with ``--json`` naming an existing result of the same command, its
 ``peak_mib`` fields are replaced and the run recorded under ``memory``.
 
-Method: timm_lambda/benchmarks/measure.py (interleaved repeats in one process, medians; peak memory from the
+Method: tools/dev/benchmarks/measure.py (interleaved repeats in one process, medians; peak memory from the
 allocator's events, custom operators included).
 """
 import argparse
@@ -32,8 +36,9 @@ import time
 import torch
 from torch import nn
 
-from timm_lambda.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
 from timm_lambda.layers import LambdaLayer
+
+from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
 
 DETECTION_SHAPES = [(256, 64, 1), (512, 64, 2), (512, 32, 1)]  # width, input side, stride
 
@@ -148,9 +153,13 @@ def sweep(args):
     layer = LambdaLayer(8, dim_k=4, heads=2, dim_u=args.dim_u, scope=args.scope)
     compared = [r for r in results if 'dense' in r and 'tiled' in r]
     faster = {r['size']: min(('dense', 'tiled'), key=lambda k: r[k]['ms']) for r in compared}
+    # clearly faster: its median round beats the other form's fastest round (tests/test_lambda_impl_rule.py)
+    other = {'dense': 'tiled', 'tiled': 'dense'}
+    clear = {r['size'] for r in compared if r[faster[r['size']]]['ms'] < r[other[faster[r['size']]]]['min_ms']}
     misses = [f"{s} px (auto: {layer.choose_impl(s, s)}, {faster[s]} faster)" for s in faster
               if layer.choose_impl(s, s) != faster[s]]
-    print('faster form by size: ' + ', '.join(f'{s}: {k}' for s, k in faster.items()))
+    print('faster form by size (*: within the other form\'s spread): '
+          + ', '.join(f"{s}: {k}{'' if s in clear else '*'}" for s, k in faster.items()))
     print(f"impl='auto' picks the faster form at {len(faster) - len(misses)} of {len(faster)} sizes"
           + (f"; not at {', '.join(misses)}" if misses else ''))
     if args.plot:
@@ -195,7 +204,8 @@ def main(argv=None):
     p.add_argument('--width', type=int, default=256, help='sweep width')
     p.add_argument('--scope', type=int, default=23, help='sweep scope')
     p.add_argument('--dim-u', type=int, default=1, help='sweep |u|')
-    p.add_argument('--sizes', type=int, nargs='+', default=[8, 14, 20, 26, 32, 40, 48, 64])
+    p.add_argument('--sizes', type=int, nargs='+', default=[8, 12, 14, 16, 18, 20, 22, 24, 28, 32, 40, 48, 64],
+                   help='sweep: input sides (px)')
     p.add_argument('--plot', default=None, help='sweep: write the PNG plot here')
     p.add_argument('--json', default=None, help='also write the results here')
     p.add_argument('--memory-only', action='store_true', help='peak memory only, no timing (see above)')
@@ -210,7 +220,7 @@ def main(argv=None):
         meta = dict(command=shlex.join(['python', 'tools/benchmark_lambda_layer.py', *(sys.argv[1:] if argv is None
                                                                                     else argv)]),
                     date=time.strftime('%Y-%m-%d', time.gmtime()), machine=machine(args.device),
-                    method='timm_lambda/benchmarks/measure.py: allocator events (torch.profiler, profile_memory)')
+                    method='tools/dev/benchmarks/measure.py: allocator events (torch.profiler, profile_memory)')
         results = memory_table(args)
         if args.json:
             record_memory(args.json, results, meta)
@@ -220,10 +230,17 @@ def main(argv=None):
             saved = json.load(f)
         _plot(saved['results'], args, saved['machine'])
         return saved['results']
+    load_before = load_average()
     results = sweep(args) if args.sweep else detection_table(args)
     if args.json:
+        keys = ('width', 'scope', 'dim_u', 'batch', 'repeats', 'device') if args.sweep else \
+            ('impls', 'batch', 'repeats', 'device')
+        settings = dict({k: getattr(args, k) for k in keys}, dtype=str(args.dtype).replace('torch.', ''),
+                        threads=torch.get_num_threads())
+        command = shlex.join(['python', 'tools/benchmark_lambda_layer.py', *(sys.argv[1:] if argv is None else argv)])
         with open(args.json, 'w') as f:
-            json.dump(dict(machine=machine(args.device), results=results), f, indent=1, default=str)
+            json.dump(dict(command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), load_before=load_before,
+                           machine=machine(args.device), settings=settings, results=results), f, indent=1, default=str)
 
 
 if __name__ == '__main__':

@@ -15,7 +15,7 @@ to the first baseline, and the load average before and after:
 loss, backward), inference as users run it (eval mode, BN running statistics, ``torch.no_grad``) and the peak
 memory of the training step. ``backbone`` compares LambdaResNet-101 with ResNet-RS-101 with SE (the paper's
 Table 13 baseline), without SE, and with the model's own convolutional twin (every lambda layer a 3x3 conv), so
-that the SE placement is not mistaken for lambda speed. Method: timm_lambda/benchmarks/measure.py.
+that the SE placement is not mistaken for lambda speed. Method: tools/dev/benchmarks/measure.py.
 
 ``--memory-only`` (``backbone``, ``classification``, ``cifar``): the peak training-step memory and no timing
 (memory is deterministic, so it can be measured on a busy machine); with ``--json`` naming an existing result of
@@ -32,7 +32,8 @@ import time
 import torch
 
 import timm
-from timm_lambda.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
+
+from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
 
 LAMBDA101, RS101 = ('LambdaResNet-101', 'lambdaresnet101', {}), ('ResNet-RS-101+SE', 'resnetrs101', {})
 RS101_NOSE = ('ResNet-RS-101 without SE', 'resnetrs101_nose', {})
@@ -280,7 +281,7 @@ def main(argv=None):
         command = shlex.join(['python', 'tools/benchmark_models.py', *(sys.argv[1:] if argv is None else argv)])
         record_memory(args.json, results, dict(
             command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), machine=machine(device),
-            method='timm_lambda/benchmarks/measure.py: allocator events (torch.profiler, profile_memory)'))
+            method='tools/dev/benchmarks/measure.py: allocator events (torch.profiler, profile_memory)'))
     elif args.json:
         with open(args.json, 'w') as f:
             json.dump(results, f, indent=1, default=str)

@@ -16,8 +16,8 @@ writes it to ``docs/table4.md`` and plots it to ``docs/table4.png``:
 machine) and writes neither the markdown nor the plot (they need the times).
 
 A row whose training step is estimated above ``--max-gib`` is not run (the paper's "OOM"); the table shows
-the analytic memory for it, marked. Method and conventions: timm_lambda/benchmarks/table4.py and
-timm_lambda/benchmarks/measure.py.
+the analytic memory for it, marked. Method and conventions: tools/dev/benchmarks/table4.py and
+tools/dev/benchmarks/measure.py.
 """
 import argparse
 import json
@@ -29,7 +29,8 @@ import time
 import torch
 
 import timm_lambda  # noqa: F401  (registers the models)
-from timm_lambda.benchmarks.table4 import TABLE4_ROWS, markdown, markdown_document, plot, run_table4
+
+from dev.benchmarks.table4 import TABLE4_ROWS, markdown, markdown_document, plot, run_table4
 
 
 def _result_args(argv):

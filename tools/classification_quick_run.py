@@ -6,7 +6,7 @@ With no arguments this generates 8 classes of shapes and textures in random colo
 (resnet50_lambda_global32: every 3x3 conv a lambda layer, global context) with one block per stage, and
 trains it for 10 epochs with timm's own machinery (create_model, create_loader with timm's transforms,
 create_optimizer_v2, create_scheduler_v2), printing held-out top-1 after every epoch and the final accuracy
-against chance (12.5%). About 2 minutes on 2 CPU cores. The code is timm_lambda.quick_train.
+against chance (12.5%). About 2 minutes on 2 CPU cores. The code is tools/dev/quick_train.py.
 
     python tools/classification_quick_run.py [--epochs 10] [--threads 1] [--model resnet50_lambda_global32]
 """
@@ -18,7 +18,7 @@ import time
 
 
 def parse_args(argv=None):
-    from timm_lambda.quick_train import QuickRunConfig
+    from dev.quick_train import QuickRunConfig
     d = QuickRunConfig()
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--model', default=d.model, help='timm model name (default: %(default)s)')
@@ -51,7 +51,7 @@ def main(argv=None):
     args = parse_args(argv)
     import torch
     import timm
-    from timm_lambda.quick_train import QuickRunConfig, quick_train
+    from dev.quick_train import QuickRunConfig, quick_train
     cfg = QuickRunConfig(
         model=args.model, model_kwargs={'layers': tuple(args.layers)}, num_classes=args.classes,
         image_size=args.image_size, train_samples=args.train_samples, val_samples=args.val_samples,

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from timm_lambda.docs import generated_files
+from dev.docs import generated_files
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env python
 """Print the README model table: every registered name, parameters, the paper's count, default resolution, what it
-reproduces (timm_lambda.docs; README.md holds it as a generated block, see tools/generate.py).
+reproduces (tools/dev/docs.py; README.md holds it as a generated block, see tools/generate.py).
 
     python tools/model_table.py
     python tools/model_table.py --attention   # LambdaNetworks Table 3, AA paper Tables 3 and 6: ours vs paper
 """
 import argparse
 
-from timm_lambda.docs import attention_tables, model_table
+from dev.docs import attention_tables, model_table
 
 if __name__ == '__main__':
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])

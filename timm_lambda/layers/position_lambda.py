@@ -142,10 +142,11 @@ def choose_impl(impl: str, height: int, width: int, window: int, global_scope: b
     ``window`` is the number of context positions of one query block of the tiled form (:func:`tile_window`).
     The dense form computes ``|n|^2`` (query, context) pairs, the tiled one ``n_pad x window`` (its queries padded
     to whole 8x8 blocks, each against its block's window) at about a quarter of the cost per pair: dense while
-    ``4 |n|^2 <= n_pad x window``. Measured (``tools/benchmark_lambda_layer.py --sweep``, 2 CPU cores,
-    docs/benchmarks.md): for the 23x23 scope dense is faster at 14, 15 and 17 px, tiled at 16 and from 18 px
-    (the rule misses only 18 px, by 7%); for the 7x7 scope with |u|=4, dense at 7, 9, 10 px, tiled at 8 and from
-    12 px. The rule is the same on every device (no GPU measurement exists yet).
+    ``4 |n|^2 <= n_pad x window``. Measured (docs/results/sweep_scope23.json, sweep_scope7_u4.json, 2 CPU cores):
+    the rule picks the clearly faster form at every size where one is (23x23 scope: dense up to 14 px, tiled
+    from 22 px; 7x7 scope with |u|=4: dense at 5-7 and 9 px, tiled from 12 px; tests/test_lambda_impl_rule.py);
+    at 16-20 px and at 8 and 10 px the two forms are within each other's spread. The rule is the same on every
+    device (no GPU measurement exists yet).
     """
     if impl != 'auto':
         return impl

@@ -10,7 +10,9 @@ import re
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from .paper import AA_TABLE3, AA_TABLE6, LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS, TABLE14, TABLE20, TABLE3
+from timm_lambda.paper import (AA_TABLE3, AA_TABLE6, LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS, TABLE3, TABLE14,
+                               TABLE20)
+
 from .recipes import all_recipes, mmdet_config_name, mmdet_configs, mmdet_metafile
 
 __all__ = ['model_table', 'attention_tables', 'table14_table', 'recipes_table', 'DOC_BLOCKS', 'render_blocks',
@@ -103,8 +105,7 @@ def model_table() -> str:
     """Every registered model: parameters (1000 classes), the paper's count, default resolution and tags."""
     import timm
 
-    from . import registered_models
-    from .models.lambda_resnet import LambdaResNet  # noqa: F401  (registers)
+    from timm_lambda import registered_models
     order = ([f'lambdaresnet{d}' for d in STAGE_DEPTHS] + [f'lambdaresnet{d}_c4' for d in STAGE_DEPTHS]
              + [f'resnetrs{d}_nose' for d in STAGE_DEPTHS])
     names = [n for n in order if n in registered_models()] + [n for n in registered_models() if n not in order]

@@ -2,7 +2,7 @@
 
 Steps (:func:`run`):
 
-1. generate a deterministic COCO-format instance-segmentation set (:mod:`timm_lambda_mmdet.synthetic_coco`:
+1. generate a deterministic COCO-format instance-segmentation set (:mod:`dev.synthetic_coco`:
    four shape classes with polygon masks, crowd regions, images without objects) with separate train and
    held-out val images;
 2. train Mask R-CNN + FPN with a LambdaResNet backbone from the paper's Table 14 config
@@ -21,7 +21,8 @@ from typing import Optional
 
 import numpy as np
 
-from .overrides import small_run_overrides
+from timm_lambda_mmdet.overrides import small_run_overrides
+
 from .synthetic_coco import make_coco_dataset
 
 __all__ = ['DEFAULTS', 'CONFIG_NAME', 'build_config', 'run']

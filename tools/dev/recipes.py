@@ -1,7 +1,7 @@
 """Training recipes generated from the paper facts in :mod:`timm_lambda.paper`, and their checks.
 
 * timm ``train.py`` recipes (``configs/timm/*.yaml``): :func:`all_recipes`, from the templates in
-  ``timm_lambda/recipe_templates/`` (``str.format`` fields in braces, filled from the paper facts);
+  ``tools/dev/recipe_templates/`` (``str.format`` fields in braces, filled from the paper facts);
 * MMDetection configs of Table 14 (``configs/mmdet/*.py``): :func:`mmdet_configs`, and their
   ``configs/mmdet/metafile.yml`` in the format of mmdet's own configs (:func:`mmdet_metafile`);
 * the argument names of timm's ``train.py`` (:func:`parse_train_py`, read with :mod:`ast`, nothing executed),
@@ -17,7 +17,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
-from .paper import COCO_SETUP, RESOLUTIONS, TABLE14, TABLE18_TOP1, TABLE20, TABLE3_TOP1
+from timm_lambda.paper import COCO_SETUP, RESOLUTIONS, TABLE14, TABLE18_TOP1, TABLE20, TABLE3_TOP1
 
 __all__ = ['all_recipes', 'recipe_350', 'recipe_90', 'mmdet_configs', 'mmdet_config_name', 'mmdet_metafile',
            'parse_train_py',
