@@ -8,9 +8,10 @@ from torch import nn
 
 import timm
 from timm.models import save_for_hf
-from timm.layers import SEModule
+from timm.models.resnet import BasicBlock, Bottleneck
+from timm.layers import BlurPool2d, SEModule
 
-from timm_lambda.layers import LambdaLayer
+from timm_lambda.layers import AugmentedConv2d, AxialSelfAttention2d, LambdaLayer, LocalSelfAttention2d
 from timm_lambda.paper import LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS
 
 DEPTHS = sorted(STAGE_DEPTHS)
@@ -117,6 +118,8 @@ def test_table19_lambda_positions_and_se(depth):
     assert not any(_is_lambda(b) for b in list(model.layer1) + list(model.layer2))
     for stage_idx, stage in enumerate(stages):
         for blk in stage:
+            # timm's Bottleneck (its forward, names and zero_init_last), a subclass where a lambda layer replaced conv2
+            assert isinstance(blk, Bottleneck) and (type(blk) is Bottleneck) != _is_lambda(blk)
             if _is_lambda(blk):
                 assert blk.se is None  # no SE in lambda bottlenecks (F.2)
                 lam = blk.conv2
@@ -174,6 +177,53 @@ def test_global_scope_model_needs_img_size():
     assert model(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
     with pytest.raises(ValueError, match='max_size'):
         model(torch.randn(1, 3, 96, 96))
+
+
+def _projection(layer: nn.Module):
+    """The projection weight a layer initialises itself (F.2 for lambda layers: W_K, W_V ~ N(0, d^-1/2); timm's
+    attention layers: trunc_normal(fan_in^-1/2) on q/k/v) and that std."""
+    if isinstance(layer, LambdaLayer):
+        return layer.qkv.weight[layer.heads * layer.dim_k:], layer.dim ** -0.5
+    if isinstance(layer, AugmentedConv2d):
+        layer = layer.attn
+    elif isinstance(layer, AxialSelfAttention2d):
+        layer = layer.height_attn
+    w = (layer.q if isinstance(layer, LocalSelfAttention2d) else layer.qkv).weight
+    return w, w.shape[1] ** -0.5
+
+
+@pytest.mark.parametrize('name,kwargs', [
+    ('resnet50_lambda', {}),
+    ('aa_resnet34', dict(kappa=0.1, upsilon=0.1)),
+    ('aa_resnet50', {}),
+    ('resnet50_global_attn', dict(img_size=64)),
+    ('resnet50_axial_attn', dict(img_size=64, qk_ratio=1.0)),
+    ('resnet50_local_attn7', {}),
+])
+def test_init_weights_gives_the_layers_their_own_init_after_timms(name, kwargs):
+    """timm's ResNet.init_weights draws every Conv2d from kaiming_normal(fan_out); each block's lambda or
+    attention layer then re-draws its projections with its own init, at construction and on a later
+    ``init_weights()``."""
+    model = timm.create_model(name, layers=(1, 1, 1, 1), **kwargs)
+    for _ in range(2):
+        blocks = [b for b in model.modules() if type(b) not in (Bottleneck, BasicBlock)
+                  and isinstance(b, (Bottleneck, BasicBlock))]
+        assert len(blocks) >= 3
+        for blk in blocks:
+            w, std = _projection(blk.conv1 if isinstance(blk, BasicBlock) else blk.conv2)
+            kaiming = (2 / w.shape[0]) ** 0.5  # 1x1 convolutions: fan_out = output channels
+            assert abs(std - kaiming) > 0.1 * std  # the two inits are told apart
+            assert w.std().item() == pytest.approx(std, rel=0.05), (name, blk)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+        model.init_weights()
+
+
+@pytest.mark.parametrize('kwargs', [dict(aa_layer=BlurPool2d), dict(cardinality=32, base_width=4)])
+def test_blocks_with_a_lambda_layer_refuse_grouped_or_anti_aliased_convolutions(kwargs):
+    with pytest.raises(ValueError, match='cardinality=1, no aa_layer'):
+        timm.create_model('resnet50_lambda', layers=(1, 1, 1, 1), **kwargs)
 
 
 def test_bad_lambda_blocks_are_rejected():

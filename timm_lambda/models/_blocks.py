@@ -1,27 +1,29 @@
-"""ResNet blocks whose 3x3 convolution is another spatial mixer, the stage adapter that builds them, and the
-stage geometry that sizes the mixers' position tables.
+"""timm's ResNet blocks with a lambda or attention layer in place of a 3x3 convolution, the ResNet they build
+(:class:`HybridResNet`, the base of the LambdaResNets and the attention baselines), and the stage geometry that
+sizes those layers' position tables.
 
-A LambdaResNet (LambdaNetworks appendix F.2) or an attention ResNet is timm's
-:class:`~timm.models.resnet.ResNet` in which chosen blocks replace a 3x3 convolution by a lambda layer or an
-attention layer. timm's ``make_blocks`` calls one ``block_fn`` per stage for every block of that stage, in
-order; :class:`StageBlocks` is such a ``block_fn``: it builds block ``i`` either as timm's own
-:class:`~timm.models.resnet.Bottleneck` / :class:`~timm.models.resnet.BasicBlock` or as a
-:class:`MixerBottleneck` / :class:`MixerBasicBlock`, with the stage's norm layer and ``device``/``dtype``
-factory kwargs.
+A LambdaResNet (LambdaNetworks section 5.3, appendix F.2) or an attention ResNet is timm's
+:class:`~timm.models.resnet.ResNet` in which chosen blocks are :class:`SpatialBottleneck` /
+:class:`SpatialBasicBlock`: timm's :class:`~timm.models.resnet.Bottleneck` / :class:`~timm.models.resnet.BasicBlock`
+whose 3x3 convolution is replaced, after timm has built the block, by ``spatial_layer(...)``.
 """
 import math
 from functools import partial
-from typing import Any, Callable, Collection, Optional, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
+import torch
 from torch import nn
-from timm.layers import create_attn, get_norm_layer
-from timm.models.resnet import BasicBlock, Bottleneck
+from timm.layers import get_norm_layer
+from timm.models.resnet import BasicBlock, Bottleneck, ResNet
 
-__all__ = ['MixerBottleneck', 'MixerBasicBlock', 'StageBlocks', 'stage_sizes', 'norm_with_bn_args',
-           'check_output_stride', 'OUTPUT_STRIDES']
+from ..layers.checks import to_int
+
+__all__ = ['SpatialBottleneck', 'SpatialBasicBlock', 'HybridResNet', 'stage_sizes', 'norm_with_bn_args',
+           'check_layers', 'check_stages', 'check_output_stride', 'OUTPUT_STRIDES']
 
 Size = Tuple[int, int]
-
+# spatial_layer(in_chs, out_chs, stride=, dilation=, norm_layer=, device=, dtype=) -> nn.Module
+SpatialLayer = Callable[..., nn.Module]
 
 OUTPUT_STRIDES = (8, 16, 32)
 
@@ -31,6 +33,21 @@ def check_output_stride(output_stride) -> int:
     if isinstance(output_stride, bool) or output_stride not in OUTPUT_STRIDES:
         raise ValueError(f'output_stride must be one of {OUTPUT_STRIDES}, got {output_stride!r}')
     return int(output_stride)
+
+
+def check_layers(layers) -> Tuple[int, ...]:
+    """Blocks per stage c2..c5: four ints >= 1."""
+    layers = tuple(to_int(d, 'layers') for d in layers)
+    if len(layers) != 4:
+        raise ValueError(f'layers needs 4 entries (blocks in c2..c5), got {layers!r}')
+    return layers
+
+
+def check_stages(stages, name: str) -> Tuple[int, ...]:
+    """Stage indices 0..3 (c2..c5), sorted and without repeats."""
+    if isinstance(stages, (str, int)) or any(isinstance(s, bool) or s not in (0, 1, 2, 3) for s in stages):
+        raise ValueError(f'{name} must hold stage indices 0..3 (c2..c5), got {stages!r}')
+    return tuple(sorted(set(stages)))
 
 
 def stage_sizes(img_size: Optional[Size], stem_reduction: int = 4,
@@ -66,170 +83,104 @@ def norm_with_bn_args(norm_layer, bn_momentum: Optional[float] = None, bn_eps: O
     return partial(norm_layer, **bound) if bound else norm_layer
 
 
-def _dilation_arg(dilation: int) -> dict:
-    """``{'dilation': d}`` for a dilated block's mixer, nothing at dilation 1 (mixers built without it)."""
-    return {'dilation': dilation} if dilation > 1 else {}
+class _SpatialLayerBlock:
+    """A timm ResNet block whose 3x3 convolution ``replaced`` is, once timm has built the block,
+    ``spatial_layer(in_chs, out_chs, stride=, dilation=, norm_layer=, device=, dtype=)``: the layer downsamples
+    itself when ``stride == 2`` and takes the dilation timm gave the convolution (> 1 in the stages timm dilates
+    for ``output_stride`` 16 or 8). Names, ``forward`` and ``zero_init_last`` stay timm's, so checkpoints and
+    tools treat both alike."""
+    replaced: str
 
-
-class MixerBottleneck(nn.Module):
-    """timm's ResNet bottleneck (1x1, mixer, 1x1, residual) with ``mixer`` in place of the 3x3 convolution.
-
-    ``mixer(in_chs, out_chs, stride=stride, norm_layer=norm_layer, device=, dtype=)`` builds the spatial
-    layer (it downsamples itself when ``stride == 2``); in a dilated stage (timm's ``output_stride`` 16 or 8)
-    it also gets ``dilation=first_dilation or dilation`` (the dilation timm gives its 3x3 convolution) when
-    that is > 1. Parameter names, ``forward`` and ``zero_init_last``
-    are timm's :class:`~timm.models.resnet.Bottleneck`'s, so checkpoints and tools treat both alike.
-    Shapes: ``[B, inplanes, H, W] -> [B, 4 planes, H / stride, W / stride]``.
-    """
-    expansion = 4
-
-    def __init__(
-            self,
-            inplanes: int,
-            planes: int,
-            stride: int = 1,
-            downsample: Optional[nn.Module] = None,
-            cardinality: int = 1,
-            base_width: int = 64,
-            reduce_first: int = 1,
-            dilation: int = 1,
-            first_dilation: Optional[int] = None,
-            act_layer: Callable[..., nn.Module] = nn.ReLU,
-            norm_layer: Callable[..., nn.Module] = nn.BatchNorm2d,
-            attn_layer: Optional[Any] = None,
-            aa_layer: Optional[Any] = None,
-            drop_block: Optional[Callable[[], nn.Module]] = None,
-            drop_path: Optional[nn.Module] = None,
-            mixer: Callable[..., nn.Module] = None,
-            device=None,
-            dtype=None,
-    ):
-        super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        if mixer is None:
-            raise ValueError('MixerBottleneck needs a mixer (the layer that replaces the 3x3 convolution)')
+    def __init__(self, inplanes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None, *,
+                 spatial_layer: SpatialLayer, cardinality: int = 1, aa_layer: Any = None,
+                 norm_layer: Callable[..., nn.Module] = nn.BatchNorm2d, device=None, dtype=None, **kwargs):
         if cardinality != 1 or aa_layer is not None:
-            raise ValueError('blocks with a lambda layer or attention support plain bottlenecks only: '
-                             f'cardinality=1, no aa_layer; got cardinality={cardinality}, aa_layer={aa_layer}')
-        width = int(math.floor(planes * (base_width / 64)))
-        first_planes = width // reduce_first
-        outplanes = planes * self.expansion
-
-        self.conv1 = nn.Conv2d(inplanes, first_planes, kernel_size=1, bias=False, **dd)
-        self.bn1 = norm_layer(first_planes, **dd)
-        self.act1 = act_layer(inplace=True)
-        self.conv2 = mixer(first_planes, width, stride=stride, norm_layer=norm_layer,
-                           **_dilation_arg(first_dilation or dilation), **dd)
-        self.bn2 = norm_layer(width, **dd)
-        self.drop_block = drop_block() if drop_block is not None else nn.Identity()
-        self.act2 = act_layer(inplace=True)
-        self.aa = nn.Identity()
-        self.conv3 = nn.Conv2d(width, outplanes, kernel_size=1, bias=False, **dd)
-        self.bn3 = norm_layer(outplanes, **dd)
-        self.se = create_attn(attn_layer, outplanes, **dd)
-        self.act3 = act_layer(inplace=True)
-        self.downsample = downsample
-        self.stride = stride
-        self.dilation = dilation
-        self.drop_path = drop_path
-
-    zero_init_last = Bottleneck.zero_init_last
-    forward = Bottleneck.forward
+            raise ValueError('blocks with a lambda or attention layer support plain blocks only: cardinality=1, '
+                             f'no aa_layer; got cardinality={cardinality}, aa_layer={aa_layer}')
+        super().__init__(inplanes, planes, stride, downsample, norm_layer=norm_layer, device=device, dtype=dtype,
+                         **kwargs)
+        conv = getattr(self, self.replaced)
+        setattr(self, self.replaced, spatial_layer(conv.in_channels, conv.out_channels, stride=stride,
+                                                   dilation=conv.dilation[0], norm_layer=norm_layer,
+                                                   device=device, dtype=dtype))
 
 
-class MixerBasicBlock(nn.Module):
-    """timm's ResNet basic block (3x3, 3x3, residual) with ``mixer`` in place of the first 3x3 convolution.
+class SpatialBottleneck(_SpatialLayerBlock, Bottleneck):
+    """timm's :class:`~timm.models.resnet.Bottleneck` (1x1, 3x3, 1x1, residual) with ``spatial_layer`` (a lambda or
+    attention layer) in place of its 3x3 convolution ``conv2``.
+    Shapes: ``[B, inplanes, H, W] -> [B, 4 planes, H / stride, W / stride]``."""
+    replaced = 'conv2'
 
-    ``mixer(in_chs, out_chs, stride=stride, norm_layer=norm_layer, device=, dtype=)`` builds the layer (it
-    downsamples itself; ``dilation`` as in :class:`MixerBottleneck`). Parameter names, ``forward`` and ``zero_init_last`` are timm's
-    :class:`~timm.models.resnet.BasicBlock`'s.
-    """
-    expansion = 1
 
-    def __init__(
-            self,
-            inplanes: int,
-            planes: int,
-            stride: int = 1,
-            downsample: Optional[nn.Module] = None,
-            cardinality: int = 1,
-            base_width: int = 64,
-            reduce_first: int = 1,
-            dilation: int = 1,
-            first_dilation: Optional[int] = None,
-            act_layer: Callable[..., nn.Module] = nn.ReLU,
-            norm_layer: Callable[..., nn.Module] = nn.BatchNorm2d,
-            attn_layer: Optional[Any] = None,
-            aa_layer: Optional[Any] = None,
-            drop_block: Optional[Callable[[], nn.Module]] = None,
-            drop_path: Optional[nn.Module] = None,
-            mixer: Callable[..., nn.Module] = None,
-            device=None,
-            dtype=None,
-    ):
+class SpatialBasicBlock(_SpatialLayerBlock, BasicBlock):
+    """timm's :class:`~timm.models.resnet.BasicBlock` (3x3, 3x3, residual) with ``spatial_layer`` in place of its
+    first 3x3 convolution ``conv1`` (the AA paper augments the first convolution of a Wide-ResNet block).
+    Shapes: ``[B, inplanes, H, W] -> [B, planes, H / stride, W / stride]``."""
+    replaced = 'conv1'
+
+
+class _BlockArgs(nn.Module):
+    """Stands in for one block while timm's ``make_blocks`` lays out the stages: it keeps the arguments
+    ``make_blocks`` computed for the block (stride, downsample, dilation, drop path, ...), which
+    :class:`HybridResNet` then builds with the block's index (``make_blocks`` passes the blocks none)."""
+
+    def __init__(self, *args, **kwargs):
         super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        if mixer is None:
-            raise ValueError('MixerBasicBlock needs a mixer (the layer that replaces the first 3x3 convolution)')
-        if cardinality != 1 or base_width != 64 or aa_layer is not None:
-            raise ValueError('basic blocks with attention support plain blocks only: cardinality=1, base_width=64, '
-                             f'no aa_layer; got cardinality={cardinality}, base_width={base_width}, '
-                             f'aa_layer={aa_layer}')
-        first_planes = planes // reduce_first
-        outplanes = planes * self.expansion
-        self.conv1 = mixer(inplanes, first_planes, stride=stride, norm_layer=norm_layer,
-                           **_dilation_arg(first_dilation or dilation), **dd)
-        self.bn1 = norm_layer(first_planes, **dd)
-        self.drop_block = drop_block() if drop_block is not None else nn.Identity()
-        self.act1 = act_layer(inplace=True)
-        self.aa = nn.Identity()
-        self.conv2 = nn.Conv2d(first_planes, outplanes, kernel_size=3, padding=dilation, dilation=dilation,
-                               bias=False, **dd)
-        self.bn2 = norm_layer(outplanes, **dd)
-        self.se = create_attn(attn_layer, outplanes, **dd)
-        self.act2 = act_layer(inplace=True)
-        self.downsample = downsample
-        self.stride = stride
-        self.dilation = dilation
-        self.drop_path = drop_path
-
-    zero_init_last = BasicBlock.zero_init_last
-    forward = BasicBlock.forward
+        self.args, self.kwargs = args, kwargs
 
 
-class StageBlocks:
-    """A ``block_fn`` for timm's ``make_blocks``: the blocks of one stage, some with ``mixer``.
+class _BottleneckArgs(_BlockArgs):
+    expansion = Bottleneck.expansion
+
+
+class _BasicBlockArgs(_BlockArgs):
+    expansion = BasicBlock.expansion
+
+
+class HybridResNet(ResNet):
+    """timm's :class:`~timm.models.resnet.ResNet` whose blocks are chosen one by one: block ``block_idx`` of stage
+    ``stage_idx`` (c2 = 0) is a :class:`SpatialBottleneck` / :class:`SpatialBasicBlock` with
+    ``spatial_layer(stage_idx, block_idx, stride)`` when that returns a layer factory, and timm's own block (with
+    ``conv_attn[stage_idx]``, e.g. SE) when it returns None.
+
+    timm's ``make_blocks`` computes every block's stride, dilation, shortcut and drop-path rate; this class lets
+    it do so with stand-ins and builds each block from those arguments and its index.
 
     Args:
-        mixer: builds the spatial layer of the mixer blocks (see :class:`MixerBottleneck`); None: every block
-            is timm's plain block.
-        mixer_blocks: 0-based indices of the blocks that use ``mixer`` (None: every block).
+        layers: blocks per stage (c2..c5).
+        spatial_layer: ``(stage_idx, block_idx, stride) -> layer factory or None``.
         basic: basic blocks (ResNet-18/34) instead of bottlenecks.
-        attn_layer: timm attention (e.g. SE) of the plain blocks; ``mixer_attn_layer`` that of the mixer blocks.
-        strided_mixer: the mixer of a block with stride 2 (default ``mixer``), e.g. one sized for the
-            previous stage's resolution.
-
-    ``make_blocks`` calls it once per block, in order; the call count is the block index within the stage.
+        conv_attn: per stage, the timm attention (``attn_layer``) of its convolutional blocks.
+        bn_momentum, bn_eps: batch-norm settings for every norm layer (timm train.py arguments).
+        norm_layer: normalisation layer of every block, the spatial layers' included.
+        **kwargs: timm ResNet arguments (stem_type, avg_down, output_stride, drop_path_rate, device, ...).
     """
+    stem_reduction = 4  # input / c2 resolution (7x7 or deep stride-2 stem + stride-2 pool); sizes global tables
 
-    def __init__(self, mixer: Optional[Callable[..., nn.Module]] = None, mixer_blocks: Optional[Collection[int]] = None,
-                 basic: bool = False, attn_layer: Optional[Any] = None, mixer_attn_layer: Optional[Any] = None,
-                 strided_mixer: Optional[Callable[..., nn.Module]] = None):
-        self.mixer = mixer
-        self.strided_mixer = strided_mixer or mixer
-        self.mixer_blocks = None if mixer_blocks is None else frozenset(mixer_blocks)
-        self.basic = basic
-        self.expansion = 1 if basic else 4
-        self.attn_layer = attn_layer
-        self.mixer_attn_layer = mixer_attn_layer
-        self._index = 0
+    def __init__(self, layers: Sequence[int], spatial_layer: Callable[[int, int, int], Optional[SpatialLayer]],
+                 basic: bool = False, conv_attn: Sequence[Any] = (None,) * 4, bn_momentum: Optional[float] = None,
+                 bn_eps: Optional[float] = None, norm_layer: Any = nn.BatchNorm2d, zero_init_last: bool = True,
+                 **kwargs):
+        norm_layer = norm_with_bn_args(norm_layer, bn_momentum, bn_eps)
+        super().__init__(block=_BasicBlockArgs if basic else _BottleneckArgs, layers=layers, norm_layer=norm_layer,
+                         zero_init_last=zero_init_last, **kwargs)
+        plain, spatial = (BasicBlock, SpatialBasicBlock) if basic else (Bottleneck, SpatialBottleneck)
+        for stage_idx in range(len(layers)):
+            stage = getattr(self, f'layer{stage_idx + 1}')
+            for block_idx, block in enumerate(stage):
+                stride = block.args[2]  # make_blocks calls block_fn(inplanes, planes, stride, downsample, **kwargs)
+                layer = spatial_layer(stage_idx, block_idx, stride)
+                if layer is None:
+                    stage[block_idx] = plain(*block.args, attn_layer=conv_attn[stage_idx], **block.kwargs)
+                else:
+                    stage[block_idx] = spatial(*block.args, spatial_layer=layer, **block.kwargs)
+        self.init_weights(zero_init_last=zero_init_last)
 
-    def __call__(self, inplanes: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None,
-                 **kwargs) -> nn.Module:
-        index, self._index = self._index, self._index + 1
-        if self.mixer is None or (self.mixer_blocks is not None and index not in self.mixer_blocks):
-            block = BasicBlock if self.basic else Bottleneck
-            return block(inplanes, planes, stride, downsample, attn_layer=self.attn_layer, **kwargs)
-        block = MixerBasicBlock if self.basic else MixerBottleneck
-        mixer = self.strided_mixer if stride == 2 else self.mixer
-        return block(inplanes, planes, stride, downsample, mixer=mixer, attn_layer=self.mixer_attn_layer, **kwargs)
+    @torch.jit.ignore
+    def init_weights(self, zero_init_last: bool = True) -> None:
+        """timm's ResNet initialisation, then the spatial layers' own (timm's kaiming init of every convolution
+        would otherwise overwrite their query/key/value projections; F.2 for the lambda layers)."""
+        super().init_weights(zero_init_last=zero_init_last)
+        for m in self.modules():
+            if isinstance(m, _SpatialLayerBlock):
+                getattr(m, m.replaced).reset_parameters()

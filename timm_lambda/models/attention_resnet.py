@@ -11,8 +11,8 @@ layer in place of its (first) 3x3 convolution, built at construction:
 * ``'axial'``: :class:`~timm_lambda.layers.AxialSelfAttention2d`,
 * ``'local'``: :class:`~timm_lambda.layers.LocalSelfAttention2d` (timm's HaloAttn with one-pixel blocks).
 
-Bottleneck blocks are :class:`~timm_lambda.models._blocks.MixerBottleneck` (timm's Bottleneck forward);
-basic blocks (ResNet-34) are :class:`~timm_lambda.models._blocks.MixerBasicBlock` (timm's BasicBlock forward,
+Bottleneck blocks are :class:`~timm_lambda.models._blocks.SpatialBottleneck` (timm's Bottleneck, attention in
+``conv2``); basic blocks (ResNet-34) are :class:`~timm_lambda.models._blocks.SpatialBasicBlock` (timm's BasicBlock,
 attention in ``conv1``: the AA paper augments one convolution per residual block, the first one in its
 Wide-ResNets).
 
@@ -27,20 +27,14 @@ The lambda rows of Table 4 (|k| = 8, shared embeddings, lambda convolution 7x7) 
 """
 import math
 from functools import partial
-from typing import Any, Optional, Sequence, Tuple, Union
-
-import torch
-from torch import nn
+from typing import Optional, Sequence, Tuple, Union
 
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models.resnet import ResNet
 
-from ..layers.attention_augmented import AugmentedConv2d
+from ..layers import AugmentedConv2d, AxialSelfAttention2d, LocalSelfAttention2d, RelPosSelfAttention2d
 from ..layers.checks import check_ratio, to_int, to_pair
-from ..layers.relative_attention import (AxialAttention1d, AxialSelfAttention2d, LocalSelfAttention2d,
-                                         RelPosSelfAttention2d)
 from ..paper import STAGE_DEPTHS
-from ._blocks import StageBlocks, check_output_stride, norm_with_bn_args, stage_sizes
+from ._blocks import HybridResNet, check_layers, check_stages, stage_sizes
 from ._pretrained import AA_PAPER, cfg
 
 __all__ = ['AttentionResNet', 'ATTENTIONS']
@@ -56,7 +50,7 @@ _OPTIONS = {
 }
 
 
-def _aa_mixer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, kappa=0.2, upsilon=0.1, num_heads=8,
+def _aa_layer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, kappa=0.2, upsilon=0.1, num_heads=8,
               min_dim_head_k=20, attn_downsample=False, dilation=1, device=None, dtype=None):
     size = None
     if in_size is not None:  # attention at the output resolution, halved again when downsampled
@@ -67,28 +61,28 @@ def _aa_mixer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, kappa=0.
                            dilation=dilation, device=device, dtype=dtype)
 
 
-def _global_mixer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, num_heads=8, qk_ratio=1.0,
+def _global_layer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, num_heads=8, qk_ratio=1.0,
                   dilation=1, device=None, dtype=None):  # global: nothing to dilate (tables sized by in_size)
     return RelPosSelfAttention2d(in_chs, out_chs, feat_size=in_size, stride=stride, num_heads=num_heads,
                                  qk_ratio=qk_ratio, device=device, dtype=dtype)
 
 
-def _axial_mixer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, num_heads=8, qk_ratio=0.5,
+def _axial_layer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, num_heads=8, qk_ratio=0.5,
                  dilation=1, device=None, dtype=None):  # whole rows / columns: nothing to dilate
     return AxialSelfAttention2d(in_chs, out_chs, feat_size=in_size, stride=stride, num_heads=num_heads,
                                 qk_ratio=qk_ratio, device=device, dtype=dtype)
 
 
-def _local_mixer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, num_heads=8, qk_ratio=1.0,
+def _local_layer(in_chs, out_chs, stride=1, in_size=None, norm_layer=None, num_heads=8, qk_ratio=1.0,
                  kernel_size=7, dilation=1, device=None, dtype=None):
     return LocalSelfAttention2d(in_chs, out_chs, stride=stride, num_heads=num_heads, kernel_size=kernel_size,
                                 qk_ratio=qk_ratio, dilation=dilation, device=device, dtype=dtype)
 
 
-_MIXERS = {'aa': _aa_mixer, 'global': _global_mixer, 'axial': _axial_mixer, 'local': _local_mixer}
+_LAYERS = {'aa': _aa_layer, 'global': _global_layer, 'axial': _axial_layer, 'local': _local_layer}
 
 
-class AttentionResNet(ResNet):
+class AttentionResNet(HybridResNet):
     """timm ResNet whose blocks in ``attn_stages`` use an attention layer in place of a 3x3 convolution.
 
     Args:
@@ -109,10 +103,8 @@ class AttentionResNet(ResNet):
             which serves any size.
         output_stride: 32 (default), 16 or 8 (timm's ResNet argument): dilated stages keep the resolution (tables
             sized for it; the AA convolution and local attention dilated, global and axial attention unchanged).
-        bn_momentum, bn_eps: batch-norm settings for every norm layer (timm train.py arguments).
-        norm_layer: normalisation layer of every block.
-        device, dtype: factory kwargs.
-        **kwargs: timm ResNet arguments (stem_type, drop_rate, drop_path_rate, ...).
+        bn_momentum, bn_eps, norm_layer, device, dtype and other timm ResNet arguments (stem_type, drop_rate,
+            drop_path_rate, ...): see :class:`~timm_lambda.models._blocks.HybridResNet`.
     """
 
     def __init__(
@@ -129,23 +121,14 @@ class AttentionResNet(ResNet):
             qk_ratio: Optional[float] = None,
             kernel_size: Optional[int] = None,
             img_size: Optional[Union[int, Tuple[int, int]]] = None,
-            bn_momentum: Optional[float] = None,
-            bn_eps: Optional[float] = None,
-            norm_layer: Any = nn.BatchNorm2d,
-            device=None,
-            dtype=None,
             **kwargs,
     ):
-        layers = tuple(to_int(d, 'layers') for d in layers)
-        if len(layers) != 4:
-            raise ValueError(f'layers needs 4 entries (blocks in c2..c5), got {layers!r}')
+        layers = check_layers(layers)
         if block not in ('bottleneck', 'basic'):
             raise ValueError(f"block must be 'bottleneck' or 'basic', got {block!r}")
         if attention not in ATTENTIONS:
             raise ValueError(f'attention must be one of {ATTENTIONS}, got {attention!r}')
-        if isinstance(attn_stages, (str, int)) or any(isinstance(s, bool) or s not in (0, 1, 2, 3) for s in attn_stages):
-            raise ValueError(f'attn_stages must hold stage indices 0..3 (c2..c5), got {attn_stages!r}')
-        attn_stages = tuple(sorted(set(attn_stages)))
+        attn_stages = check_stages(attn_stages, 'attn_stages')
         given = dict(kappa=kappa, upsilon=upsilon, min_dim_head_k=min_dim_head_k, attn_downsample=attn_downsample,
                      qk_ratio=qk_ratio, kernel_size=kernel_size, img_size=img_size)
         defaults = _OPTIONS[attention]
@@ -168,37 +151,25 @@ class AttentionResNet(ResNet):
             if opts['kernel_size'] % 2 == 0:
                 raise ValueError(f"kernel_size must be odd and >= 3, got {opts['kernel_size']}")
         size = to_pair(opts.pop('img_size'), 'img_size') if 'img_size' in opts else None
-        norm_layer = norm_with_bn_args(norm_layer, bn_momentum, bn_eps)
-        dd = {'device': device, 'dtype': dtype}
 
         # output_stride 16 / 8: dilated stages keep their resolution; tables are sized for it, the AA convolution
         # and local attention take the dilation, global and axial attention have none to take
-        sizes = stage_sizes(size, output_stride=check_output_stride(kwargs.get('output_stride', 32)))
-        plans = []
-        for stage in range(4):
-            if stage not in attn_stages:
-                plans.append(StageBlocks(basic=block == 'basic'))
-                continue
+        sizes = stage_sizes(size, output_stride=kwargs.get('output_stride', 32))
+
+        def spatial_layer(stage_idx: int, block_idx: int, stride: int):
+            if stage_idx not in attn_stages:
+                return None
             stage_opts = dict(opts)
-            if 'attn_downsample' in stage_opts:
-                stage_opts['attn_downsample'] = opts['attn_downsample'] and stage == attn_stages[0]
-            mixer = partial(_MIXERS[attention], num_heads=num_heads, **stage_opts)
+            if 'attn_downsample' in stage_opts:  # only the first attention stage attends at half resolution
+                stage_opts['attn_downsample'] = opts['attn_downsample'] and stage_idx == attn_stages[0]
             # a strided block attends at the previous stage's resolution (it downsamples itself)
-            plans.append(StageBlocks(partial(mixer, in_size=sizes[stage]), basic=block == 'basic',
-                                     strided_mixer=partial(mixer, in_size=sizes[max(stage - 1, 0)])))
-        super().__init__(block=tuple(plans), layers=layers, norm_layer=norm_layer, **dd, **kwargs)
+            in_size = sizes[max(stage_idx - 1, 0)] if stride == 2 else sizes[stage_idx]
+            return partial(_LAYERS[attention], in_size=in_size, num_heads=num_heads, **stage_opts)
+
+        super().__init__(layers, spatial_layer, basic=block == 'basic', **kwargs)
         self.attention = attention
         self.attn_stages = attn_stages
         self.img_size = size
-
-    @torch.jit.ignore
-    def init_weights(self, zero_init_last: bool = True) -> None:
-        """timm's ResNet initialisation, then the attention layers' own (timm's kaiming init of every
-        convolution would otherwise overwrite their q/k/v projections)."""
-        super().init_weights(zero_init_last=zero_init_last)
-        for m in self.modules():
-            if isinstance(m, (RelPosSelfAttention2d, AxialAttention1d, LocalSelfAttention2d)):
-                m.reset_parameters()
 
 
 # Vanilla ResNet preprocessing at 224 px (AA paper: standard Inception augmentation; LambdaNetworks Tables 3 and 4:

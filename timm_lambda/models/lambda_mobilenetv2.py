@@ -20,7 +20,7 @@ from ..layers import LambdaLayer
 from ._blocks import norm_with_bn_args
 from ._pretrained import cfg
 
-__all__ = ['LambdaMobileNetV2', 'lightweight_lambda_block']
+__all__ = ['LambdaMobileNetV2', 'LightweightLambdaBlock']
 
 # timm's MobileNet-v2 arch definition (Sandler et al. 2018, Table 2).
 _MOBILENETV2_ARCH = [
@@ -29,18 +29,18 @@ _MOBILENETV2_ARCH = [
 ]
 
 
-def lightweight_lambda_block(chs: int, dim_k: int = 32, heads: int = 4, scope: int = 5, drop_path_rate: float = 0.,
-                             act_layer=nn.ReLU6, norm_layer=nn.BatchNorm2d, dilation: int = 1, device=None,
-                             dtype=None) -> InvertedResidual:
-    """Non-expanding inverted bottleneck whose depthwise conv is a lambda convolution: ``[B, chs, H, W]`` in and out.
-    ``dilation``: that of the depthwise conv it replaces (timm's ``output_stride`` 16 / 8), the lambda
-    convolution's scope on a dilated grid (see :class:`~timm_lambda.layers.LambdaLayer`)."""
-    dd = {'device': device, 'dtype': dtype}
-    blk = InvertedResidual(chs, chs, exp_ratio=1.0, act_layer=act_layer, norm_layer=norm_layer,
-                           drop_path_rate=drop_path_rate, **dd)
-    blk.conv_dw = LambdaLayer(chs, chs, dim_k=dim_k, heads=heads, scope=scope, dilation=dilation,
-                              norm_layer=norm_layer, **dd)
-    return blk
+class LightweightLambdaBlock(InvertedResidual):
+    """timm's non-expanding inverted bottleneck whose depthwise convolution ``conv_dw`` is a lambda convolution
+    (E.4.2): ``[B, chs, H, W]`` in and out. ``dilation``: that of the depthwise conv it replaces (timm's
+    ``output_stride`` 16 / 8), the lambda convolution's scope on a dilated grid (see
+    :class:`~timm_lambda.layers.LambdaLayer`)."""
+
+    def __init__(self, chs: int, dim_k: int = 32, heads: int = 4, scope: int = 5, dilation: int = 1,
+                 act_layer=nn.ReLU6, norm_layer=nn.BatchNorm2d, device=None, dtype=None, **kwargs):
+        super().__init__(chs, chs, exp_ratio=1.0, act_layer=act_layer, norm_layer=norm_layer, device=device,
+                         dtype=dtype, **kwargs)
+        self.conv_dw = LambdaLayer(chs, chs, dim_k=dim_k, heads=heads, scope=scope, dilation=dilation,
+                                   norm_layer=norm_layer, device=device, dtype=dtype)
 
 
 class LambdaMobileNetV2(EfficientNet):
@@ -76,8 +76,8 @@ class LambdaMobileNetV2(EfficientNet):
                 raise ValueError(f'block {number} changes width or stride; lightweight lambda blocks '
                                  f'replace residual (same width, stride 1) blocks only')
             dilation = old.conv_dw.dilation[0]  # > 1 in stages timm dilates for output_stride 16 / 8
-            new = lightweight_lambda_block(old.conv_pwl.out_channels, dim_k, heads, scope, act_layer=act_layer,
-                                           norm_layer=norm_layer, dilation=dilation, device=device, dtype=dtype)
+            new = LightweightLambdaBlock(old.conv_pwl.out_channels, dim_k, heads, scope, dilation, act_layer=act_layer,
+                                         norm_layer=norm_layer, device=device, dtype=dtype)
             new.drop_path = old.drop_path
             self.blocks[s][i] = new
 

@@ -2,7 +2,7 @@
 
 Built on timm's own :class:`timm.models.resnet.ResNet` (stem, ResNet-D average-pool shortcuts, SE,
 DropPath, classifier, feature extraction, ``forward_intermediates``, gradient checkpointing). The
-bottlenecks listed in ``lambda_blocks`` are built as :class:`~timm_lambda.models._blocks.MixerBottleneck`
+bottlenecks listed in ``lambda_blocks`` are built as :class:`~timm_lambda.models._blocks.SpatialBottleneck`
 with a :class:`~timm_lambda.layers.LambdaLayer` in place of the 3x3 convolution (3x3 average pooling with
 stride 2 after the layer when the block downsamples) and no squeeze-and-excitation.
 
@@ -23,22 +23,20 @@ Choices where the paper is ambiguous (tested in tests/test_models.py, listed in 
 """
 import warnings
 from functools import partial
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
-import torch
 from torch import nn
 
 from timm.layers import get_attn
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
-from timm.models.resnet import ResNet
 
 from ..layers import LambdaLayer, RelativePositionEmbedding
 from ..layers.checks import check_scope, to_int, to_pair
 from ..paper import LAMBDA_BLOCKS, RESOLUTIONS, RESOLUTIONS_C4, STAGE_DEPTHS
-from ._blocks import StageBlocks, check_output_stride, norm_with_bn_args, stage_sizes
+from ._blocks import HybridResNet, check_layers, check_stages, stage_sizes
 from ._pretrained import RESNETRS_PAPER, cfg
 
-__all__ = ['LambdaResNet', 'norm_with_bn_args', 'stage_block_indices', 'checkpoint_filter_dli14', 'DLI14_MODEL',
+__all__ = ['LambdaResNet', 'stage_block_indices', 'checkpoint_filter_dli14', 'DLI14_MODEL',
            'DLI14_MODEL_ARGS']
 
 StageSpec = Union[None, str, int, Sequence[int]]
@@ -62,7 +60,7 @@ def stage_block_indices(spec: StageSpec, depth: int, stage: int) -> Tuple[int, .
     return tuple(sorted(i - 1 for i in set(numbers)))
 
 
-class LambdaResNet(ResNet):
+class LambdaResNet(HybridResNet):
     """timm ResNet whose selected bottlenecks use lambda layers (appendix F.2).
 
     Args:
@@ -81,12 +79,9 @@ class LambdaResNet(ResNet):
         output_stride: 32 (default), 16 or 8 (timm's ResNet argument, e.g. for DeepLab): the stages that would
             pass it keep the resolution; their lambda layers take ``dilation`` (local scope on a dilated grid)
             and global tables are sized for the larger maps.
-        bn_momentum, bn_eps: batch-norm settings for every norm layer (timm train.py arguments).
-        norm_layer: normalisation layer of every block, lambda layers included.
-        device, dtype: factory kwargs.
-        **kwargs: timm ResNet arguments (stem_type, avg_down, drop_rate, drop_path_rate, ...).
+        bn_momentum, bn_eps, norm_layer, device, dtype and other timm ResNet arguments (stem_type, avg_down,
+            drop_rate, drop_path_rate, ...): see :class:`~timm_lambda.models._blocks.HybridResNet`.
     """
-    stem_reduction = 4  # input / c2 resolution (7x7 or deep stride-2 stem + stride-2 pool); sizes global tables
 
     def __init__(
             self,
@@ -107,22 +102,16 @@ class LambdaResNet(ResNet):
             pool_count_include_pad: bool = False,
             shared_embeddings: bool = False,
             img_size: Optional[Union[int, Tuple[int, int]]] = None,
-            bn_momentum: Optional[float] = None,
-            bn_eps: Optional[float] = None,
-            norm_layer: Any = nn.BatchNorm2d,
             device=None,
             dtype=None,
             **kwargs,
     ):
-        layers = tuple(to_int(d, 'layers') for d in layers)
-        if len(layers) != 4:
-            raise ValueError(f'layers needs 4 entries (blocks in c2..c5), got {layers!r}')
+        layers = check_layers(layers)
         if isinstance(lambda_blocks, (str, int)) or len(lambda_blocks) != 4:
             raise ValueError(f"lambda_blocks needs 4 entries (c2..c5), each None, 'all' or block numbers, "
                              f'got {lambda_blocks!r}')
         positions = [stage_block_indices(spec, d, i) for i, (spec, d) in enumerate(zip(lambda_blocks, layers))]
-        if any(isinstance(s, bool) or s not in (0, 1, 2, 3) for s in se_stages):
-            raise ValueError(f'se_stages must hold stage indices 0..3 (c2..c5), got {se_stages!r}')
+        se_stages = check_stages(se_stages, 'se_stages')
         scope = check_scope(scope)
         if img_size is not None:
             img_size = to_pair(img_size, 'img_size')
@@ -131,41 +120,32 @@ class LambdaResNet(ResNet):
                                  f'{scope[0]}x{scope[1]} scope serves any input size, so leave img_size unset')
         elif scope == 'global' and any(positions):
             raise ValueError("img_size (int or (H, W)) is required with scope='global': it sizes the embedding tables")
-        norm_layer = norm_with_bn_args(norm_layer, bn_momentum, bn_eps)
-        dd = {'device': device, 'dtype': dtype}
-
         lambda_args = dict(dim_k=dim_k, heads=heads, dim_u=dim_u, scope=scope, impl=impl, key_norm=key_norm,
                            qv_norm=qv_norm, content=content, position=position, position_bias=position_bias,
                            pool_count_include_pad=pool_count_include_pad)
 
         # output_stride 16 / 8: the dilated stages keep their resolution (global tables sized for it); their
         # lambda layers get dilation=d from the blocks (a local scope on a dilated grid, see LambdaLayer)
-        output_stride = check_output_stride(kwargs.get('output_stride', 32))
-        sizes = stage_sizes(img_size, type(self).stem_reduction, output_stride)
+        sizes = stage_sizes(img_size, type(self).stem_reduction, kwargs.get('output_stride', 32))
         shared = None
         if shared_embeddings and position and any(positions):
             first = min(i for i, p in enumerate(positions) if p)
-            shared = RelativePositionEmbedding(dim_k, dim_u, scope, sizes[max(first - 1, 0)], **dd)
+            shared = RelativePositionEmbedding(dim_k, dim_u, scope, sizes[max(first - 1, 0)], device=device,
+                                               dtype=dtype)
+
+        def spatial_layer(stage_idx: int, block_idx: int, stride: int):
+            if block_idx not in positions[stage_idx]:
+                return None
+            # every lambda layer of a stage is sized for the stage's input (its first block downsamples itself)
+            return partial(_lambda_layer, max_size=sizes[max(stage_idx - 1, 0)], pos_embedding=shared, **lambda_args)
+
         se_layer = partial(get_attn('se'), rd_ratio=se_ratio)
-        plans = []
-        for stage, blocks in enumerate(positions):
-            # the stage's first lambda layer sees the previous stage's resolution (it downsamples itself)
-            mixer = partial(_lambda_mixer, max_size=sizes[max(stage - 1, 0)], pos_embedding=shared, **lambda_args)
-            plans.append(StageBlocks(mixer, blocks, attn_layer=se_layer if stage in se_stages else None))
-        super().__init__(block=tuple(plans), layers=layers, norm_layer=norm_layer, **dd, **kwargs)
+        super().__init__(layers, spatial_layer, conv_attn=[se_layer if s in se_stages else None for s in range(4)],
+                         device=device, dtype=dtype, **kwargs)
         self.lambda_positions = tuple(positions)
 
-    @torch.jit.ignore
-    def init_weights(self, zero_init_last: bool = True) -> None:
-        """timm's ResNet initialisation, then appendix F.2's for the lambda layers (timm's kaiming init
-        would otherwise overwrite their query/key/value projections)."""
-        super().init_weights(zero_init_last=zero_init_last)
-        for m in self.modules():
-            if isinstance(m, LambdaLayer):
-                m.reset_parameters()
 
-
-def _lambda_mixer(dim: int, dim_out: int, dilation: int = 1, **kwargs) -> LambdaLayer:
+def _lambda_layer(dim: int, dim_out: int, dilation: int = 1, **kwargs) -> LambdaLayer:
     """A block's lambda layer; a dilated block's global-scope layer takes no dilation (it sees every position;
     its table is sized for the dilated stage's resolution)."""
     if kwargs.get('scope') == 'global':
