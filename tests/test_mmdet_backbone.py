@@ -306,3 +306,17 @@ def test_backbone_1024_lambdaresnet101_cpu():
 
 def test_is_registered_class():
     assert MODELS.get('TimmLambdaResNet') is TimmLambdaResNet
+
+
+@pytest.mark.parametrize('name', ['resnet50_lambda_dli14', 'resnet50_lambda'])
+def test_pretrained_through_a_model_that_has_its_own_filter(tmp_path, name):
+    """resnet50_lambda(_dli14) convert d-li14/lambda.pytorch keys with their own pretrained_filter_fn; the
+    backbone's key checks run after it, on the converted keys, and the weights equal timm's own load."""
+    from test_peer_weights import dli14_state_dict
+    torch.save(dli14_state_dict(), tmp_path / 'dli14.pth')
+    kwargs = dict(model_kwargs=dict(position_bias=True, pool_count_include_pad=True)) if name == 'resnet50_lambda' else {}
+    b = build(model_name=name, init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'dli14.pth')), **kwargs)
+    ref = timm.create_model('resnet50_lambda_dli14.in1k', pretrained=True,
+                            pretrained_cfg_overlay=dict(file=str(tmp_path / 'dli14.pth'))).state_dict()
+    for k, v in b.body.state_dict().items():
+        torch.testing.assert_close(v, ref[k], msg=k)

@@ -285,8 +285,17 @@ def _create_dli14(variant: str, pretrained: bool, **kwargs) -> LambdaResNet:
         if not (weights.has_weights or weights.state_dict is not None):
             raise RuntimeError(f'No pretrained weights exist for {DLI14_MODEL} in timm: download the checkpoint by '
                                f'hand from {DLI14_PAGE} and pass pretrained_cfg_overlay=dict(file=PATH)')
-    return build_model_with_cfg(LambdaResNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_dli14,
+    return build_model_with_cfg(LambdaResNet, variant, pretrained,
+                                pretrained_filter_fn=_then(kwargs.pop('pretrained_filter_fn', None)),
                                 **_resnet50_lambda(kwargs, **DLI14_MODEL_ARGS))
+
+
+def _then(caller_filter):
+    """checkpoint_filter_dli14, then the caller's own ``pretrained_filter_fn`` (the mmdet backbone's key checks)
+    on the converted keys."""
+    if caller_filter is None:
+        return checkpoint_filter_dli14
+    return lambda state_dict, model: caller_filter(checkpoint_filter_dli14(state_dict, model), model)
 
 
 @register_model
@@ -428,7 +437,8 @@ def resnet50_lambda(pretrained: bool = False, **kwargs) -> LambdaResNet:
                       DeprecationWarning, stacklevel=3)  # the caller of timm.create_model
         return _create_dli14('resnet50_lambda', pretrained, **kwargs)
     return build_model_with_cfg(LambdaResNet, 'resnet50_lambda', pretrained,
-                                pretrained_filter_fn=checkpoint_filter_dli14, **_resnet50_lambda(kwargs))
+                                pretrained_filter_fn=_then(kwargs.pop('pretrained_filter_fn', None)),
+                                **_resnet50_lambda(kwargs))
 
 
 @register_model
