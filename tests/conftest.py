@@ -1,10 +1,24 @@
 """Shared pytest configuration for timm-lambda.
 
-Keep this minimal: shared fixtures only.  Install/packaging checks live in
+Keep this minimal: shared fixtures and test-run plumbing only.  Install/packaging checks live in
 tests/test_install.py.
+
+The suite runs on every core with pytest-xdist (``-n auto --dist loadgroup`` in pyproject.toml): each worker gets
+its share of the cores as torch threads (and as ``OMP_NUM_THREADS`` for the subprocesses it starts), and the
+longest tests are started first so that no worker is left running one of them at the end.
 """
 import importlib.metadata as _md
+import os
 import sys
+
+# The longest tests of a CI run (its --durations list), longest first: each starts as soon as a worker is free.
+LONGEST_FIRST = (
+    'test_mmengine_compile_true_on_a_shrunk_table14_config',
+    'test_aoti_package_equals_eager_and_never_aborts',
+    'test_quickstart_default_run_detects',
+    'test_train_py_torchcompile_flow',
+    'test_shortened_quick_run_beats_chance_clearly',
+)
 
 
 def pytest_report_header(config):
@@ -18,8 +32,21 @@ def pytest_report_header(config):
     return [f"python: {sys.executable}", "versions: " + ", ".join(parts)]
 
 
+def pytest_configure(config):
+    """Under pytest-xdist, share the cores among the workers instead of each worker using all of them."""
+    workers = os.environ.get('PYTEST_XDIST_WORKER_COUNT')
+    if workers:
+        threads = str(max(1, len(os.sched_getaffinity(0)) // int(workers)))
+        for var in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS'):
+            os.environ[var] = threads  # read by the subprocesses the tests start (mmdet's tools, torchrun, ...)
+        import torch
+        torch.set_num_threads(int(threads))
+
+
 def pytest_collection_modifyitems(config, items):
-    """tests/test_timm_suite.py imports timm's whole model test matrix: keep our models' items only."""
+    """tests/test_timm_suite.py imports timm's whole model test matrix: keep our models' items only. Then order
+    (a stable sort): the modules of the longest tests first, each starting with its longest test, then the other
+    modules with slow tests, the modules of unit tests last."""
     from timm_lambda import registered_models
     ours = set(registered_models())
     keep, drop = [], []
@@ -34,5 +61,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker('slow')
         keep.append(item)
     if drop:
-        items[:] = keep
         config.hook.pytest_deselected(items=drop)
+
+    # Whole modules move (a module-scoped fixture is set up once when its module's tests run together).
+    def rank(item):
+        if item.originalname in LONGEST_FIRST:
+            return LONGEST_FIRST.index(item.originalname)
+        return len(LONGEST_FIRST) + (0 if item.get_closest_marker('slow') else 1)
+
+    module_rank = {}
+    for item in keep:
+        module_rank[item.module] = min(module_rank.get(item.module, len(LONGEST_FIRST) + 1), rank(item))
+    items[:] = sorted(keep, key=lambda item: (module_rank[item.module], min(rank(item), len(LONGEST_FIRST))))

@@ -67,8 +67,9 @@ def test_quick_run_arguments_name_the_parameter(kw, name):
 
 
 def test_quick_run_restores_the_thread_count():
-    before = torch.get_num_threads()
-    cfg = QuickRunConfig(train_samples=16, val_samples=8, epochs=1, warmup_epochs=0, batch_size=8, threads=1,
+    before = torch.get_num_threads()  # 1 in a pytest-xdist worker on 2 cores: the run then asks for 2
+    cfg = QuickRunConfig(train_samples=16, val_samples=8, epochs=1, warmup_epochs=0, batch_size=8,
+                         threads=2 if before == 1 else 1,
                          model_kwargs={'layers': (1, 1, 1, 1)}, num_classes=2)
     result = quick_train(cfg, log=lambda line: None)
     assert torch.get_num_threads() == before

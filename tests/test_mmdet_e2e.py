@@ -5,9 +5,9 @@ import _det  # noqa: F401  (skips this module without the [det] extra)
 import glob
 import io
 import json
-import os
 import os.path as osp
 import pickle
+import socket
 import sys
 
 import numpy as np
@@ -142,8 +142,11 @@ def test_torchrun_two_cpu_processes_gloo(dataset, tmp_path):
     """The opt-in CPU variant of a Table 14 config, under torchrun."""
     config = CONFIG.replace('_coco.py', '_coco_cpu-ddp.py')
     work = str(tmp_path / 'dist')
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', '2', '--master-port',
-           str(29500 + os.getpid() % 1000), osp.join(MMDET_TOOLS, 'train.py'), str(config), '--launcher', 'pytorch',
+    with socket.socket() as s:  # a free port: other runs of this test (pytest-xdist workers) use theirs
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc-per-node', '2', '--master-port', str(port),
+           osp.join(MMDET_TOOLS, 'train.py'), str(config), '--launcher', 'pytorch',
            '--work-dir', work, '--cfg-options'] + options(dataset, max_iters=1)
     rc, out = run(cmd, timeout=500)
     assert rc == 0, out[-5000:]
@@ -155,15 +158,22 @@ def test_torchrun_two_cpu_processes_gloo(dataset, tmp_path):
     assert osp.isfile(osp.join(work, 'iter_1.pth'))
 
 
-def test_python_m_runs_mmdets_own_scripts(dataset, tmp_path):
-    """``python -m timm_lambda_mmdet train|test`` runs the tools/train.py and tools/test.py shipped in mmdet."""
-    work = str(tmp_path / 'work')
+@pytest.fixture(scope='module')
+def python_m_checkpoint(dataset, tmp_path_factory):
+    """``python -m timm_lambda_mmdet train``: one iteration; its checkpoint serves the tests below."""
+    work = str(tmp_path_factory.mktemp('python_m') / 'work')
     rc, out = run(python_m('timm_lambda_mmdet', 'train', CONFIG, '--work-dir', work, '--cfg-options')
                   + options(dataset, max_iters=1))
     assert rc == 0, out[-4000:]
     assert osp.isfile(osp.join(work, 'iter_1.pth')), out[-2000:]
+    return osp.join(work, 'iter_1.pth')
+
+
+@pytest.mark.xdist_group('mmdet_python_m')
+def test_python_m_runs_mmdets_own_scripts(dataset, python_m_checkpoint, tmp_path):
+    """``python -m timm_lambda_mmdet train|test`` runs the tools/train.py and tools/test.py shipped in mmdet."""
     test_dir = str(tmp_path / 'test')
-    rc, out = run(python_m('timm_lambda_mmdet', 'test', CONFIG, osp.join(work, 'iter_1.pth'), '--work-dir',
+    rc, out = run(python_m('timm_lambda_mmdet', 'test', CONFIG, python_m_checkpoint, '--work-dir',
                            test_dir, '--out', str(tmp_path / 'preds.pkl'), '--cfg-options') + options(dataset))
     assert rc == 0, out[-4000:]
     rec = _metrics_from_json(test_dir)
@@ -197,12 +207,9 @@ def test_test_refuses_a_checkpoint_of_another_model(dataset, tmp_path):
     assert 'Average Precision' not in out  # nothing was evaluated
 
 
-def test_unwritable_out_fails_before_evaluating(dataset, tmp_path):
-    work = str(tmp_path / 'work')
-    rc, out = run(python_m('timm_lambda_mmdet', 'train', CONFIG, '--work-dir', work, '--cfg-options')
-                  + options(dataset, max_iters=1))
-    assert rc == 0, out[-3000:]
-    rc, out = run(python_m('timm_lambda_mmdet', 'test', CONFIG, osp.join(work, 'iter_1.pth'), '--work-dir',
+@pytest.mark.xdist_group('mmdet_python_m')
+def test_unwritable_out_fails_before_evaluating(dataset, python_m_checkpoint, tmp_path):
+    rc, out = run(python_m('timm_lambda_mmdet', 'test', CONFIG, python_m_checkpoint, '--work-dir',
                            str(tmp_path / 't'), '--out', str(tmp_path / 'no' / 'such' / 'dir' / 'p.pkl'),
                            '--cfg-options') + options(dataset), timeout=300)
     assert rc != 0

@@ -1,5 +1,6 @@
-"""The README's main job, tools/quickstart.py: end to end (shortened), and the full default run learns."""
+"""The README's main job, tools/quickstart.py: the default run, end to end, learns; its options reach the run."""
 import _det  # noqa: F401  (skips this module without the [det] extra)
+import importlib.util
 import os.path as osp
 import re
 import sys
@@ -8,16 +9,33 @@ import pytest
 
 from _mmdet_helpers import REPO, run
 
-pytestmark = pytest.mark.slow
+# One default run (about 2 minutes) serves every check of it: one worker runs the module under pytest-xdist.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('quickstart')]
 
 
-def test_quickstart_pipeline_shortened(tmp_path):
-    work = str(tmp_path / 'qs')
-    rc, out = run([sys.executable, osp.join(REPO, 'tools', 'quickstart.py'), '--work-dir', work, '--iters', '2',
-                   '--num-train', '4', '--num-val', '2', '--image-size', '64', '--batch-size', '2'], timeout=500)
+@pytest.fixture(scope='module')
+def default_run(tmp_path_factory):
+    """``python tools/quickstart.py --work-dir WORK``: the README's command, nothing else changed."""
+    work = str(tmp_path_factory.mktemp('quickstart') / 'qs')
+    rc, out = run([sys.executable, osp.join(REPO, 'tools', 'quickstart.py'), '--work-dir', work], timeout=1500)
     assert rc == 0, out[-4000:]
-    assert osp.isfile(osp.join(work, 'iter_2.pth'))
+    return work, out
+
+
+def test_quickstart_default_run_detects(default_run):
+    """On held-out generated images the default run reaches bbox AP50 >= 0.3."""
+    work, out = default_run
+    ap50 = float(re.search(r'bbox mAP=[\d.-]+\s+mAP_50=([\d.-]+)', out).group(1))
+    assert ap50 >= 0.3, out[-3000:]
+
+
+def test_quickstart_default_run_writes_everything(default_run):
+    """Data, checkpoint, COCO evaluation of the checkpoint loaded from disk, progress with ETA, both PNGs."""
+    from timm_lambda_mmdet.quickstart import DEFAULTS
+    work, out = default_run
+    assert osp.isfile(osp.join(work, f"iter_{DEFAULTS['iters']}.pth"))
     assert osp.isfile(osp.join(work, 'data', 'annotations', 'instances_val.json'))
+    assert f"generated {DEFAULTS['num_train']} training and {DEFAULTS['num_val']} held-out images" in out
     # pycocotools' summary, once for bbox and once for segm, from the checkpoint loaded from disk
     assert out.count('Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ]') == 2, out[-3000:]
     assert '  bbox mAP=' in out and '  segm mAP=' in out
@@ -29,10 +47,16 @@ def test_quickstart_pipeline_shortened(tmp_path):
     assert '[quickstart] done in' in out
 
 
-def test_quickstart_default_run_detects(tmp_path):
-    """The README's main job as it is: on held-out generated images it reaches bbox AP50 >= 0.3."""
-    work = str(tmp_path / 'qs')
-    rc, out = run([sys.executable, osp.join(REPO, 'tools', 'quickstart.py'), '--work-dir', work], timeout=1500)
-    assert rc == 0, out[-4000:]
-    ap50 = float(re.search(r'bbox mAP=[\d.-]+\s+mAP_50=([\d.-]+)', out).group(1))
-    assert ap50 >= 0.3, out[-3000:]
+def test_quickstart_options_reach_the_run(monkeypatch):
+    """Every command-line option of tools/quickstart.py is handed to timm_lambda_mmdet.quickstart.run (the runs
+    themselves are the default run above and the mmdet end-to-end tests)."""
+    spec = importlib.util.spec_from_file_location('quickstart_tool', osp.join(REPO, 'tools', 'quickstart.py'))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    calls = []
+    monkeypatch.setattr(tool, 'run', lambda config, work_dir, **kw: calls.append((config, work_dir, kw)))
+    tool.main(['--work-dir', 'w', '--config', 'c.py', '--model', 'lambdaresnet26', '--iters', '2', '--image-size',
+               '64', '--batch-size', '3', '--num-train', '4', '--num-val', '2', '--seed', '5', '--warmup-iters', '1',
+               '--head-channels', '32', '--mask-convs', '1', '--lr', '0.5'])
+    assert calls == [('c.py', 'w', dict(model='lambdaresnet26', iters=2, image_size=64, batch_size=3, num_train=4,
+                                        num_val=2, seed=5, warmup_iters=1, head_channels=32, mask_convs=1, lr=0.5))]
