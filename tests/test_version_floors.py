@@ -104,3 +104,26 @@ def test_load_state_dict_pre_hook_shim(monkeypatch):
         _compat.register_load_state_dict_pre_hook(outer[0], hook)
         outer.load_state_dict(outer.state_dict())
         assert calls == [(outer[0], '0.')]
+
+
+def test_dynamo_onnx_exporter_floor(tmp_path):
+    """Why tests/test_timm_contract.py skips the dynamo ONNX exporter below torch 2.6 (MIN_TORCH_DYNAMO_ONNX): in
+    torch 2.4 ``torch.onnx.export`` has no ``dynamic_shapes``; torch 2.5's exporter fails on a plain Conv + BatchNorm
+    (no timm-lambda code involved); from 2.6 on it exports one."""
+    import inspect
+    import warnings
+    import torch
+    from torch import nn
+    if 'dynamic_shapes' not in inspect.signature(torch.onnx.export).parameters:
+        assert not _compat.HAS_DYNAMO_ONNX_EXPORT, torch.__version__
+        return
+    pytest.importorskip('onnxscript')
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            torch.onnx.export(model, (torch.randn(1, 3, 8, 8),), str(tmp_path / 'bn.onnx'), dynamo=True)
+        exported = True
+    except Exception:  # torch 2.5: torch.onnx's ConversionError
+        exported = False
+    assert exported == _compat.HAS_DYNAMO_ONNX_EXPORT, torch.__version__
