@@ -75,9 +75,3 @@ def register_load_state_dict_pre_hook(module: nn.Module, hook) -> None:
 # as False (no torch.func transform around a compiled region), so torch.compile works; torch.compile inside a
 # torch.func transform on torch 2.4 then runs the kernels, which have no batching rules, and fails.
 DYNAMO_FOLDS_FUNCTORCH_FLAG = not _older(torch.__version__, '2.5')
-
-# The dynamo ONNX exporter, torch.onnx.export(dynamo=True, dynamic_shapes=...), is torch's own: torch 2.4 has no
-# `dynamic_shapes` keyword (a TypeError), torch 2.5's exporter fails on any BatchNorm (a ConversionError with the
-# onnxscript the [test] extra installs). Below this version its tests skip; the legacy exporter works on the floor.
-MIN_TORCH_DYNAMO_ONNX = '2.6'
-HAS_DYNAMO_ONNX_EXPORT = not _older(torch.__version__, MIN_TORCH_DYNAMO_ONNX)
