@@ -7,7 +7,6 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from timm_lambda import _compat
 from timm_lambda.layers import LambdaLayer, RelativePositionEmbedding
 
 from reference import lambda_layer_reference
@@ -181,10 +180,8 @@ def test_channels_last_same_output(impl):
     torch.testing.assert_close(layer_cl(x.contiguous(memory_format=torch.channels_last)), y, rtol=1e-5, atol=1e-5)
 
 
-# torch 2.4's dynamo breaks the graph at torch.amp.is_autocast_available (the kernels' autocast check): the
-# compiled layer is still right there, in more than one graph (docs/install.md). Whole-graph from torch 2.5 on
-# (tested: 2.14.1; 2.5-2.13 not run).
-FULLGRAPH = not _compat._older(torch.__version__, '2.5')
+# fullgraph=True from the floor on: torch 2.4's dynamo cannot trace torch.amp.is_autocast_available, which the
+# kernels' autocast check therefore asks for devices other than cpu / cuda only (tested: 2.4.1, 2.14.1).
 
 
 @pytest.mark.parametrize('impl', IMPLS)
@@ -194,7 +191,7 @@ def test_torch_compile_matches_eager(impl):
     x = torch.randn(2, 8, 5, 6, requires_grad=True)
     y = layer(x)
     (gx,) = torch.autograd.grad(y.square().sum(), x)
-    compiled = torch.compile(layer, backend='aot_eager', fullgraph=FULLGRAPH)
+    compiled = torch.compile(layer, backend='aot_eager', fullgraph=True)
     xc = x.detach().clone().requires_grad_(True)
     yc = compiled(xc)
     (gxc,) = torch.autograd.grad(yc.square().sum(), xc)

@@ -35,6 +35,7 @@ def test_short_training_run_lowers_the_loss(tmp_path):
     dataset = create_dataset('', root=str(root), split='train', is_training=True)
     loader = create_loader(dataset, input_size=data_config['input_size'], batch_size=8, is_training=True,
                            no_aug=True, mean=data_config['mean'], std=data_config['std'], num_workers=0,
+                           persistent_workers=False,  # needed with no workers before timm 1.0.29
                            interpolation=data_config['interpolation'], use_prefetcher=False,
                            device=torch.device('cpu'))
     optimizer = create_optimizer_v2(model, opt='adamw', lr=2e-3, weight_decay=0.0)

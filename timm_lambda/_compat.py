@@ -1,8 +1,8 @@
 """Version floors and the few shims that let timm-lambda run on older torch / timm.
 
 The floors are the versions below which this package cannot import; ``tools/test_version_floors.sh`` runs the
-non-mmdet tests on them (its result, still with failures, is in docs/install.md). pyproject.toml declares the
-same numbers.
+non-mmdet tests on them (its result, in docs/install.md: passing, the dynamo ONNX exporter skipped where torch's
+own cannot export a plain Conv + BatchNorm). pyproject.toml declares the same numbers.
 :func:`check_versions` runs first thing in ``timm_lambda/__init__.py`` so that an older install fails
 with an error that says what to upgrade (the ``.pth`` hook, ``timm_lambda_autoload``, prints it) instead
 of an ``AttributeError`` from deep inside an import.

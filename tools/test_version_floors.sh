@@ -23,9 +23,10 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 # pytest-xdist (pyproject.toml's addopts run the tests on every core), onnx/onnxscript/onnxruntime: the [test] extra
-# (the ONNX export tests); matplotlib: the table4 benchmark smoke test.
+# (the ONNX export tests); matplotlib: the table4 benchmark smoke test; setuptools + wheel: pyproject.toml's build
+# requirements (tests/test_install.py builds a wheel without isolation).
 "$VENV/bin/pip" install -q "torch==$TORCH" "torchvision==$TORCHVISION" "timm==$TIMM" \
-    pytest pytest-xdist onnx onnxscript onnxruntime matplotlib
+    pytest pytest-xdist onnx onnxscript onnxruntime matplotlib "setuptools>=64,<81" wheel
 # timm-lambda itself, editable and without dependencies (they are the pinned-above ones); installs the
 # timm_lambda_autoload.pth hook into the venv like a normal install.
 "$VENV/bin/pip" install -q --no-deps -e "$REPO"

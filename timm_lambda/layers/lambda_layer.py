@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
 from .._compat import register_load_state_dict_pre_hook
-from .position_lambda import POSITION_IMPLS, choose_impl, position_lambdas, tile_window, warn_torchscript
+from .position_lambda import (POSITION_IMPLS, _functorch_active, choose_impl, position_lambdas, tile_window,
+                              warn_torchscript)
 from .checks import check_bool, check_choice, check_heads, check_input, check_scope, check_stride, downsample_pool, to_int
 from .relative_embedding import RelativePositionEmbedding
 from .batch_one import reshape_normed
@@ -236,6 +237,11 @@ class LambdaLayer(nn.Module):
         n = H * W
         k, u, v, h = self.dim_k, self.dim_u, self.dim_v, self.heads
         q, keys, values = torch.split(self.qkv(x), [h * k, k * u, v * u], dim=1)
+        if not torch.jit.is_scripting() and _functorch_active():
+            # torch <= 2.13: torch.func.vmap of group_norm fails on a channel slice ("Expected X.is_contiguous"),
+            # and .contiguous() is no copy there (the slice is contiguous per sample)
+            q = q.clone(memory_format=torch.contiguous_format)
+            values = values.clone(memory_format=torch.contiguous_format)
         q = reshape_normed(self.norm_q(q), [B, h, k, n])
         values = reshape_normed(self.norm_v(values), [B, u, v, n])
         out: Optional[torch.Tensor] = None

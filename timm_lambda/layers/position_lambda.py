@@ -172,7 +172,9 @@ def _kernel_dtype(*tensors: Tensor) -> Tuple[torch.dtype, bool]:
     """The one dtype a kernel runs in, and whether autocast is on: autocast's lower precision where it is on
     (as for any matmul), else the inputs' common dtype."""
     device = tensors[0].device.type
-    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+    # cpu / cuda first: torch 2.4's dynamo cannot trace is_autocast_available (a graph break there)
+    available = device in ('cpu', 'cuda') or torch.amp.is_autocast_available(device)
+    if available and torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device), True
     dtype = tensors[0].dtype
     for t in tensors[1:]:

@@ -153,7 +153,7 @@ def _dense_index(height: int, width: int, table_h: int, table_w: int, masked: bo
     if index.numel() <= _INDEX_CACHE_MAX_ELEMENTS:
         _INDEX_CACHE[key] = index
         while len(_INDEX_CACHE) > _INDEX_CACHE_ENTRIES:
-            _INDEX_CACHE.popitem(last=False)
+            del _INDEX_CACHE[next(iter(_INDEX_CACHE))]  # the least recently used (torch 2.4's dynamo: no popitem)
     return index
 
 

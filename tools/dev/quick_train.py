@@ -115,6 +115,7 @@ def _run(cfg: QuickRunConfig, log: Callable[[str], None]) -> Dict[str, Any]:
     val_set = SyntheticShapes(cfg.val_samples, cfg.image_size, classes, split='val', seed=cfg.seed, cache=True)
     common = dict(input_size=data_cfg['input_size'], batch_size=cfg.batch_size, mean=data_cfg['mean'],
                   std=data_cfg['std'], interpolation=data_cfg['interpolation'], num_workers=0,
+                  persistent_workers=False,  # timm < 1.0.29 passes its default True on with no workers: a ValueError
                   use_prefetcher=False, device=torch.device('cpu'))
     train_loader = create_loader(train_set, is_training=True, scale=cfg.scale, ratio=(3 / 4, 4 / 3), hflip=0.5,
                                  color_jitter=0.0, re_prob=0.0, **common)
