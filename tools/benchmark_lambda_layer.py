@@ -7,7 +7,7 @@ Default: the three detection shapes of a LambdaResNet backbone at 1024x1024 (c4 
 
 ``--sweep``: every implementation and the convolution on square inputs of growing size (width 256), a PNG
 plot of time and memory against the input side, and the input size where the tiled form overtakes the dense
-one (what ``impl='auto'`` switches on, timm_lambda/layers/position_lambda.py).
+one (what ``impl='auto'`` switches on, timm_lambda/layers/position_lambda/).
 
     python tools/benchmark_lambda_layer.py                     # ~1 minute on 2 CPU cores
     python tools/benchmark_lambda_layer.py --impls auto conv einsum
