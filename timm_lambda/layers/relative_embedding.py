@@ -1,18 +1,10 @@
 """Translation-equivariant relative position embeddings (LambdaNetworks, section 3.3).
 
-One table ``R`` indexed by the relative offset ``m - n`` between a context position ``m``
-and a query position ``n`` holds every embedding: ``e_nm = R[m - n]`` (section 3.3,
-footnote 8). Because only offsets are stored, the same parameters serve every input size.
-
-* local scope ``r x r`` (section 3.4): the table covers offsets ``[-(r//2), r//2]`` in each
-  axis; embeddings of context positions outside the scope are zero ("masked").
-* global scope: the table covers every offset of the largest feature map given at
-  construction, ``[-(H_max - 1), H_max - 1] x [-(W_max - 1), W_max - 1]``.
-
-The table is stored as ``[|k|, |u|, R_h, R_w]``: it is directly the weight of the lambda
-convolution (appendix C.1). The functions below turn it into the embeddings an ``H x W`` input
-uses. They are written with shape arithmetic only (no data-dependent Python branches), so a
-``torch.jit.trace`` or ONNX export made at one size is right at every size.
+One table ``R [|k|, |u|, R_h, R_w]`` indexed by the offset ``m - n`` holds every embedding, ``e_nm = R[m - n]``
+(footnote 8), so the same parameters serve every input size: offsets ``[-(r//2), r//2]`` for a local ``r x r``
+scope (section 3.4; outside it the embeddings are zero), every offset of the largest input for a global scope.
+The table is directly the weight of the lambda convolution (appendix C.1). The functions below turn it into the
+embeddings an ``H x W`` input uses, in shape arithmetic only, so a trace made at one size serves every size.
 """
 import collections
 import functools

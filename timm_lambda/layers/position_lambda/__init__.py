@@ -1,23 +1,12 @@
 """Position lambdas applied to the queries: ``y_n^h = (lambda^p_n)^T q_n^h`` (LambdaNetworks eq. 1-2, section 3.3).
 
 With ``lambda^p_n = sum_m E_nm v_m^T`` and ``E_nm = R[m - n]`` (relative embeddings, intra-depth |u| summed,
-appendix C.4), the output of one query head is::
-
-    y_n^h = sum_{u, m} (q_n^h . R[m - n, u]) v_{m, u}                                        in R^{|v|}
-
-Every form takes ``q [B, h, k, n]``, ``v [B, u, V, n]`` (``n = H * W``, row-major) and returns ``[B, h, V, n]``
-(``impl``, :data:`POSITION_IMPLS`):
-
-* ``'einsum'``: the lambda form of Fig. 3 (memory ``|k||u||n|^2``); reference.
-* ``'conv'``: the lambda convolution (section 3.4, appendix C.1); reference (its CPU backward is slow).
-* ``'dense'``: the attention form: logits ``q_n . E_nm`` for all pairs, then ``y = logits v``: ``|h| (|k| + |v|)``
-  multiply-adds per (n, m) pair instead of ``|k| |v|``, all batched GEMMs.
-* ``'tiled'``: the attention form on ``T x T`` query blocks, each against its context window; memory grows with
-  ``|n|`` times the window (:mod:`.layout`).
-
-``'auto'`` picks ``'dense'`` or ``'tiled'`` (:func:`choose_impl`). This module dispatches: which form for which
-size, and which execution (:mod:`.execution`): the custom operators (:mod:`.custom_ops`) or plain tensor ops
-(:mod:`.plain_ops`) for the two fast forms; the arithmetic is the same.
+appendix C.4): ``y_n^h = sum_{u, m} (q_n^h . R[m - n, u]) v_{m, u}``. Every form (``impl``) maps ``q [B, h, k, n]``,
+``v [B, u, V, n]`` to ``[B, h, V, n]``: ``'einsum'`` (the lambda form of Fig. 3) and ``'conv'`` (the lambda
+convolution, section 3.4) are references; ``'dense'`` (logits ``q_n . E_nm`` for all pairs, then ``logits v``:
+``|h| (|k| + |v|)`` per pair instead of ``|k| |v|``) and ``'tiled'`` (the same on query blocks against their
+context windows, :mod:`.layout`) are picked by ``'auto'`` (:func:`choose_impl`). This module dispatches: which
+form, and which execution (:mod:`.execution`) of the fast ones: :mod:`.custom_ops` or :mod:`.plain_ops`.
 """
 from typing import List, Optional
 
@@ -73,9 +62,8 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
     ``table`` is the relative embedding ``[k, u, R_h, R_w]`` (:class:`RelativePositionEmbedding`), ``impl``
     one of :data:`POSITION_IMPLS`. ``stride=2``: the result average-pooled (3x3, stride 2, padding 1;
     ``count_include_pad`` as ``nn.AvgPool2d``), ``[B, h, V, ceil(H/2) ceil(W/2)]``. ``table_size``: the table's
-    ``[R_h, R_w]`` as Python ints (a layer knows them at construction): inside ``jit.trace`` a local scope's
-    block embedding then becomes a constant that onnxruntime folds. An FX leaf: its Python size logic runs at
-    call time, not at trace time.
+    ``[R_h, R_w]`` as Python ints: inside ``jit.trace`` a local scope's block embedding is then a constant that
+    onnxruntime folds. An FX leaf: its Python size logic runs at call time, not at trace time.
     """
     if global_scope and not torch.jit.is_tracing():
         check_max_size(height, width, (table.shape[-2] + 1) // 2, (table.shape[-1] + 1) // 2)

@@ -1,18 +1,11 @@
-"""The dense and tiled forms as custom operators (``torch.library.custom_op``) with hand-written backwards, for eager
-mode and ``torch.compile`` (an opaque node of the compiled graph; the glue around it is compiled).
+"""The dense and tiled forms as custom operators (``torch.library.custom_op``) for eager mode and ``torch.compile``.
 
-* ``timm_lambda::dense_position_lambdas``: the two GEMMs of :func:`.plain_ops.dense_plain` on contiguous operands
-  (an einsum over these layouts copies every batch entry on the CPU), in one piece; the backward recomputes the
-  logits instead of saving them.
-* ``timm_lambda::tiled_position_lambdas``: per chunk of query blocks, the compact logits ``q R`` by one GEMM with
-  the small table, written into the band of a reused zero buffer through a strided view (translation equivariance
-  makes the band the same for every block), then one batched GEMM with the chunk's windows, each a strided view
-  of the padded values. Chunks of ``CPU_CHUNK_ROWS`` logit rows on a CPU (cache-sized), one chunk per layer
-  elsewhere; the backward recomputes each chunk's logits.
-
-Each operator has a fake kernel (shapes), an autocast rule (it runs in autocast's dtype, like a matmul), a FLOP
-formula (``torch.utils.flop_counter.FlopCounterMode`` counts it), and a backward that differentiates the plain-op
-form when a higher-order gradient is requested (``create_graph=True``).
+Each has a backward operator that recomputes the logits instead of saving them (or, for ``create_graph=True``,
+differentiates the plain-op form), a fake kernel, an autocast rule and a FLOP formula. The tiled operator works in
+chunks of query blocks (``CPU_CHUNK_ROWS`` logit rows on a CPU, one chunk per layer elsewhere): the compact logits
+``q R`` by one GEMM with the small table, written into the band of a reused zero buffer through a strided view
+(translation equivariance makes the band the same for every block), then one batched GEMM with the chunk's
+windows, each a strided view of the padded values.
 """
 from typing import List, Sequence, Tuple
 

@@ -60,14 +60,9 @@ def _pooled_table(table: Tensor) -> Tensor:
 
 
 def _block_counts(height: int, width: int, t: int) -> Tuple[int, int]:
-    """Query blocks of side ``t`` along each axis: ``ceil(size / t)``, and at least 2 inside ``torch.export``.
-
-    A block count of 1 is a size-1 dimension of the block tensors, and torch.export (2.14) guards on it when it
-    records their contiguity: an export from one example size would then hold only for the inputs with the same
-    'one block or more' answer in every layer (129-256 px for a LambdaResNet exported at 160 px). With at least
-    two blocks, the extra block is all padding (zero values, queries whose outputs are dropped), so the results
-    are the same at every size, and the guard never arises.
-    """
+    """Query blocks of side ``t`` along each axis: ``ceil(size / t)``, and at least 2 inside ``torch.export``,
+    which (2.14) guards on a size-1 block dimension and would then specialise the export to inputs with the same
+    'one block or more' answer in every layer. The extra block is all padding: the results are the same."""
     blocks_y, blocks_x = (height + t - 1) // t, (width + t - 1) // t
     if not torch.jit.is_scripting() and is_exporting():
         blocks_y, blocks_x = torch.sym_max(blocks_y, 2), torch.sym_max(blocks_x, 2)
