@@ -15,6 +15,7 @@ import torch
 
 import timm_lambda
 from timm_lambda.layers import position_lambda as PL
+from timm_lambda.layers.position_lambda import custom_ops
 
 from reference import position_term_reference
 from test_batch_one import _input_size, _model_params, check_model_batch_one
@@ -42,9 +43,9 @@ def _on_device(tensors, dtype=None):
 def test_forms_equal_the_reference_on_cuda(case, impl, graph, chunks, monkeypatch):
     """float64 on the device: outputs and gradients equal the per-query reference (computed on the CPU)."""
     if graph:
-        monkeypatch.setattr(PL, '_use_kernels', lambda: False)
+        monkeypatch.setattr(PL, 'use_custom_ops', lambda: False)
     if chunks == 'many':  # one query block per chunk: the device loop over chunks, not one launch per layer
-        monkeypatch.setattr(PL, 'DEVICE_CHUNK_ELEMENTS', 1)
+        monkeypatch.setattr(custom_ops, 'DEVICE_CHUNK_ELEMENTS', 1)
     q, v, table = (t.requires_grad_() for t in _inputs(case))
     ref = position_term_reference(q, v, table, case[1], case[2], case[8], case[9])
     qd, vd, td = _on_device((q.detach(), v.detach(), table.detach()))
@@ -65,7 +66,7 @@ def test_forms_equal_the_reference_on_cuda(case, impl, graph, chunks, monkeypatc
 def test_forms_under_autocast_close_to_float32(case, impl, graph, dtype, tol, monkeypatch):
     """Autocast outputs (and gradients) within the low precision's rounding of the float32 result."""
     if graph:
-        monkeypatch.setattr(PL, '_use_kernels', lambda: False)
+        monkeypatch.setattr(PL, 'use_custom_ops', lambda: False)
     inputs = _inputs(case, dtype=torch.float32)
     q32, v32, t32 = _on_device(inputs)
     y32 = _call(impl, case, q32, v32, t32)

@@ -1,6 +1,8 @@
 """Empty batches (detection pipelines and samplers produce them) through the layers and every registered model:
 the shapes a batch of one gives with 0 in front (timm's resnet50: [0, num_classes]), and a backward that gives
-every parameter a (zero) gradient. The lambda layer's own forms: tests/test_position_lambda.py."""
+every parameter a (zero) gradient."""
+import functools
+
 import pytest
 import timm
 import torch
@@ -10,7 +12,9 @@ from timm_lambda.layers import (AugmentedConv2d, AxialSelfAttention2d, LambdaLay
                                 MaskedLambdaLayer1d, MultiHeadLambdaLayer, RelPosSelfAttention2d)
 
 ATTN = (0, 8, 5, 6)
-LAYERS = [
+LAMBDA = [(f'lambda_{impl}_stride{s}', functools.partial(LambdaLayer, 8, dim_k=4, heads=2, scope=5, stride=s, impl=impl),
+           (0, 8, 12, 13)) for impl in ('dense', 'tiled') for s in (1, 2)]
+LAYERS = LAMBDA + [
     ('masked_causal', lambda: MaskedLambdaLayer1d(8, dim_k=4, heads=2, max_len=12), (0, 5, 8)),
     ('masked_not_causal', lambda: MaskedLambdaLayer1d(8, dim_k=4, heads=2, max_len=12, causal=False), (0, 5, 8)),
     ('masked_no_key_norm_scope', lambda: MaskedLambdaLayer1d(8, dim_k=4, heads=2, max_len=12, key_norm='none',

@@ -1,7 +1,7 @@
 """Whole models in the execution modes users run: evaluation under torch.inference_mode() before and between
-training steps, torch.func per-sample gradients, double backward, and (slow) torch.compile as timm's
-``train.py --torchcompile`` and mmengine's ``compile=True`` use it. The layer-level checks of every form
-against the per-query reference are in tests/test_position_lambda.py."""
+training steps, and (slow) torch.compile as timm's ``train.py --torchcompile`` and mmengine's ``compile=True`` use
+it. Each mode at the level of one layer (torch.func per-sample gradients, jacfwd, double backward, autocast, the
+compiled graph): tests/test_position_lambda.py and tests/test_lambda_layer.py."""
 import pytest
 import timm
 import torch
@@ -35,45 +35,6 @@ def test_inference_mode_before_and_between_training_steps(name, kw, size):
         opt.step()
         assert torch.isfinite(loss)
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
-
-
-def test_per_sample_gradients_of_a_model():
-    """torch.func per-sample gradients (vmap over grad over functional_call) of a LambdaResNet with GroupNorm
-    (see tests/test_position_lambda.py for why not BatchNorm) equal gradients taken one sample at a time."""
-    torch.manual_seed(0)
-    model = timm.create_model('lambdaresnet50', layers=(1, 1, 1, 1), lambda_blocks=(None, None, 'all', 'all'),
-                              norm_layer='groupnorm1', num_classes=3).double().eval()
-    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
-    y = torch.tensor([0, 2])
-    params = {n: p.detach() for n, p in model.named_parameters()}
-
-    def loss(p, xi, yi):
-        return nn.functional.cross_entropy(torch.func.functional_call(model, p, (xi[None],)), yi[None])
-
-    per_sample = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, x, y)
-    for i in range(2):
-        model.zero_grad()
-        loss(dict(model.named_parameters()), x[i], y[i]).backward()
-        for n, p in model.named_parameters():
-            torch.testing.assert_close(per_sample[n][i], p.grad, rtol=1e-8, atol=1e-10)
-
-
-@pytest.mark.parametrize('impl', ['dense', 'tiled'])
-def test_double_backward_through_a_model(impl):
-    """A gradient penalty (create_graph=True, then backward) through a LambdaResNet: equal to the einsum
-    reference's."""
-    def penalty_grads(impl):
-        torch.manual_seed(0)
-        model = timm.create_model('lambdaresnet50', layers=(1, 1, 1, 1), lambda_blocks=(None, None, 'all', 'all'),
-                                  num_classes=3, impl=impl).double().train()
-        x = torch.randn(2, 3, 64, 64, dtype=torch.float64, requires_grad=True)
-        out = model(x).square().sum()
-        (gx,) = torch.autograd.grad(out, x, create_graph=True)
-        (out + gx.square().sum()).backward()
-        return [p.grad for p in model.parameters()]
-
-    for got, want in zip(penalty_grads(impl), penalty_grads('einsum')):
-        torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-10)
 
 
 # --- torch.compile end to end -------------------------------------------------------------------------------

@@ -9,27 +9,10 @@ from torch.utils._pytree import tree_flatten
 
 from timm_lambda.layers import LambdaLayer, RelativePositionEmbedding
 
+from _layer_helpers import perturb_for_eval
 from reference import lambda_layer_reference
 
 IMPLS = ['einsum', 'conv', 'dense', 'tiled']
-
-
-def _randomize_(layer: nn.Module, seed: int = 0, emb_scale: float = 0.3) -> nn.Module:
-    """Non-trivial BN statistics/affine and a shrunken embedding table so outputs are O(1).
-
-    With O(1) outputs, ``assert_close(rtol=1e-5, atol=1e-5)`` is a meaningful float32 check.
-    """
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in layer.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.copy_(torch.rand(m.num_features, generator=g) - 0.5)
-                m.running_var.copy_(torch.rand(m.num_features, generator=g) * 1.5 + 0.5)
-                m.weight.copy_(torch.rand(m.num_features, generator=g) * 0.5 + 0.5)
-                m.bias.copy_(torch.rand(m.num_features, generator=g) * 0.4 - 0.2)
-            if isinstance(m, RelativePositionEmbedding):
-                m.weight.mul_(emb_scale)
-    return layer
 
 
 def _make(seed=0, emb_scale=0.3, **kw) -> LambdaLayer:
@@ -37,7 +20,7 @@ def _make(seed=0, emb_scale=0.3, **kw) -> LambdaLayer:
     kw.setdefault('dim', 8)
     kw.setdefault('dim_k', 4)
     kw.setdefault('heads', 2)
-    return _randomize_(LambdaLayer(**kw), seed, emb_scale).eval()
+    return perturb_for_eval(LambdaLayer(**kw), torch.Generator().manual_seed(seed), emb_scale).eval()
 
 
 # (name, layer kwargs, input shape [B, C, H, W]); every case runs with both implementations.
@@ -167,6 +150,8 @@ def test_cpu_autocast(impl, dtype):
     # low-precision result is close to the float32 one (half/bfloat16 round-off only)
     err = (y.float() - ref).abs().max() / ref.abs().max()
     assert err < (0.05 if dtype == torch.bfloat16 else 0.01), err
+    y.float().sum().backward()
+    assert all(p.grad.dtype == torch.float32 for p in layer.parameters())
 
 
 @pytest.mark.parametrize('impl', IMPLS)
@@ -184,8 +169,17 @@ def test_channels_last_same_output(impl):
 # kernels' autocast check therefore asks for devices other than cpu / cuda only (tested: 2.4.1, 2.14.1).
 
 
+@pytest.mark.parametrize('backend', ['aot_eager', pytest.param('inductor', marks=pytest.mark.slow)])
 @pytest.mark.parametrize('impl', IMPLS)
-def test_torch_compile_matches_eager(impl):
+def test_torch_compile_matches_eager(impl, backend, monkeypatch):
+    """A training step of the compiled layer (many chunks of query blocks, stride 2, |u| = 2): output and every
+    gradient equal to eager, with the operators' own backward (not the higher-order fallback) in the compiled
+    backward."""
+    from timm_lambda.layers.position_lambda import custom_ops
+    monkeypatch.setattr(custom_ops, 'CPU_CHUNK_ROWS', 64)
+    fallback = []
+    plain_vjp = custom_ops._plain_vjp
+    monkeypatch.setattr(custom_ops, '_plain_vjp', lambda *a: fallback.append(1) or plain_vjp(*a))
     torch._dynamo.reset()
     layer = _make(impl=impl, scope=3, dim_u=2).train()
     x = torch.randn(2, 8, 5, 6, requires_grad=True)
@@ -200,15 +194,19 @@ def test_torch_compile_matches_eager(impl):
 
 
 @pytest.mark.parametrize('impl', IMPLS)
-def test_torchscript_trace(impl):
-    """torch.jit.script cannot compile LambdaLayer.forward as written (f-string with
-    tuple(x.shape), Optional submodule, helper dispatch), so tracing is the supported path;
-    the trace fixes the implementation chosen for the traced input size."""
+def test_torchscript_trace_and_script(impl):
+    """torch.jit.trace and torch.jit.script both compile the layer (TorchScript runs the plain-op forms and warns
+    once that it does); the trace fixes the form chosen for the traced input size."""
+    import warnings
     layer = _make(impl=impl, scope=3)
     x = torch.randn(2, 8, 5, 6)
     traced = torch.jit.trace(layer, (x,), check_trace=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # torch.jit.script is deprecated; the layer's one-time RuntimeWarning
+        scripted = torch.jit.script(layer)
     x2 = torch.randn(2, 8, 5, 6)
     torch.testing.assert_close(traced(x2), layer(x2), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(scripted(x2), layer(x2), rtol=1e-5, atol=1e-5)
 
 
 def test_global_scope_larger_than_max_size_raises():
@@ -347,3 +345,63 @@ def test_shared_embedding_counted_once_and_grads_accumulate():
     assert g1.abs().sum() > 0 and g2.abs().sum() > 0
     # the shared parameter receives the sum of both layers' gradients
     torch.testing.assert_close(emb.weight.grad, g1 + g2, rtol=1e-5, atol=1e-6)
+
+
+def _position_macs(layer, B, H, W, impl):
+    """Multiply-adds of the two contractions of the position lambdas of the form ``impl`` (a LambdaLayer forward),
+    computed from their equations."""
+    k, h, u, v, n = layer.dim_k, layer.heads, layer.dim_u, layer.dim_v, H * W
+    th, tw = (2 * H - 1, 2 * W - 1) if layer.global_scope else layer.scope  # the table cut to the input
+    if impl == 'einsum':  # lambda^p_n = E_n v for every n (|k||v||u||m| per query), then (lambda^p_n)^T q_n^h
+        return B * n * k * v * u * n, B * h * k * v * n
+    if impl == 'conv':  # the lambda convolution: |k||v| outputs per position, |u| K_h K_w deep
+        return B * k * v * n * u * th * tw, B * h * k * v * n
+    if impl == 'dense':  # logits q_n . E_nm, then logits x values: |h|(|k| + |v|) per (n, m) pair and |u|
+        return B * h * n * u * n * k, B * h * n * u * n * v
+    # tiled: T x T query blocks; the compact logits q R (|k| or, pooled, 9|k| deep against the 3x3-shifted
+    # tables), then each block's logits against its (T + K - 1)^2 (pooled: (2 (T - 1) + K + 2)^2) window
+    t, step, c = (8, 1, k) if layer.stride == 1 else (4, 2, 9 * k)
+    th, tw = th + 2 * (step - 1), tw + 2 * (step - 1)
+    ho, wo = -(-H // layer.stride), -(-W // layer.stride)
+    rows = B * -(-ho // t) * -(-wo // t) * t * t * h
+    return rows * c * u * th * tw, rows * (step * (t - 1) + th) * (step * (t - 1) + tw) * u * v
+
+
+def _macs_by_hand(layer, B, H, W, impl):
+    """Multiply-adds of a LambdaLayer forward: the 1x1 projections, the content lambda (eq. 1) and its application
+    to the queries (eq. 2), and the position lambdas."""
+    d, k, h, u, v, n = layer.dim, layer.dim_k, layer.heads, layer.dim_u, layer.dim_v, H * W
+    return B * n * d * (h * k + k * u + v * u) + B * u * k * n * v + B * h * k * v * n + sum(
+        _position_macs(layer, B, H, W, impl))
+
+
+@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('kw,size', [(dict(scope=5, dim_u=2), (13, 10)), (dict(scope=7, stride=2), (19, 17)),
+                                     (dict(scope='global', max_size=(9, 9)), (9, 7))], ids=['u2', 'stride2', 'global'])
+def test_flop_counter_counts_every_form(impl, kw, size):
+    """torch.utils.flop_counter.FlopCounterMode sees the position lambdas of every form (the custom operators have
+    FLOP formulas), 2 FLOPs per multiply-add; the operators' backward: the logits recomputed and the gradients,
+    3x the first contraction and 2x the second."""
+    from torch.utils.flop_counter import FlopCounterMode
+    layer = LambdaLayer(8, dim_k=4, heads=2, impl=impl, **kw)
+    x = torch.randn(2, 8, *size, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        y = layer(x)
+    assert counter.get_total_flops() == 2 * _macs_by_hand(layer, 2, *size, impl)
+    if impl in ('dense', 'tiled'):
+        with FlopCounterMode(display=False) as counter:
+            y.sum().backward()
+        ops = {str(op): n for op, n in counter.get_flop_counts()['Global'].items()}
+        first, second = _position_macs(layer, 2, *size, impl)
+        assert ops[f'timm_lambda.{impl}_position_lambdas_backward'] == 2 * (3 * first + 2 * second)
+
+
+def test_flop_count_of_the_issue_example():
+    """LambdaLayer(256) at 64x64 (|k|=16, |h|=4, |v|=64, 23x23 scope, the tiled form): 1.25 GMACs, of which the
+    position lambdas are 1.08 G (FlopCounterMode saw 0.17 G before their operators had FLOP formulas)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    layer = LambdaLayer(256)
+    with FlopCounterMode(display=False) as counter:
+        layer(torch.randn(1, 256, 64, 64))
+    assert layer.choose_impl(64, 64) == 'tiled'
+    assert counter.get_total_flops() == 2 * _macs_by_hand(layer, 1, 64, 64, 'tiled')

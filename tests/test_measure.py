@@ -68,7 +68,7 @@ def _dense_layer_steps(training: bool):
 def _plain_ops(monkeypatch):
     """Run the position lambdas as the plain tensor ops that tracers and torch.func record (the dispatcher's
     switch, forced)."""
-    monkeypatch.setattr(sys.modules[position_lambdas.__module__], '_use_kernels', lambda: False)
+    monkeypatch.setattr(sys.modules[position_lambdas.__module__], 'use_custom_ops', lambda: False)
 
 
 def test_dense_form_inference_matches_its_plain_op_form(monkeypatch):

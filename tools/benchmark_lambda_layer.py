@@ -7,7 +7,7 @@ Default: the three detection shapes of a LambdaResNet backbone at 1024x1024 (c4 
 
 ``--sweep``: every implementation and the convolution on square inputs of growing size (width 256), a PNG
 plot of time and memory against the input side, and at each size the faster of the dense and tiled forms
-(what ``impl='auto'`` chooses between, timm_lambda/layers/position_lambda.py; tests/test_lambda_impl_rule.py
+(what ``impl='auto'`` chooses between, timm_lambda/layers/position_lambda/; tests/test_lambda_impl_rule.py
 reads the committed sweeps). ``--json`` writes the command, date, load before, machine (with the load after),
 settings and results: the files in docs/results/ are these commands' output.
 

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
 from .._compat import register_load_state_dict_pre_hook
-from .position_lambda import (POSITION_IMPLS, _functorch_active, choose_impl, position_lambdas, tile_window,
-                              warn_torchscript)
+from .position_lambda import POSITION_IMPLS, choose_impl, position_lambdas, tile_window, warn_torchscript
+from .position_lambda.execution import functorch_active
 from .checks import check_bool, check_choice, check_heads, check_input, check_scope, check_stride, downsample_pool, to_int
 from .relative_embedding import RelativePositionEmbedding
 from .batch_one import reshape_normed
@@ -237,7 +237,7 @@ class LambdaLayer(nn.Module):
         n = H * W
         k, u, v, h = self.dim_k, self.dim_u, self.dim_v, self.heads
         q, keys, values = torch.split(self.qkv(x), [h * k, k * u, v * u], dim=1)
-        if not torch.jit.is_scripting() and _functorch_active():
+        if not torch.jit.is_scripting() and functorch_active():
             # torch <= 2.13: torch.func.vmap of group_norm fails on a channel slice ("Expected X.is_contiguous"),
             # and .contiguous() is no copy there (the slice is contiguous per sample)
             q = q.clone(memory_format=torch.contiguous_format)
@@ -256,21 +256,21 @@ class LambdaLayer(nn.Module):
             full = bias.expand(B, h, v, n) if full is None else full + bias
         if full is not None:  # the terms computed at full resolution, pooled when the layer downsamples
             out = self.pool(full.reshape(B, h * v, H, W))
-        if self.pos_embedding is not None and self.dilation > 1:
-            # dilated scope: the position lambdas of each d x d interleaved sub-grid (space-to-batch)
-            d = self.dilation
-            qs = space_to_batch(q.reshape(B, h * k, H, W), d)
-            vs = space_to_batch(values.reshape(B, u * v, H, W), d)
-            hs, ws = qs.shape[-2], qs.shape[-1]
-            pos = position_lambdas(qs.reshape(B * d * d, h, k, hs * ws), vs.reshape(B * d * d, u, v, hs * ws),
-                                   self.pos_embedding.weight, hs, ws, self.impl, False, 1, False, self.table_size)
-            pos = batch_to_space(pos.reshape(B * d * d, h * v, hs, ws), d, H, W)
-            out = pos if out is None else out + pos
-        elif self.pos_embedding is not None:
-            # position lambdas, average-pooled by the same 3x3 stride-2 pooling when the layer downsamples
-            pos = position_lambdas(q, values, self.pos_embedding.weight, H, W, self.impl, self.global_scope,
-                                   self.stride, self.pool_count_include_pad, self.table_size)
-            pos = pos.reshape(B, h * v, (H + self.stride - 1) // self.stride, (W + self.stride - 1) // self.stride)
+        if self.pos_embedding is not None:
+            # position lambdas (average-pooled by the same 3x3 stride-2 pooling when the layer downsamples); a
+            # dilated scope: those of each d x d interleaved sub-grid (space-to-batch)
+            d, hs, ws = self.dilation, H, W
+            if d > 1:
+                q = space_to_batch(q.reshape(B, h * k, H, W), d)
+                values = space_to_batch(values.reshape(B, u * v, H, W), d)
+                hs, ws = q.shape[-2], q.shape[-1]
+            pos = position_lambdas(q.reshape(B * d * d, h, k, hs * ws), values.reshape(B * d * d, u, v, hs * ws),
+                                   self.pos_embedding.weight, hs, ws, self.impl, self.global_scope, self.stride,
+                                   self.pool_count_include_pad, self.table_size)
+            ho, wo = (hs + self.stride - 1) // self.stride, (ws + self.stride - 1) // self.stride
+            pos = pos.reshape(B * d * d, h * v, ho, wo)
+            if d > 1:
+                pos = batch_to_space(pos, d, H, W)
             out = pos if out is None else out + pos
         assert out is not None
         return out

@@ -16,7 +16,7 @@ from torch import nn
 from .checks import check_choice, check_heads, check_input, check_stride, downsample_pool, to_int
 from .batch_one import reshape_normed
 from .lambda_layer import KEY_NORMS, normalize_keys
-from .relative_embedding import RelativePositionEmbedding, dense_embedding, relative_kernel
+from .relative_embedding import RelativePositionEmbedding, dense_embedding, table_for_input
 
 __all__ = ['MultiHeadLambdaLayer']
 
@@ -60,8 +60,8 @@ class MultiHeadLambdaLayer(nn.Module):
         v = reshape_normed(self.norm_v(v), [B, h, v_, n])
         keys = normalize_keys(k.reshape(B, h, k_, n), self.key_norm)
         content_lambda = torch.einsum('bhkm,bhvm->bhkv', keys, v)
-        kernel = relative_kernel(self.pos_embedding.weight, H, W, self.global_scope)
-        emb = dense_embedding(kernel, H, W, not self.global_scope).reshape(h, k_, n, n)
+        table = table_for_input(self.pos_embedding.weight, H, W, self.global_scope)
+        emb = dense_embedding(table, H, W, not self.global_scope).reshape(h, k_, n, n)
         position_lambdas = torch.einsum('hknm,bhvm->bnhkv', emb, v)
         y = torch.einsum('bhkn,bhkv->bhvn', q, content_lambda)
         y = y + torch.einsum('bhkn,bnhkv->bhvn', q, position_lambdas)

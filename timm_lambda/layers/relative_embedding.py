@@ -1,18 +1,10 @@
 """Translation-equivariant relative position embeddings (LambdaNetworks, section 3.3).
 
-One table ``R`` indexed by the relative offset ``m - n`` between a context position ``m``
-and a query position ``n`` holds every embedding: ``e_nm = R[m - n]`` (section 3.3,
-footnote 8). Because only offsets are stored, the same parameters serve every input size.
-
-* local scope ``r x r`` (section 3.4): the table covers offsets ``[-(r//2), r//2]`` in each
-  axis; embeddings of context positions outside the scope are zero ("masked").
-* global scope: the table covers every offset of the largest feature map given at
-  construction, ``[-(H_max - 1), H_max - 1] x [-(W_max - 1), W_max - 1]``.
-
-The table is stored as ``[|k|, |u|, R_h, R_w]``: it is directly the kernel of the lambda
-convolution (appendix C.1). The functions below turn it into the embeddings an ``H x W`` input
-uses. They are written with shape arithmetic only (no data-dependent Python branches), so a
-``torch.jit.trace`` or ONNX export made at one size is right at every size.
+One table ``R [|k|, |u|, R_h, R_w]`` indexed by the offset ``m - n`` holds every embedding, ``e_nm = R[m - n]``
+(footnote 8), so the same parameters serve every input size: offsets ``[-(r//2), r//2]`` for a local ``r x r``
+scope (section 3.4; outside it the embeddings are zero), every offset of the largest input for a global scope.
+The table is directly the weight of the lambda convolution (appendix C.1). The functions below turn it into the
+embeddings an ``H x W`` input uses, in shape arithmetic only, so a trace made at one size serves every size.
 """
 import collections
 import functools
@@ -26,9 +18,8 @@ import torch.nn.functional as F
 
 from .checks import Size2, check_max_size, check_scope, to_int, to_pair
 
-__all__ = ['RelativePositionEmbedding', 'relative_kernel', 'dense_embedding', 'dense_embedding_cached',
+__all__ = ['RelativePositionEmbedding', 'table_for_input', 'dense_index', 'dense_embedding', 'dense_embedding_cached',
            'block_embedding', 'block_index']
-
 
 
 class RelativePositionEmbedding(nn.Module):
@@ -75,8 +66,8 @@ class RelativePositionEmbedding(nn.Module):
             check_max_size(height, width, self.max_size[0], self.max_size[1])
 
 
-def relative_kernel(table: torch.Tensor, height: int, width: int, global_scope: bool) -> torch.Tensor:
-    """The offsets of ``table`` an ``height x width`` input uses, as a kernel ``[k, u, K_h, K_w]`` (odd sizes).
+def table_for_input(table: torch.Tensor, height: int, width: int, global_scope: bool) -> torch.Tensor:
+    """The offsets of ``table`` an ``height x width`` input uses: ``[k, u, K_h, K_w]`` (odd sizes).
 
     A local table is used whole (offsets beyond the input meet zero padding). A global table is cut
     to offsets ``[-(H-1), H-1] x [-(W-1), W-1]`` by an index gather, so an input larger than the table
@@ -90,39 +81,35 @@ def relative_kernel(table: torch.Tensor, height: int, width: int, global_scope: 
     return table.index_select(2, iy).index_select(3, ix)
 
 
-def dense_embedding(kernel: torch.Tensor, height: int, width: int, masked: bool = True) -> torch.Tensor:
+def dense_index(height: int, width: int, table_h: int, table_w: int, masked: bool,
+                device: torch.device) -> torch.Tensor:
+    """Gather index of :func:`dense_embedding`: ``[n * m]``, entry ``(n, m)`` the flat table position of the offset
+    ``m - n`` (the table centred on offset 0), or ``R_h R_w`` (a zero slot) outside the table when ``masked``."""
+    ys, xs = torch.arange(height, device=device), torch.arange(width, device=device)
+    dy = ys[None, :] - ys[:, None] + (table_h - 1) // 2  # [n_y, m_y]: table row of the offset m - n
+    dx = xs[None, :] - xs[:, None] + (table_w - 1) // 2
+    index = dy[:, None, :, None] * table_w + dx[None, :, None, :]
+    if masked:
+        inside = ((dy >= 0) & (dy < table_h))[:, None, :, None] & ((dx >= 0) & (dx < table_w))[None, :, None, :]
+        index = torch.where(inside, index, torch.full_like(index, table_h * table_w))
+    return index.reshape(-1)
+
+
+def dense_embedding(table: torch.Tensor, height: int, width: int, masked: bool = True,
+                    index: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Embeddings for every (query n, context m) pair: ``[k, u, n, m]``, ``n = m = H * W`` (Fig. 3).
 
-    ``E[:, :, n, m] = kernel[m - n]``. With ``masked`` (a local scope) offsets outside the kernel get 0 (the
-    mask of section 3.4); without (a global kernel cut by :func:`relative_kernel`) every offset is inside.
-    Materialises ``|k||u||n|^2`` values: small inputs only.
+    ``E[:, :, n, m] = table[m - n]``. With ``masked`` (a local scope) offsets outside the table get 0 (the
+    mask of section 3.4); without (a global table cut by :func:`table_for_input`) every offset is inside.
+    Materialises ``|k||u||n|^2`` values: small inputs only. ``index``: :func:`dense_index`, if already built.
     """
-    k, u, kh, kw = kernel.shape
-    ys = torch.arange(height, device=kernel.device)
-    xs = torch.arange(width, device=kernel.device)
-    dy = ys[None, :] - ys[:, None]  # [n_y, m_y] = m - n
-    dx = xs[None, :] - xs[:, None]
-    if masked:  # a zero ring around the kernel takes every out-of-scope offset
-        ry, rx = (kh - 1) // 2, (kw - 1) // 2
-        kernel = F.pad(kernel, [1, 1, 1, 1])
-        dy, dx = dy.clamp(-ry - 1, ry + 1), dx.clamp(-rx - 1, rx + 1)
-        kh, kw = kh + 2, kw + 2
-    index = (dy + (kh - 1) // 2)[:, None, :, None] * kw + (dx + (kw - 1) // 2)[None, :, None, :]
-    n = height * width
-    return kernel.reshape(k, u, kh * kw).index_select(2, index.reshape(-1)).reshape(k, u, n, n)
-
-
-@torch.jit.unused
-def dense_embedding_cached(table: torch.Tensor, height: int, width: int, masked: bool) -> torch.Tensor:
-    """:func:`dense_embedding` straight from the whole table (local or global) with an index built once per
-    input size: one gather, for eager runs (tracers and TorchScript use the shape-arithmetic version)."""
     k, u, th, tw = table.shape
-    index = _dense_index(height, width, th, tw, masked, table.device)
+    if index is None:
+        index = dense_index(height, width, th, tw, masked, table.device)
     flat = table.reshape(k, u, th * tw)
     if masked:
-        flat = F.pad(flat, [0, 1])  # slot th * tw: zero embedding outside the scope
-    n = height * width
-    return flat.index_select(2, index).reshape(k, u, n, n)
+        flat = F.pad(flat, [0, 1])  # slot R_h R_w: zero embedding outside the scope
+    return flat.index_select(2, index).reshape(k, u, height * width, height * width)
 
 
 # Gather indices of dense_embedding_cached, by (height, width, table size, masked, device): at most
@@ -134,83 +121,77 @@ _INDEX_CACHE_ENTRIES = 16
 _INDEX_CACHE_MAX_ELEMENTS = 1 << 22
 
 
-def _dense_index(height: int, width: int, table_h: int, table_w: int, masked: bool,
-                 device: torch.device) -> torch.Tensor:
-    key = (height, width, table_h, table_w, masked, str(device))
-    index = _INDEX_CACHE.pop(key, None)
-    if index is not None:
-        _INDEX_CACHE[key] = index  # most recently used last (pop + set: torch 2.4's dynamo has no move_to_end)
-        return index
-    with torch.inference_mode(False):
-        ys, xs = torch.arange(height, device=device), torch.arange(width, device=device)
-        dy = ys[None, :] - ys[:, None] + (table_h - 1) // 2  # [n_y, m_y]: table row of the offset m - n
-        dx = xs[None, :] - xs[:, None] + (table_w - 1) // 2
-        index = dy[:, None, :, None] * table_w + dx[None, :, None, :]
-        if masked:
-            inside = ((dy >= 0) & (dy < table_h))[:, None, :, None] & ((dx >= 0) & (dx < table_w))[None, :, None, :]
-            index = torch.where(inside, index, table_h * table_w)
-        index = index.reshape(-1)
+@torch.jit.unused
+def dense_embedding_cached(table: torch.Tensor, height: int, width: int, masked: bool) -> torch.Tensor:
+    """:func:`dense_embedding` with its index built once per input size: for eager runs."""
+    key = (height, width, table.shape[2], table.shape[3], masked, str(table.device))
+    index = _INDEX_CACHE.pop(key, None)  # pop + set: most recently used last (torch 2.4's dynamo: no move_to_end)
+    if index is None:
+        with torch.inference_mode(False):
+            index = dense_index(height, width, table.shape[2], table.shape[3], masked, table.device)
     if index.numel() <= _INDEX_CACHE_MAX_ELEMENTS:
         _INDEX_CACHE[key] = index
         while len(_INDEX_CACHE) > _INDEX_CACHE_ENTRIES:
             del _INDEX_CACHE[next(iter(_INDEX_CACHE))]  # the least recently used (torch 2.4's dynamo: no popitem)
-    return index
+    return dense_embedding(table, height, width, masked, index)
 
 
-def block_index(tile: int, step: int, kernel_h: int, kernel_w: int, device: torch.device) -> torch.Tensor:
-    """Gather index of :func:`block_embedding`: ``[T*T * M_h * M_w]``, entry ``(qy, qx, my, mx)`` the flat kernel
-    position ``(my - step qy, mx - step qx)``, or ``K_h K_w`` (a zero slot) outside the kernel."""
-    mh, mw = step * (tile - 1) + kernel_h, step * (tile - 1) + kernel_w
+def block_index(tile: int, step: int, table_h: int, table_w: int, device: torch.device) -> torch.Tensor:
+    """Gather index of :func:`block_embedding`: ``[T*T * M_h * M_w]``, entry ``(qy, qx, my, mx)`` the flat table
+    position ``(my - step qy, mx - step qx)``, or ``K_h K_w`` (a zero slot) outside the table."""
+    mh, mw = step * (tile - 1) + table_h, step * (tile - 1) + table_w
     q = torch.arange(tile, device=device)
-    ey = torch.arange(mh, device=device)[None, :] - step * q[:, None]  # [qy, my]: kernel row
-    ex = torch.arange(mw, device=device)[None, :] - step * q[:, None]  # [qx, mx]: kernel column
-    inside = ((ey >= 0) & (ey < kernel_h))[:, None, :, None] & ((ex >= 0) & (ex < kernel_w))[None, :, None, :]
-    index = torch.where(inside, ey[:, None, :, None] * kernel_w + ex[None, :, None, :], kernel_h * kernel_w)
+    ey = torch.arange(mh, device=device)[None, :] - step * q[:, None]  # [qy, my]: table row
+    ex = torch.arange(mw, device=device)[None, :] - step * q[:, None]  # [qx, mx]: table column
+    inside = ((ey >= 0) & (ey < table_h))[:, None, :, None] & ((ex >= 0) & (ex < table_w))[None, :, None, :]
+    index = torch.where(inside, ey[:, None, :, None] * table_w + ex[None, :, None, :], table_h * table_w)
     return index.reshape(tile * tile * mh * mw)
 
 
 @functools.lru_cache(maxsize=16)
-def _block_index_array(tile: int, step: int, kernel_h: int, kernel_w: int) -> np.ndarray:
+def _block_index_array(tile: int, step: int, table_h: int, table_w: int) -> np.ndarray:
     """:func:`block_index` as numpy data, never a traced or fake computation (the torch version stays for
     TorchScript, which cannot call numpy; ``tests/test_position_lambda.py`` checks that the two are equal)."""
-    mh, mw = step * (tile - 1) + kernel_h, step * (tile - 1) + kernel_w
+    mh, mw = step * (tile - 1) + table_h, step * (tile - 1) + table_w
     q = np.arange(tile)
     ey = np.arange(mh)[None, :] - step * q[:, None]
     ex = np.arange(mw)[None, :] - step * q[:, None]
-    inside = ((ey >= 0) & (ey < kernel_h))[:, None, :, None] & ((ex >= 0) & (ex < kernel_w))[None, :, None, :]
-    index = np.where(inside, ey[:, None, :, None] * kernel_w + ex[None, :, None, :], kernel_h * kernel_w)
+    inside = ((ey >= 0) & (ey < table_h))[:, None, :, None] & ((ex >= 0) & (ex < table_w))[None, :, None, :]
+    index = np.where(inside, ey[:, None, :, None] * table_w + ex[None, :, None, :], table_h * table_w)
     return index.reshape(-1).astype(np.int64)
 
 
 @torch.jit.unused
-def _block_index_cached(tile: int, step: int, kernel_h: int, kernel_w: int, device: torch.device) -> torch.Tensor:
-    """:func:`block_index` from data computed once per kernel size: a constant of ``jit.trace``, ``torch.export``
+def _block_index_cached(tile: int, step: int, table_h: int, table_w: int, device: torch.device) -> torch.Tensor:
+    """:func:`block_index` from data computed once per table size: a constant of ``jit.trace``, ``torch.export``
     and the ONNX exporters, so that onnxruntime folds the whole block embedding of a local scope at load time
     (computed in the graph, it is a ~20 ms gather per layer and run at 224 px)."""
-    tracing = torch._C._get_tracing_state()  # a tensor made outside a jit.trace in progress: a trace constant
+    # a tensor made outside a jit.trace in progress is a trace constant; private API (torch._C, since torch 1.0):
+    # torch has no public way to pause a trace
+    tracing = torch._C._get_tracing_state()
     torch._C._set_tracing_state(None)
     try:
-        return torch.as_tensor(_block_index_array(tile, step, kernel_h, kernel_w), device=device)
+        return torch.as_tensor(_block_index_array(tile, step, table_h, table_w), device=device)
     finally:
         torch._C._set_tracing_state(tracing)
 
 
 def block_embedding(table: torch.Tensor, tile: int, step: int = 1,
-                    kernel_size: Optional[List[int]] = None) -> torch.Tensor:
+                    table_size: Optional[List[int]] = None) -> torch.Tensor:
     """Embeddings between the queries of a ``tile x tile`` block and the block's context window, as the
     right-hand side of one matmul: ``[T*T, c, M_h * M_w * u]`` for a table ``[c, u, K_h, K_w]``, with
-    ``M = step (T - 1) + K`` (the block plus a halo of the kernel radius) and columns in ``(my, mx, u)`` order.
+    ``M = step (T - 1) + K`` (the block plus a halo of the table radius) and columns in ``(my, mx, u)`` order.
 
     ``E[(qy, qx), :, (my, mx, u)] = table[:, u, my - step qy, mx - step qx]`` (window coordinates), zero where
     that is outside the table. By translation equivariance (section 3.3) the same matrix serves every block
     of every input. ``step=2`` places query ``q`` at window position ``2 q``: the pooled tiled form, whose
-    table holds the nine shifted kernels of a 3x3 average pool (see :mod:`.position_lambda`).
-    ``kernel_size``: ``[K_h, K_w]`` as Python ints where the table's size is fixed (a local scope) but its
+    table holds the nine shifted tables of a 3x3 average pool (see :mod:`.position_lambda.layout`).
+    ``table_size``: ``[K_h, K_w]`` as Python ints where the table's size is fixed (a local scope) but its
     shape would be traced (``jit.trace``): the gather index is then a constant of the trace.
     """
     c, u = table.shape[0], table.shape[1]
-    if kernel_size is not None and not torch.jit.is_scripting():
-        kh, kw = kernel_size[0], kernel_size[1]
+    if table_size is not None and not torch.jit.is_scripting():
+        kh, kw = table_size[0], table_size[1]
         index = _block_index_cached(tile, step, kh, kw, table.device)
     else:
         kh, kw = table.shape[2], table.shape[3]

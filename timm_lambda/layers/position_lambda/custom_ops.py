@@ -1,0 +1,290 @@
+"""The dense and tiled forms as custom operators (``torch.library.custom_op``) for eager mode and ``torch.compile``.
+
+Each has a backward operator that recomputes the logits instead of saving them (or, for ``create_graph=True``,
+differentiates the plain-op form), a fake kernel, an autocast rule and a FLOP formula. The tiled operator works in
+chunks of query blocks (``CPU_CHUNK_ROWS`` logit rows on a CPU, one chunk per layer elsewhere): the compact logits
+``q R`` by one GEMM with the small table, written into the band of a reused zero buffer through a strided view
+(translation equivariance makes the band the same for every block), then one batched GEMM with the chunk's
+windows, each a strided view of the padded values.
+"""
+from typing import List, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
+
+from .execution import warn_once
+from .plain_ops import dense_plain, tiled_plain
+
+__all__ = ['dense_op', 'tiled_op', 'CPU_CHUNK_ROWS', 'DEVICE_CHUNK_ELEMENTS']
+
+CPU_CHUNK_ROWS = 512  # logit rows (queries x heads) of one chunk on a CPU: cache-sized (no committed measurement)
+DEVICE_CHUNK_ELEMENTS = 1 << 26  # logits of one chunk elsewhere (256 MiB in float32): one chunk per layer
+
+_LIB = torch.library.Library('timm_lambda', 'FRAGMENT')  # the autocast rules' registrations
+
+
+def _register(op, backward, setup_context, flops) -> None:
+    """The autograd, FLOP and autocast registrations of ``op`` (and the FLOPs of its backward operator: ``flops``
+    of the same inputs with ``backward=True``)."""
+    op.register_autograd(backward, setup_context=setup_context)
+    register_flop_formula(getattr(torch.ops.timm_lambda, op._name))(flops)
+    register_flop_formula(getattr(torch.ops.timm_lambda, op._name + '_backward'))(
+        lambda gy, *inputs, out_shape=None: flops(*inputs, backward=True))
+
+    def in_autocast_dtype(*args):
+        # torch.library.register_autocast (torch >= 2.7) fixes the dtype at registration; autocast's dtype is
+        # chosen at run time (bfloat16 or float16, on either device), so this rule reads it as a matmul does
+        device = args[0].device.type
+        dtype = torch.get_autocast_dtype(device)
+        args = [a.to(dtype) if isinstance(a, Tensor) and a.is_floating_point() and a.dtype != torch.float64 else a
+                for a in args]
+        with torch.autocast(device, enabled=False):
+            return op(*args)
+
+    for key in ('AutocastCPU', 'AutocastCUDA'):
+        _LIB.impl(op._name, in_autocast_dtype, key)
+
+
+@torch.jit.unused
+def _plain_vjp(plain, inputs: Tuple[Tensor, ...], args: tuple, grad: Tensor, needs: Sequence[bool]):
+    """A differentiable vector-Jacobian product of ``plain(*inputs, *args)``: the operators' backward when a
+    higher-order gradient is requested (``create_graph=True``)."""
+    warn_once('create_graph', 'higher-order gradients (create_graph=True) differentiate the plain-op form of the '
+                              'position lambdas: correct, but slower and with more memory than the custom operators')
+    with torch.enable_grad():
+        out = plain(*inputs, *args)
+    wrt = [x for x, need in zip(inputs, needs) if need]
+    got = iter(torch.autograd.grad(out, wrt, grad, create_graph=True, allow_unused=True))
+    grads = [next(got) if need else None for need in needs]
+    return tuple(torch.zeros_like(x) if need and g is None else g for x, g, need in zip(inputs, grads, needs))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# dense: q [n, B h, k], v [B, u m, V], emb [n, k, u m] -> y [B, n h, V]
+
+
+@torch.library.custom_op('timm_lambda::dense_position_lambdas', mutates_args=())
+def _dense(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
+    return dense_plain(q.contiguous(), v.contiguous(), emb.contiguous(), heads).contiguous()
+
+
+@_dense.register_fake
+def _(q, v, emb, heads):
+    return v.new_empty(v.shape[0], q.shape[0] * heads, v.shape[2])
+
+
+@torch.library.custom_op('timm_lambda::dense_position_lambdas_backward', mutates_args=())
+def _dense_backward(gy: Tensor, q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tuple[Tensor, Tensor, Tensor]:
+    q, v, emb, gy = q.contiguous(), v.contiguous(), emb.contiguous(), gy.contiguous()
+    n, bh, _ = q.shape
+    b, m = v.shape[0], v.shape[1]
+    logits = torch.bmm(q, emb).view(n, b, heads, m).transpose(0, 1).reshape(b, n * heads, m)  # recomputed
+    gv = torch.bmm(logits.transpose(1, 2), gy)
+    glogits = torch.bmm(gy, v.transpose(1, 2)).view(b, n, heads, m).transpose(0, 1).reshape(n, bh, m)
+    gq, gemb = torch.bmm(glogits, emb.transpose(1, 2)), torch.bmm(q.transpose(1, 2), glogits)
+    return gq.contiguous(), gv.contiguous(), gemb.contiguous()  # bmm may hand back a transposed layout
+
+
+@_dense_backward.register_fake
+def _(gy, q, v, emb, heads):
+    return q.new_empty(q.shape), v.new_empty(v.shape), emb.new_empty(emb.shape)  # contiguous, as the real ones
+
+
+def _dense_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:3])
+    ctx.heads = inputs[3]
+
+
+def _dense_autograd(ctx, gy):
+    q, v, emb = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True
+        grads = _plain_vjp(dense_plain, (q, v, emb), (ctx.heads,), gy, ctx.needs_input_grad[:3])
+    else:
+        grads = _dense_backward(gy, q, v, emb, ctx.heads)
+    return grads[0], grads[1], grads[2], None
+
+
+def _dense_flops(q, v, emb, heads, out_shape=None, backward=False) -> int:
+    """Logits ``n (B h) k (u m)`` and output ``B (n h) (u m) V`` multiply-adds; the backward: the logits again,
+    their gradient and the gradients of ``q``, ``v``, ``emb`` (``3 k + 2 V`` instead of ``k + V``)."""
+    (n, bh, k), (_, um, dv) = q, v
+    return 2 * n * bh * um * ((3 * k + 2 * dv) if backward else (k + dv))
+
+
+_register(_dense, _dense_autograd, _dense_setup, _dense_flops)
+
+
+@torch.jit.unused
+def dense_op(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
+    """:func:`.plain_ops.dense_plain` by the custom operator."""
+    return _dense(q, v.to(q.dtype), emb.to(q.dtype), heads)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tiled: q [G, T, T, h, c], vp [B, H', W', u V], table [c, u, K_h, K_w] -> y [G, T T h, V] (see tiled_plain)
+
+
+def _windows(vp: Tensor, b: int, by: int, rows: int, bx: int, cols: int, shift: int, mh: int, mw: int,
+             every: int = 1) -> Tensor:
+    """Context windows of ``rows x cols`` blocks from block ``(by, bx)`` of image ``b`` (every ``every``-th block
+    column) as one strided view ``[rows, cols, M_h, M_w, C]`` of the contiguous ``vp [B, H', W', C]``."""
+    _, hv, wv, cv = vp.shape
+    offset = vp.storage_offset() + ((b * hv + by * shift) * wv + bx * shift) * cv
+    return vp.as_strided((rows, cols, mh, mw, cv), (shift * wv * cv, every * shift * cv, wv * cv, cv, 1), offset)
+
+
+def _band(buf: Tensor, t: int, h: int, u: int, kh: int, kw: int, mw: int, step: int) -> Tensor:
+    """The band of block logits ``buf [C, (qy qx h), (my mx u)]`` as a view ``[C, qy, qx, h, u, ky, kx]``:
+    entry ``(qy, qx, h, my = step qy + ky, mx = step qx + kx, u)``. One strided view, no index tensor."""
+    s_h = buf.shape[2]
+    s_qx, s_my = h * s_h, mw * u
+    s_qy = t * s_qx
+    return buf.as_strided((buf.shape[0], t, t, h, u, kh, kw),
+                          (t * s_qy, s_qy + step * s_my, s_qx + step * u, s_h, 1, s_my, u), buf.storage_offset())
+
+
+def _chunks(batch: int, blocks_y: int, blocks_x: int, per_chunk: int) -> List[Tuple[int, int, int, int, int]]:
+    """``(image, first block row, block rows, first block column, block columns)`` of each chunk: whole block rows
+    of one image, or a part of one row, so that a chunk's windows are one strided view."""
+    out = []
+    for b in range(batch):
+        if per_chunk >= blocks_x:
+            rows = per_chunk // blocks_x
+            out += [(b, by, min(rows, blocks_y - by), 0, blocks_x) for by in range(0, blocks_y, rows)]
+        else:
+            out += [(b, by, 1, bx, min(per_chunk, blocks_x - bx))
+                    for by in range(blocks_y) for bx in range(0, blocks_x, per_chunk)]
+    return out
+
+
+class _TiledPlan:
+    """Shapes, chunks and reusable buffers of one tiled call (forward or backward)."""
+
+    def __init__(self, q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int):
+        self.g, self.t, _, self.h, self.c = q.shape
+        self.batch, _, _, self.cv = vp.shape
+        _, self.u, self.kh, self.kw = table.shape
+        self.dv = self.cv // self.u
+        self.step, self.blocks_y, self.blocks_x = step, blocks_y, blocks_x
+        self.mh, self.mw = step * (self.t - 1) + self.kh, step * (self.t - 1) + self.kw
+        self.rows = self.t * self.t * self.h  # logit rows of a block
+        self.cols = self.mh * self.mw * self.u  # logit columns of a block
+        if q.device.type == 'cpu':
+            per_chunk = max(1, CPU_CHUNK_ROWS // self.rows)
+        else:
+            per_chunk = max(1, DEVICE_CHUNK_ELEMENTS // (self.rows * self.cols))
+        self.chunks = _chunks(self.batch, blocks_y, blocks_x, per_chunk)
+        n = min(per_chunk, max(self.g, 1))
+        self.logits = vp.new_zeros(n, self.rows, self.cols)  # off-band entries stay zero
+        self.windows = vp.new_empty(n, self.mh, self.mw, self.cv)
+        self.compact = vp.new_empty(n * self.rows, self.u * self.kh * self.kw)
+        self.rm = table.view(self.c, self.u * self.kh * self.kw)
+
+    def block_logits(self, q: Tensor, vp: Tensor, chunk) -> Tuple[int, int, Tensor, Tensor]:
+        """Windows and band logits of one chunk: ``(first block, blocks, logits [n, rows, cols],
+        windows [n, M u, V])``; the compact logits ``q R`` come from one GEMM with the small table."""
+        b, by, nr, bx, nc = chunk
+        g0, n = (b * self.blocks_y + by) * self.blocks_x + bx, nr * nc
+        windows = self.windows[:n]
+        windows.view(nr, nc, self.mh, self.mw, self.cv).copy_(
+            _windows(vp, b, by, nr, bx, nc, self.step * self.t, self.mh, self.mw))
+        compact = self.compact[:n * self.rows]
+        torch.mm(q[g0:g0 + n].view(n * self.rows, self.c), self.rm, out=compact)
+        logits = self.logits[:n]
+        _band(logits, self.t, self.h, self.u, self.kh, self.kw, self.mw, self.step).copy_(
+            compact.view(n, self.t, self.t, self.h, self.u, self.kh, self.kw))
+        return g0, n, logits, windows.view(n, self.mh * self.mw * self.u, self.dv)
+
+
+@torch.library.custom_op('timm_lambda::tiled_position_lambdas', mutates_args=())
+def _tiled(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int) -> Tensor:
+    q, vp, table = q.contiguous(), vp.contiguous(), table.contiguous()
+    p = _TiledPlan(q, vp, table, step, blocks_y, blocks_x)
+    y = vp.new_empty(p.g, p.rows, p.dv)
+    for chunk in p.chunks:
+        g0, n, logits, windows = p.block_logits(q, vp, chunk)
+        torch.bmm(logits, windows, out=y[g0:g0 + n])
+    return y
+
+
+@_tiled.register_fake
+def _(q, vp, table, step, blocks_y, blocks_x):
+    return vp.new_empty(q.shape[0], q.shape[1] * q.shape[2] * q.shape[3], vp.shape[3] // table.shape[1])
+
+
+@torch.library.custom_op('timm_lambda::tiled_position_lambdas_backward', mutates_args=())
+def _tiled_backward(gy: Tensor, q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int,
+                    blocks_x: int) -> Tuple[Tensor, Tensor, Tensor]:
+    q, vp, table, gy = q.contiguous(), vp.contiguous(), table.contiguous(), gy.contiguous()
+    p = _TiledPlan(q, vp, table, step, blocks_y, blocks_x)
+    gq, gvp = torch.empty_like(q), torch.zeros_like(vp)
+    grm = torch.zeros(p.rm.shape, dtype=torch.promote_types(p.rm.dtype, torch.float32), device=p.rm.device)
+    n_max = p.logits.shape[0]
+    gwindows = vp.new_empty(n_max, p.mh * p.mw * p.u, p.dv)
+    glogits = vp.new_empty(n_max, p.rows, p.cols)
+    gcompact = vp.new_empty(n_max * p.rows, p.u * p.kh * p.kw)
+    phases = -(-p.mw // (step * p.t))  # windows of blocks this many columns apart do not overlap
+    for chunk in p.chunks:
+        b, by, nr, bx, nc = chunk
+        g0, n, logits, windows = p.block_logits(q, vp, chunk)
+        gyc = gy[g0:g0 + n]
+        gw = gwindows[:n]
+        torch.bmm(logits.transpose(1, 2), gyc, out=gw)
+        gw = gw.view(nr, nc, p.mh, p.mw, p.cv)
+        for r in range(nr):  # overlap-add into the padded values: one non-overlapping set of windows at a time
+            for phase in range(min(phases, nc)):
+                count = len(range(phase, nc, phases))
+                _windows(gvp, b, by + r, 1, bx + phase, count, step * p.t, p.mh, p.mw, phases).add_(
+                    gw[r:r + 1, phase::phases])
+        gl = glogits[:n]
+        torch.bmm(gyc, windows.transpose(1, 2), out=gl)
+        gc = gcompact[:n * p.rows]
+        gc.view(n, p.t, p.t, p.h, p.u, p.kh, p.kw).copy_(_band(gl, p.t, p.h, p.u, p.kh, p.kw, p.mw, step))
+        torch.mm(gc, p.rm.t(), out=gq[g0:g0 + n].view(n * p.rows, p.c))
+        qc = q[g0:g0 + n].view(n * p.rows, p.c)
+        if grm.dtype == gc.dtype:
+            grm.addmm_(qc.t(), gc)
+        else:  # accumulate a low-precision table gradient in float32
+            grm.add_(torch.mm(qc.t(), gc))
+    return gq, gvp, grm.to(table.dtype).view_as(table)
+
+
+@_tiled_backward.register_fake
+def _(gy, q, vp, table, step, blocks_y, blocks_x):
+    return q.new_empty(q.shape), vp.new_empty(vp.shape), table.new_empty(table.shape)  # contiguous, as the real ones
+
+
+def _tiled_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:3])
+    ctx.args = inputs[3:]
+
+
+def _tiled_autograd(ctx, gy):
+    q, vp, table = ctx.saved_tensors
+    if torch.is_grad_enabled():  # create_graph=True
+        step, blocks_y, blocks_x = ctx.args
+        grads = _plain_vjp(tiled_plain, (q, vp, table), (q.shape[1], step, blocks_y, blocks_x), gy,
+                           ctx.needs_input_grad[:3])
+    else:
+        grads = _tiled_backward(gy, q, vp, table, *ctx.args)
+    return grads[0], grads[1], grads[2], None, None, None
+
+
+def _tiled_flops(q, vp, table, step, blocks_y, blocks_x, out_shape=None, backward=False) -> int:
+    """Compact logits ``G T T h c (u K_h K_w)`` and window GEMM ``G (T T h) (M_h M_w u) V`` multiply-adds; the
+    backward: the compact logits again and the gradients of ``q`` and the table (3x), of the windows and of the
+    logits (2x)."""
+    (g, t, _, h, c), (_, u, kh, kw) = q, table
+    compact = g * t * t * h * c * u * kh * kw
+    window = g * t * t * h * (step * (t - 1) + kh) * (step * (t - 1) + kw) * vp[3]
+    return 2 * (3 * compact + 2 * window) if backward else 2 * (compact + window)
+
+
+_register(_tiled, _tiled_autograd, _tiled_setup, _tiled_flops)
+
+
+@torch.jit.unused
+def tiled_op(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int) -> Tensor:
+    """:func:`.plain_ops.tiled_plain` by the custom operator (the tile is ``q``'s block side)."""
+    return _tiled(q, vp.to(q.dtype), table.to(q.dtype), step, blocks_y, blocks_x)

@@ -1,0 +1,72 @@
+"""Which execution runs the position lambdas, and the one-time warnings about it (docs/execution_modes.md).
+
+The custom operators (:mod:`.custom_ops`) run in eager mode and under ``torch.compile``. Whatever records a graph
+of plain tensor ops (TorchScript, ``jit.trace``, the ONNX exporters, ``torch.export``) and ``torch.func``
+transforms (the operators have no batching rules) run the plain-op forms (:mod:`.plain_ops`); so does a
+higher-order gradient (the operators' backward differentiates the plain-op form when ``create_graph=True``).
+"""
+import warnings
+
+import torch
+
+from ..._compat import DYNAMO_FOLDS_FUNCTORCH_FLAG
+
+__all__ = ['use_custom_ops', 'size_independent', 'is_exporting', 'warn_once', 'warn_torchscript']
+
+
+@torch.jit.ignore
+def is_exporting() -> bool:
+    """``torch.compiler.is_exporting()`` (public since torch 2.6; False on 2.4-2.5, where an export then records
+    the custom operators)."""
+    flag = getattr(torch.compiler, 'is_exporting', None)
+    return bool(flag()) if flag is not None else False
+
+
+@torch.jit.ignore
+def functorch_active() -> bool:
+    """True inside a ``torch.func`` transform (grad, vmap, jacrev, jvp, ...).
+
+    Private API: torch has no public query for an active transform; ``torch._C._are_functorch_transforms_active``
+    exists since torch 2.0. Dynamo folds it to a constant from torch 2.5; torch 2.4's dynamo stops at it, so there
+    code being compiled reads False (timm_lambda/_compat.py)."""
+    if not DYNAMO_FOLDS_FUNCTORCH_FLAG and torch.compiler.is_compiling():
+        return False
+    return bool(torch._C._are_functorch_transforms_active())
+
+
+def size_independent() -> bool:
+    """True while a size-specialising tracer records the graph (jit.trace, legacy ONNX, torch.export)."""
+    if torch.jit.is_scripting():
+        return False
+    return torch.jit.is_tracing() or is_exporting()
+
+
+def use_custom_ops() -> bool:
+    """True where the custom operators run: eager mode and torch.compile, outside torch.func transforms."""
+    if torch.jit.is_scripting():
+        return False
+    if torch.jit.is_tracing() or is_exporting():
+        return False
+    if functorch_active():
+        warn_once('functorch', 'inside torch.func transforms the position lambdas run as plain tensor ops (the '
+                               'custom operators have no batching rules): correct, but slower and with more memory')
+        return False
+    return True
+
+
+_WARNED = set()
+
+
+@torch.jit.ignore
+def warn_once(key: str, message: str) -> None:
+    """One RuntimeWarning per process and ``key``, pointing to docs/execution_modes.md."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(f'timm_lambda: {message} (docs/execution_modes.md)', RuntimeWarning, stacklevel=3)
+
+
+def warn_torchscript() -> None:
+    """Called when a layer is scripted (``__prepare_scriptable__``): TorchScript runs the plain-op forms."""
+    warn_once('torchscript', 'TorchScript runs the position lambdas as plain tensor ops (a scripted model must load '
+                             'without this package\'s custom operators): inference is fine, training is slower '
+                             'than in eager mode or under torch.compile')

@@ -1,0 +1,129 @@
+"""The dense and tiled forms around their contractions: ``q [B, h, k, n]``, ``v [B, u, V, n]`` into the operands
+of :mod:`.plain_ops` / :mod:`.custom_ops` (``custom_ops=True``) and the result back to ``[B, h, V, n_out]``.
+
+The tiled form works on ``T x T`` query blocks, each against its context window (the block plus a halo of the
+scope radius). A stride-2 layer (3x3 average pooling after it, appendix F.2) is computed at the output resolution:
+pooling is linear, so an output's logits are the sum of its nine inputs' logits, one GEMM of the queries' 3x3
+patches against the nine shifted tables (4x fewer rows than the full map).
+"""
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..relative_embedding import dense_embedding, dense_embedding_cached, table_for_input
+from .custom_ops import dense_op, tiled_op
+from .execution import is_exporting
+from .plain_ops import dense_plain, tiled_plain
+
+__all__ = ['TILE', 'POOLED_TILE', 'tile', 'pooled_tile', 'dense', 'tiled']
+
+
+def tile() -> int:
+    """Query block side of the tiled form: 8 (the tile of the committed sweeps; other tiles were tried, their timings not committed)."""
+    return 8
+
+
+def pooled_tile() -> int:
+    """Output block side of the stride-2 tiled form (8x8 inputs)."""
+    return 4
+
+
+TILE, POOLED_TILE = tile(), pooled_tile()  # (functions: TorchScript reads no module-level ints)
+
+
+def dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, global_scope: bool,
+          custom_ops: bool) -> Tensor:
+    """The dense form: ``[B, h, V, n]``. ``table``: the whole embedding table ``[k, u, R_h, R_w]``."""
+    b, h, k, n = q.shape
+    u, dv = v.shape[1], v.shape[2]
+    q_by_position = q.permute(3, 0, 1, 2).reshape(n, b * h, k)
+    v_by_position = v.transpose(2, 3).reshape(b, u * n, dv)
+    if custom_ops:
+        emb = dense_embedding_cached(table, height, width, not global_scope).permute(2, 0, 1, 3)  # [n, k, u, m]
+        y = dense_op(q_by_position, v_by_position, emb.reshape(n, k, u * n), h)
+    else:
+        emb = dense_embedding(table_for_input(table, height, width, global_scope), height, width, not global_scope)
+        y = dense_plain(q_by_position, v_by_position, emb.permute(2, 0, 1, 3).reshape(n, k, u * n), h)
+    return y.reshape(b, n, h, dv).permute(0, 2, 3, 1)
+
+
+def _pooled_table(table: Tensor) -> Tensor:
+    """The nine shifted tables of a 3x3 average pool: ``[9 k, u, K_h + 2, K_w + 2]``, rows ``(dy, dx, k)``,
+    ``out[(d, k), u, e] = table[k, u, e - d]`` (zero outside)."""
+    shifted: List[Tensor] = []
+    for dy in range(3):
+        for dx in range(3):
+            shifted.append(F.pad(table, [dx, 2 - dx, dy, 2 - dy]))
+    return torch.cat(shifted, 0)
+
+
+def _block_counts(height: int, width: int, t: int) -> Tuple[int, int]:
+    """Query blocks of side ``t`` along each axis: ``ceil(size / t)``, and at least 2 inside ``torch.export``,
+    which (2.14) guards on a size-1 block dimension and would then specialise the export to inputs with the same
+    'one block or more' answer in every layer. The extra block is all padding: the results are the same."""
+    blocks_y, blocks_x = (height + t - 1) // t, (width + t - 1) // t
+    if not torch.jit.is_scripting() and is_exporting():
+        blocks_y, blocks_x = torch.sym_max(blocks_y, 2), torch.sym_max(blocks_x, 2)
+    return blocks_y, blocks_x
+
+
+def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: int, count_include_pad: bool,
+          custom_ops: bool, table_size: Optional[List[int]] = None) -> Tensor:
+    """The tiled form, average-pooled (3x3, stride 2, padding 1) at the output resolution when ``stride == 2``:
+    ``[B, h, V, n_out]``.
+    ``table``: cut to the input (:func:`table_for_input`); ``table_size``: its ``[K_h, K_w]`` as Python ints where
+    they are fixed (a local scope)."""
+    b, h, k, n = q.shape
+    u, dv = v.shape[1], v.shape[2]
+    kh, kw = (table.shape[-2], table.shape[-1]) if table_size is None else (table_size[0], table_size[1])
+    # pads on the contiguous NCHW maps, then one permute each (a pad of a permuted tensor makes torch.export
+    # guard on sizes of 1 and specialise the input size)
+    qn = q.reshape(b, h * k, height, width)
+    if stride == 1:
+        t, step, c = tile(), 1, k
+        ho, wo = height, width
+        blocks_y, blocks_x = _block_counts(ho, wo, t)
+        qb = F.pad(qn, [0, blocks_x * t - width, 0, blocks_y * t - height])
+        qb = qb.reshape(b, h, k, blocks_y, t, blocks_x, t).permute(0, 3, 5, 4, 6, 1, 2)  # [B, by, bx, T, T, h, k]
+        pad_y, pad_x = (kh - 1) // 2, (kw - 1) // 2  # values before the first query's window
+    else:
+        # output o averages inputs 2 o - 1 .. 2 o + 1: its queries are the 3x3 patch (d, k) of q, its table the
+        # nine shifted tables, and its window starts two input positions further for the next output
+        t, step, c, table = pooled_tile(), 2, 9 * k, _pooled_table(table)
+        ho, wo = (height + 1) // 2, (width + 1) // 2
+        blocks_y, blocks_x = _block_counts(ho, wo, t)
+        qp = F.pad(qn, [1, 2 * blocks_x * t - width, 1, 2 * blocks_y * t - height])
+        patch: List[Tensor] = []
+        for dy in range(3):
+            for dx in range(3):
+                patch.append(qp[:, :, dy:dy + 2 * blocks_y * t:2, dx:dx + 2 * blocks_x * t:2])
+        qb = torch.stack(patch, 2).reshape(b, h, k, 9, blocks_y, t, blocks_x, t)
+        qb = qb.permute(0, 4, 6, 5, 7, 1, 3, 2)  # [B, by, bx, T, T, h, 9, k]
+        pad_y, pad_x = (kh - 1) // 2 + 1, (kw - 1) // 2 + 1
+    qb = qb.reshape(b * blocks_y * blocks_x, t, t, h, c)
+    step_table_size = [kh + 2 * (step - 1), kw + 2 * (step - 1)]  # the pooled table is 2 larger
+    mh, mw = step * (t - 1) + step_table_size[0], step * (t - 1) + step_table_size[1]
+    vp = F.pad(v.reshape(b, u * dv, height, width), [pad_x, step * t * (blocks_x - 1) + mw - width - pad_x,
+                                                    pad_y, step * t * (blocks_y - 1) + mh - height - pad_y])
+    vp = vp.permute(0, 2, 3, 1)  # channels last: a window's rows (my, mx, u) are whole channel vectors
+    oy, ox = torch.arange(ho, device=q.device), torch.arange(wo, device=q.device)  # also the stride-2 border counts
+    if custom_ops:  # back to the output positions: one permute of whole channel vectors
+        y = tiled_op(qb, vp, table, step, blocks_y, blocks_x)
+        y = y.reshape(b, blocks_y, blocks_x, t, t, h * dv).permute(0, 1, 3, 2, 4, 5)
+        y = y.reshape(b, blocks_y * t, blocks_x * t, h * dv)[:, :ho, :wo].permute(0, 3, 1, 2)
+    else:  # one gather of whole rows (a permute would make torch.export guard on 'one block')
+        y = tiled_plain(qb, vp, table.to(qb.dtype), t, step, blocks_y, blocks_x,
+                        None if table_size is None else step_table_size)
+        row = ((oy // t) * blocks_x)[:, None] * (t * t) + (oy % t)[:, None] * t + ((ox // t) * (t * t) + ox % t)[None, :]
+        y = y.reshape(b, blocks_y * blocks_x * t * t, h * dv).index_select(1, row.reshape(ho * wo))
+        y = y.permute(0, 2, 1).reshape(b, h * dv, ho, wo)
+    if stride == 2:
+        if count_include_pad:
+            y = y / 9
+        else:  # average over the in-image inputs of each output
+            in_rows = 3 - (oy == 0).to(y.dtype) - (2 * oy + 1 >= height).to(y.dtype)
+            in_cols = 3 - (ox == 0).to(y.dtype) - (2 * ox + 1 >= width).to(y.dtype)
+            y = y / (in_rows[:, None] * in_cols[None, :])
+    return y.reshape(b, h, dv, ho * wo)

@@ -1,0 +1,76 @@
+"""The position lambdas in plain tensor ops: the two reference forms and the plain-op execution of the two fast ones.
+
+Shape arithmetic only (no data-dependent Python branches), so TorchScript, ``jit.trace``, the ONNX exporters,
+``torch.export``, ``torch.func`` and higher-order gradients record them; the custom operators (:mod:`.custom_ops`)
+compute the same contractions for eager mode and ``torch.compile``.
+"""
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..relative_embedding import block_embedding, dense_embedding
+
+__all__ = ['einsum_form', 'conv_form', 'dense_plain', 'tiled_plain']
+
+
+def einsum_form(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, masked: bool) -> Tensor:
+    """The lambda form of Fig. 3: ``lambda^p_n = sum_m E_nm v_m^T`` (eq. 1), then ``(lambda^p_n)^T q_n`` (eq. 2).
+
+    ``q [B, h, k, n]``, ``v [B, u, V, n]``, ``table [k, u, R_h, R_w]`` (cut to the input, :func:`table_for_input`)
+    -> ``[B, h, V, n]``. Materialises ``E [k, u, n, m]``."""
+    emb = dense_embedding(table, height, width, masked).to(v.dtype)  # [k, u, n, m]
+    lambdas = torch.einsum('kunm,buvm->bnkv', [emb, v])
+    return torch.einsum('bhkn,bnkv->bhvn', [q, lambdas.to(q.dtype)])
+
+
+def conv_form(q: Tensor, v: Tensor, table: Tensor, height: int, width: int) -> Tensor:
+    """The lambda convolution (section 3.4, appendix C.1): ``lambda^p`` as a 3-D convolution of the values with the
+    table, the value depth an extra axis; shapes as :func:`einsum_form`."""
+    b, u, dv = v.shape[0], v.shape[1], v.shape[2]
+    k, th, tw = table.shape[0], table.shape[-2], table.shape[-1]
+    # explicit padding: a global table's size follows the input, and a tracer records F.pad's amounts but
+    # freezes conv3d's padding argument
+    vp = F.pad(v.reshape(b, u, dv, height, width), [(tw - 1) // 2, (tw - 1) // 2, (th - 1) // 2, (th - 1) // 2])
+    lambdas = F.conv3d(vp, table.unsqueeze(2).to(v.dtype))  # [B, k, V, H, W]
+    return torch.einsum('bhkn,bkvn->bhvn', [q, lambdas.reshape(b, k, dv, height * width).to(q.dtype)])
+
+
+def dense_plain(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
+    """The dense form: logits ``a[n, (b, h), m] = q_n^h . E_nm`` for all pairs, then ``y = a v``.
+
+    ``q [n, B h, k]``, ``v [B, u m, V]``, ``emb [n, k, u m]`` -> ``[B, n h, V]``: two batched GEMMs."""
+    n = q.shape[0]
+    b, m = v.shape[0], v.shape[1]
+    logits = torch.bmm(q, emb.to(q.dtype)).reshape(n, b, heads, m).transpose(0, 1).reshape(b, n * heads, m)
+    return torch.bmm(logits, v.to(logits.dtype))
+
+
+def tiled_plain(q: Tensor, vp: Tensor, table: Tensor, tile: int, step: int, blocks_y: int, blocks_x: int,
+                table_size: Optional[List[int]] = None) -> Tensor:
+    """The tiled form: each ``T x T`` query block against its context window.
+
+    ``q [G, T, T, h, c]`` query blocks (``G = B by bx``), ``vp [B, H', W', u V]`` padded values (channels last),
+    ``table [c, u, K_h, K_w]`` -> ``[G, T T h, V]``. Block ``(b, by, bx)`` sees the window
+    ``vp[b, s T by + (0..M_h), s T bx + (0..M_w)]``, ``M = s (T - 1) + K``, query ``(qy, qx)`` at window position
+    ``(s qy, s qx)`` (``s = step``). Windows by one gather of whole channel vectors, logits by one matmul with the
+    block embedding (the same for every block, section 3.3), then one batched GEMM. ``table_size``: ``[K_h, K_w]``
+    as Python ints where they are fixed (see :func:`~..relative_embedding.block_embedding`)."""
+    g, h, c = q.shape[0], q.shape[3], q.shape[4]
+    b, hv, cv = vp.shape[0], vp.shape[1], vp.shape[3]
+    u = table.shape[1]
+    kh, kw = (table.shape[2], table.shape[3]) if table_size is None else (table_size[0], table_size[1])
+    mh, mw = step * (tile - 1) + kh, step * (tile - 1) + kw
+    # every window position of every block as one index into the flattened values, in block order (a permute of
+    # gathered windows would make torch.export guard on the number of blocks being 1)
+    dev = vp.device
+    rows = (torch.arange(blocks_y, device=dev) * (step * tile))[:, None, None, None] \
+        + torch.arange(mh, device=dev)[None, None, :, None]  # [by, 1, my, 1]
+    cols = (torch.arange(blocks_x, device=dev) * (step * tile))[None, :, None, None] \
+        + torch.arange(mw, device=dev)[None, None, None, :]  # [1, bx, 1, mx]
+    index = (rows * vp.shape[2] + cols).reshape(blocks_y * blocks_x * mh * mw)
+    windows = vp.reshape(b, hv * vp.shape[2], cv).index_select(1, index).reshape(g, mh * mw * u, cv // u)
+    emb = block_embedding(table, tile, step, table_size).to(q.dtype)  # [T T, c, M u]
+    logits = torch.matmul(q.reshape(g, tile * tile, h, c), emb).reshape(g, tile * tile * h, mh * mw * u)
+    return torch.bmm(logits, windows.to(logits.dtype))
