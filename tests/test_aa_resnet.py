@@ -4,18 +4,16 @@ Tables 3 and 6, layout, arguments. timm's model suite covers the registered mode
 import math
 
 import pytest
+import timm
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-import timm
-
+from dev.docs import count_params
 from timm_lambda.layers import AugmentedConv2d, RelPosSelfAttention2d
 from timm_lambda.layers.attention_augmented import augmented_depths
 from timm_lambda.layers.relative_attention import rel_to_abs, relative_logits_1d
 from timm_lambda.paper import AA_TABLE3, AA_TABLE6
-
-from dev.docs import count_params
 
 TINY = dict(layers=(1, 1, 1, 1), num_classes=5)
 

@@ -5,18 +5,15 @@ import math
 from pathlib import Path
 
 import pytest
+import timm
 import torch
 import torch.nn.functional as F
 
-import timm
-
-from timm_lambda import registered_models
-from timm_lambda.layers import (AxialSelfAttention2d, LambdaLayer, LocalSelfAttention2d,
-                                RelPosSelfAttention2d)
-from timm_lambda.paper import TABLE3, TABLE4
-
 from dev.benchmarks.table4 import TABLE4_ROWS, analytic_memory_gib, markdown, plot, run_table4
 from dev.docs import TABLE3_MODELS, table3_rows
+from timm_lambda import registered_models
+from timm_lambda.layers import AxialSelfAttention2d, LambdaLayer, LocalSelfAttention2d, RelPosSelfAttention2d
+from timm_lambda.paper import TABLE3, TABLE4
 
 TABLE4_MODELS = [name for name, _, _ in TABLE4_ROWS.values()]
 ATTENTION_MODELS = ['aa_resnet34', 'aa_resnet50', 'resnet50_global_attn', 'resnet50_axial_attn',
@@ -177,9 +174,10 @@ def test_local_attention_serves_any_size_and_global_refuses_larger_inputs():
 @pytest.mark.parametrize('name', ATTENTION_MODELS)
 def test_mmdet_backbone(name):
     """timm_lambda_mmdet.TimmLambdaResNet(model_name=...): c2..c5 at strides 4..32 (one block per stage)."""
+    from mmdet.registry import MODELS
+
     import _det  # noqa: F401  (skips without the [det] extra)
     import timm_lambda_mmdet  # noqa: F401  (registers TimmLambdaResNet)
-    from mmdet.registry import MODELS
     backbone = MODELS.build(dict(type='TimmLambdaResNet', model_name=name, norm_cfg=dict(type='BN'),
                                  model_kwargs=dict(layers=(1, 1, 1, 1)))).train()
     outs = backbone(torch.randn(2, 3, 64, 96))

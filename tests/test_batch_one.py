@@ -7,16 +7,22 @@ equal those of h, so both are the same function of the parameters: the parameter
 and the input gradient of the single sample must equal the sum over the two copies (in eval mode the second
 copy's is zero).
 """
+from typing import Optional
+
 import pytest
 import timm
 import torch
-from typing import Optional
-
 from torch import nn
 
 import timm_lambda
-from timm_lambda.layers import (AugmentedConv2d, AxialSelfAttention2d, LambdaLayer, LocalSelfAttention2d,
-                                MultiHeadLambdaLayer, RelPosSelfAttention2d)
+from timm_lambda.layers import (
+    AugmentedConv2d,
+    AxialSelfAttention2d,
+    LambdaLayer,
+    LocalSelfAttention2d,
+    MultiHeadLambdaLayer,
+    RelPosSelfAttention2d,
+)
 
 
 def _randomize_norms(model: nn.Module, seed: int = 0, calibrate: Optional[torch.Tensor] = None) -> nn.Module:

@@ -3,10 +3,10 @@ LambdaResNets (resnet26_lambda_cifar, resnet50_lambda_cifar) at 32x32: parameter
 written out from the architectures (and the report's 12.8M / 23.5M), the resolutions the lambda layers see,
 stems, feature reductions, cfgs, forward and backward."""
 import pytest
+import timm
 import torch
 from torch import nn
 
-import timm
 from timm_lambda.layers import LambdaLayer
 from timm_lambda.models import CifarLambdaResNet
 from timm_lambda.paper import CIFAR10_MEAN, CIFAR10_REPORT, CIFAR10_STD

@@ -14,12 +14,11 @@ import timm
 import torch
 
 import timm_lambda
-from timm_lambda.layers import position_lambda as PL
-from timm_lambda.layers.position_lambda import custom_ops
-
 from reference import position_term_reference
 from test_batch_one import _input_size, _model_params, check_model_batch_one
 from test_position_lambda import CASES, FORMS, IDS, _call, _inputs
+from timm_lambda.layers import position_lambda as PL
+from timm_lambda.layers.position_lambda import custom_ops
 
 HAVE_CUDA = torch.cuda.is_available()
 pytestmark = [
@@ -126,9 +125,9 @@ def test_model_batch_one_equals_duplicated_batch_on_cuda(name, train):
 def test_mmdet_mask_rcnn_train_test_on_cuda(tmp_path):
     pytest.importorskip('mmdet', reason='detection extra not installed (pip install "timm-lambda[det]")')
     from _mmdet_helpers import CLASSES, CONFIG_DIR, MMDET_TOOLS, run
+    from dev.synthetic_coco import make_coco_dataset
     from timm_lambda_mmdet.mmcv_cuda import mmcv_has_cuda_ops
     from timm_lambda_mmdet.overrides import small_run_overrides, to_cli_options
-    from dev.synthetic_coco import make_coco_dataset
 
     assert mmcv_has_cuda_ops(), ('mmcv has CPU-only ops: rebuild it with `TIMM_LAMBDA_MMCV_CUDA=1 bash '
                                  'tools/install.sh` (docs/install.md, "GPU (CUDA) install")')

@@ -4,16 +4,15 @@ and gradients, train and eval), traces and exports, and timm / segmentation_mode
 import io
 
 import pytest
+import timm
 import torch
 import torch.nn.functional as F
 
-import timm
 import timm_lambda  # noqa: F401  (registers the models)
-from timm_lambda.layers import LambdaLayer, LocalSelfAttention2d
-from timm_lambda.layers.dilation import batch_to_space, space_to_batch
-
 from _layer_helpers import perturb_for_eval
 from reference import lambda_layer_reference
+from timm_lambda.layers import LambdaLayer, LocalSelfAttention2d
+from timm_lambda.layers.dilation import batch_to_space, space_to_batch
 
 IMPLS = ('einsum', 'conv', 'dense', 'tiled', 'auto')
 

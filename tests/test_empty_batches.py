@@ -8,8 +8,15 @@ import timm
 import torch
 
 import timm_lambda
-from timm_lambda.layers import (AugmentedConv2d, AxialSelfAttention2d, LambdaLayer, LocalSelfAttention2d,
-                                MaskedLambdaLayer1d, MultiHeadLambdaLayer, RelPosSelfAttention2d)
+from timm_lambda.layers import (
+    AugmentedConv2d,
+    AxialSelfAttention2d,
+    LambdaLayer,
+    LocalSelfAttention2d,
+    MaskedLambdaLayer1d,
+    MultiHeadLambdaLayer,
+    RelPosSelfAttention2d,
+)
 
 ATTN = (0, 8, 5, 6)
 LAMBDA = [(f'lambda_{impl}_stride{s}', functools.partial(LambdaLayer, 8, dim_k=4, heads=2, scope=5, stride=s, impl=impl),

@@ -79,12 +79,14 @@ def test_mmengine_compile_true_on_a_shrunk_table14_config(tmp_path):
     batch) equals the eager run's, and the next one (after one optimizer step) follows it. Not later ones: a
     last-bit difference in the weights can flip which proposals Mask R-CNN's samplers keep, a ~1% loss step
     (seen in CI at the third iteration)."""
-    import _det  # noqa: F401  (skips without the [det] extra)
     import os.path as osp
+
     from mmengine.runner import Runner
+
+    import _det  # noqa: F401  (skips without the [det] extra)
+    from _mmdet_helpers import CONFIG_DIR
     from dev.quickstart import build_config
     from dev.synthetic_coco import make_coco_dataset
-    from _mmdet_helpers import CONFIG_DIR
 
     data = make_coco_dataset(str(tmp_path / 'data'), num_train=8, num_val=2, image_size=96, seed=0)
     config = osp.join(CONFIG_DIR, 'mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco.py')

@@ -7,10 +7,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from timm_lambda.layers import LambdaLayer, RelativePositionEmbedding
-
 from _layer_helpers import perturb_for_eval
 from reference import lambda_layer_reference
+from timm_lambda.layers import LambdaLayer, RelativePositionEmbedding
 
 IMPLS = ['einsum', 'conv', 'dense', 'tiled']
 

@@ -2,10 +2,9 @@
 import pytest
 import torch
 
-from timm_lambda.layers import MaskedLambdaLayer1d, MultiHeadLambdaLayer
-
 from _layer_helpers import perturb_for_eval
 from reference import masked_lambda_reference, multihead_lambda_reference
+from timm_lambda.layers import MaskedLambdaLayer1d, MultiHeadLambdaLayer
 
 
 def _masked(seed=0, emb_scale=0.3, **kw):

@@ -2,6 +2,8 @@
 check of ``mmcv/_ext*.so``, PreflightHook's refusal of CPU-only ops in front of a CUDA model, and (slow) one
 small CUDA kernel compiled with this machine's nvcc and the headers tools/build_mmcv_wheel.sh uses."""
 import _det  # noqa: F401  (skips this module without the [det] extra)
+
+# isort: split
 import os
 import shutil
 import subprocess
@@ -15,8 +17,15 @@ import torch
 
 from timm_lambda_mmdet import hooks
 from timm_lambda_mmdet.hooks import PreflightHook, check_mmcv_ops_for_device
-from timm_lambda_mmdet.mmcv_cuda import (DEFAULT_CUDA_ARCHS, decide_mmcv_build, elf_sections, has_cuda_device_code,
-                                         mmcv_ext_path, mmcv_has_cuda_ops, torch_nvidia_include_dirs)
+from timm_lambda_mmdet.mmcv_cuda import (
+    DEFAULT_CUDA_ARCHS,
+    decide_mmcv_build,
+    elf_sections,
+    has_cuda_device_code,
+    mmcv_ext_path,
+    mmcv_has_cuda_ops,
+    torch_nvidia_include_dirs,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CHECK_PY = REPO / 'timm_lambda_mmdet' / 'mmcv_cuda.py'

@@ -1,5 +1,7 @@
 """TimmLambdaResNet: features, norms, freezing, checkpointing, weights."""
 import _det  # noqa: F401  (skips this module without the [det] extra)
+
+# isort: split
 import subprocess
 import sys
 
@@ -7,15 +9,14 @@ import pytest
 import timm
 import torch
 import torch.nn as nn
+from mmdet.registry import MODELS
 from mmengine.model import revert_sync_batchnorm
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from mmdet.registry import MODELS
-from timm_lambda_mmdet import TimmLambdaResNet, norm_layer_from_cfg
-
 from _mmdet_helpers import REPO
+from timm_lambda_mmdet import TimmLambdaResNet, norm_layer_from_cfg
 
 
 def build(**kw):

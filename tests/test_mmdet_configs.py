@@ -1,20 +1,21 @@
 """Table 14 configs: parse, build, forward + loss at a small size."""
 import _det  # noqa: F401  (skips this module without the [det] extra)
+
+# isort: split
 import os.path as osp
 
 import pytest
 import torch
-from mmengine.config import Config
-from mmengine.model import revert_sync_batchnorm
-
-import timm_lambda_mmdet  # noqa: F401
 from mmdet.registry import MODELS
 from mmdet.structures import DetDataSample
 from mmdet.testing import demo_mm_inputs
 from mmdet.utils import register_all_modules
-from timm_lambda_mmdet.overrides import small_run_overrides
+from mmengine.config import Config
+from mmengine.model import revert_sync_batchnorm
 
+import timm_lambda_mmdet  # noqa: F401
 from _mmdet_helpers import CONFIG_DIR, TABLE14
+from timm_lambda_mmdet.overrides import small_run_overrides
 
 register_all_modules()
 
@@ -159,6 +160,7 @@ def test_pretrained_backbone_route_merges_from_child_config_and_cfg_options(tmp_
     config's init_cfg and --cfg-options keys (a None base made both a mmengine TypeError); a string init_cfg is an
     error that names the right spelling."""
     import argparse
+
     from mmengine.config import DictAction
     base = osp.join(CONFIG_DIR, 'mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco.py')
     child = tmp_path / 'child.py'

@@ -1,16 +1,16 @@
 """CheckedCocoDataset: problems with the annotation files are reported with the file and the problem."""
 import _det  # noqa: F401  (skips this module without the [det] extra)
+
+# isort: split
 import json
 
 import pytest
-
-import timm_lambda_mmdet  # noqa: F401
 from mmdet.registry import DATASETS
 from mmdet.utils import register_all_modules
 
-from dev.synthetic_coco import make_coco_dataset
-
+import timm_lambda_mmdet  # noqa: F401
 from _mmdet_helpers import CLASSES
+from dev.synthetic_coco import make_coco_dataset
 
 register_all_modules()
 

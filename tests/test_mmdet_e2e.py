@@ -2,6 +2,8 @@
 torchrun with 2 CPU processes (gloo, the opt-in CPU config); weights_only loading of Runner checkpoints;
 checkpoints, outputs and datasets that are wrong fail early, naming the problem."""
 import _det  # noqa: F401  (skips this module without the [det] extra)
+
+# isort: split
 import glob
 import io
 import json
@@ -17,11 +19,9 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
 import timm_lambda_mmdet.runner_checkpoints  # noqa: F401  (opts in to the allow-list, as the configs do)
-from timm_lambda_mmdet.overrides import small_run_overrides, to_cli_options
-
-from dev.synthetic_coco import make_coco_dataset
-
 from _mmdet_helpers import CLASSES, CONFIG_DIR, MMDET_TOOLS, python_m, run
+from dev.synthetic_coco import make_coco_dataset
+from timm_lambda_mmdet.overrides import small_run_overrides, to_cli_options
 
 pytestmark = pytest.mark.slow
 
@@ -243,6 +243,7 @@ def timm_train_checkpoint(tmp_path_factory):
     """A lambdaresnet50 checkpoint written by timm's CheckpointSaver as train.py does (``state_dict``,
     ``state_dict_ema``, ``args``, ``optimizer``, ...), its EMA weights differing from the raw ones."""
     import argparse
+
     import timm
     from timm.utils import CheckpointSaver, ModelEmaV3
     torch.manual_seed(0)

@@ -1,5 +1,7 @@
 """The README's main job, tools/quickstart.py: the default run, end to end, learns; its options reach the run."""
 import _det  # noqa: F401  (skips this module without the [det] extra)
+
+# isort: split
 import importlib.util
 import os.path as osp
 import re

@@ -4,13 +4,12 @@ import functools
 import pickle
 
 import pytest
-import torch
-from torch import nn
-
 import timm
+import torch
+from timm.layers import BlurPool2d, SEModule
 from timm.models import save_for_hf
 from timm.models.resnet import BasicBlock, Bottleneck
-from timm.layers import BlurPool2d, SEModule
+from torch import nn
 
 from timm_lambda._compat import parse_version
 from timm_lambda.layers import AugmentedConv2d, AxialSelfAttention2d, LambdaLayer, LocalSelfAttention2d

@@ -15,14 +15,13 @@ import warnings
 from pathlib import Path
 
 import pytest
-import torch
-
 import timm
-from timm_lambda.layers import LambdaLayer
-from timm_lambda.models.lambda_resnet import DLI14_MODEL_ARGS, checkpoint_filter_dli14
+import torch
 
 from _layer_helpers import perturb_for_eval
 from reference import dli14_lambda_reference, dli14_resnet_reference, lambda_layer_reference
+from timm_lambda.layers import LambdaLayer
+from timm_lambda.models.lambda_resnet import DLI14_MODEL_ARGS, checkpoint_filter_dli14
 
 IMPLS = ['einsum', 'conv', 'dense', 'tiled']
 MANIFEST = Path(__file__).parent / 'fixtures' / 'dli14_lambda_resnet50_state_dict.txt'

@@ -6,11 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+from reference import position_term_reference
 from timm_lambda.layers import LambdaLayer
 from timm_lambda.layers import position_lambda as PL
 from timm_lambda.layers.position_lambda import custom_ops
-
-from reference import position_term_reference
 
 FORMS = ['dense', 'tiled']
 

@@ -12,13 +12,11 @@ import pytest
 import timm
 import torch
 import yaml
-
 from timm.models import get_pretrained_cfg
 
 import timm_lambda  # noqa: F401  (registers the models even without the autoload hook)
-from timm_lambda.paper import TABLE20
-
 from dev import recipes as timm_train_args
+from timm_lambda.paper import TABLE20
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / 'configs' / 'timm'

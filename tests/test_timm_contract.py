@@ -5,10 +5,9 @@ import warnings
 
 import numpy as np
 import pytest
+import timm
 import torch
 from torch import nn
-
-import timm
 
 from timm_lambda import registered_models
 from timm_lambda.layers import LambdaLayer, MaskedLambdaLayer1d, MultiHeadLambdaLayer
@@ -218,6 +217,7 @@ def test_onnx_holds_the_block_index_as_a_constant(tmp_path, dynamo):
         _skip_without_dynamo_exporter()
     import onnx
     from onnx import numpy_helper
+
     from timm_lambda.layers.relative_embedding import block_index
     layer = LambdaLayer(32, 32, scope=23, impl='tiled').eval()
     x = torch.randn(1, 32, 16, 16)

@@ -3,15 +3,15 @@ import os
 import socket
 
 import numpy as np
+import timm
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from PIL import Image
-
-import timm
-import timm_lambda  # noqa: F401  (registers the models)
 from timm.data import create_dataset, create_loader, resolve_data_config
 from timm.optim import create_optimizer_v2
+
+import timm_lambda  # noqa: F401  (registers the models)
 
 
 def _write_image_folder(root, classes=2, per_class=8, size=48, seed=0):

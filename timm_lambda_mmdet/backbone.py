@@ -6,13 +6,12 @@ import timm
 import torch
 import torch.nn as nn
 from mmcv.cnn import build_norm_layer
+from mmdet.registry import MODELS
 from mmengine.logging import MMLogger
 from mmengine.model import BaseModule
 from timm.models import load_state_dict
 from timm.models._hub import download_cached_file
 from torch.nn.modules.batchnorm import _BatchNorm
-
-from mmdet.registry import MODELS
 
 import timm_lambda  # noqa: F401  (registers the LambdaResNet / ResNet-RS-without-SE models with timm)
 

@@ -10,8 +10,7 @@ __all__ = ['enable_cpu_process_groups']
 
 
 def _accelerator_available():
-    from mmengine.device import (is_mlu_available, is_musa_available,
-                                 is_npu_available)
+    from mmengine.device import is_mlu_available, is_musa_available, is_npu_available
     return (torch.cuda.is_available() or is_mlu_available()
             or is_npu_available() or is_musa_available())
 

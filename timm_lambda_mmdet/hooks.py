@@ -3,11 +3,10 @@ import os
 import os.path as osp
 from typing import Optional
 
+from mmdet.registry import HOOKS
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.runner import BaseLoop
-
-from mmdet.registry import HOOKS
 
 from .checkpoint_compat import check_checkpoint_file
 from .mmcv_cuda import mmcv_has_cuda_ops

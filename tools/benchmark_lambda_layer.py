@@ -36,9 +36,8 @@ import time
 import torch
 from torch import nn
 
-from timm_lambda.layers import LambdaLayer
-
 from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
+from timm_lambda.layers import LambdaLayer
 
 DETECTION_SHAPES = [(256, 64, 1), (512, 64, 2), (512, 32, 1)]  # width, input side, stride
 

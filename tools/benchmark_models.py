@@ -29,9 +29,8 @@ import shlex
 import sys
 import time
 
-import torch
-
 import timm
+import torch
 
 from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
 

@@ -29,7 +29,6 @@ import time
 import torch
 
 import timm_lambda  # noqa: F401  (registers the models)
-
 from dev.benchmarks.table4 import TABLE4_ROWS, markdown, markdown_document, plot, run_table4
 
 

@@ -49,8 +49,9 @@ def machine_load() -> str:
 
 def main(argv=None):
     args = parse_args(argv)
-    import torch
     import timm
+    import torch
+
     from dev.quick_train import QuickRunConfig, quick_train
     cfg = QuickRunConfig(
         model=args.model, model_kwargs={'layers': tuple(args.layers)}, num_classes=args.classes,

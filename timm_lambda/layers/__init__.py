@@ -1,11 +1,11 @@
 """Lambda layer family (LambdaNetworks, Bello, ICLR 2021)."""
-from .relative_embedding import RelativePositionEmbedding
-from .position_lambda import POSITION_IMPLS, position_lambdas
-from .lambda_layer import LambdaLayer, KEY_NORMS
+from .attention_augmented import AugmentedConv2d
+from .lambda_layer import KEY_NORMS, LambdaLayer
 from .masked_lambda import MaskedLambdaLayer1d
 from .multihead_lambda import MultiHeadLambdaLayer
+from .position_lambda import POSITION_IMPLS, position_lambdas
 from .relative_attention import AxialSelfAttention2d, LocalSelfAttention2d, RelPosSelfAttention2d
-from .attention_augmented import AugmentedConv2d
+from .relative_embedding import RelativePositionEmbedding
 
 __all__ = ['RelativePositionEmbedding', 'LambdaLayer', 'MaskedLambdaLayer1d', 'MultiHeadLambdaLayer',
            'POSITION_IMPLS', 'position_lambdas', 'KEY_NORMS',

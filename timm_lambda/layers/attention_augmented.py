@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from .checks import check_ratio, check_stride, downsample_pool, to_int, to_pair
-from .relative_attention import RelPosSelfAttention2d, upsample_to
 from .dilation import check_dilation
+from .relative_attention import RelPosSelfAttention2d, upsample_to
 
 __all__ = ['AugmentedConv2d', 'augmented_depths']
 

@@ -7,8 +7,8 @@ import operator
 from typing import Sequence, Tuple, Union
 
 import torch
-from torch import nn
 from timm.layers import to_2tuple
+from torch import nn
 
 __all__ = ['to_int', 'to_pair', 'check_scope', 'check_choice', 'check_bool', 'check_stride', 'check_heads',
            'check_ratio', 'check_input', 'check_max_size', 'downsample_pool']

@@ -16,17 +16,26 @@ by one of the implementations of :mod:`.position_lambda` (all over the same para
 from typing import Callable, List, Optional, Tuple
 
 import torch
-from torch import nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
+from torch import nn
 
 from .._compat import register_load_state_dict_pre_hook
+from .batch_one import reshape_normed
+from .checks import (
+    check_bool,
+    check_choice,
+    check_heads,
+    check_input,
+    check_scope,
+    check_stride,
+    downsample_pool,
+    to_int,
+)
+from .dilation import batch_to_space, check_dilation, space_to_batch
 from .position_lambda import POSITION_IMPLS, choose_impl, position_lambdas, tile_window, warn_torchscript
 from .position_lambda.execution import functorch_active
-from .checks import check_bool, check_choice, check_heads, check_input, check_scope, check_stride, downsample_pool, to_int
 from .relative_embedding import RelativePositionEmbedding
-from .batch_one import reshape_normed
-from .dilation import batch_to_space, check_dilation, space_to_batch
 
 __all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS']
 

@@ -13,8 +13,8 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import nn
 
-from .checks import check_choice, check_heads, check_input, check_stride, downsample_pool, to_int
 from .batch_one import reshape_normed
+from .checks import check_choice, check_heads, check_input, check_stride, downsample_pool, to_int
 from .lambda_layer import KEY_NORMS, normalize_keys
 from .relative_embedding import RelativePositionEmbedding, dense_embedding, table_for_input
 

@@ -34,12 +34,12 @@ import types
 from typing import Optional, Tuple
 
 import torch
-from torch import nn
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from timm.layers.bottleneck_attn import BottleneckAttn
 from timm.layers.halo_attn import HaloAttn
 from timm.layers.weight_init import trunc_normal_
+from torch import nn
 
 from .checks import check_heads, check_ratio, check_stride, downsample_pool, to_int, to_pair
 from .dilation import batch_to_space, check_dilation, space_to_batch

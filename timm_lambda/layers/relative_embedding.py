@@ -11,10 +11,9 @@ import functools
 from typing import List, Optional
 
 import numpy as np
-
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from .checks import Size2, check_max_size, check_scope, to_int, to_pair
 

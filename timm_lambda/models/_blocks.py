@@ -12,9 +12,9 @@ from functools import partial
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
-from torch import nn
 from timm.layers import get_norm_layer
 from timm.models.resnet import BasicBlock, Bottleneck, ResNet
+from torch import nn
 
 from ..layers.checks import to_int
 

@@ -12,9 +12,8 @@
 All have pretrained cfgs for 32x32 CIFAR-10 inputs (10 classes, the report's mean/std, no centre crop) and
 no weights.
 """
-from torch import nn
-
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from torch import nn
 
 from ..paper import CIFAR10_MEAN, CIFAR10_STD, STAGE_DEPTHS
 from ._pretrained import cfg

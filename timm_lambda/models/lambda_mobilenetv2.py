@@ -9,12 +9,11 @@ InvertedResidual; 3.21M parameters in the paper, 3.24M here (see README).
 from functools import partial
 from typing import Optional, Sequence
 
-from torch import nn
-
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._efficientnet_blocks import InvertedResidual
 from timm.models._efficientnet_builder import decode_arch_def, round_channels
 from timm.models.efficientnet import EfficientNet
+from torch import nn
 
 from ..layers import LambdaLayer
 from ._blocks import norm_with_bn_args

@@ -25,10 +25,9 @@ import warnings
 from functools import partial
 from typing import Optional, Sequence, Tuple, Union
 
-from torch import nn
-
 from timm.layers import get_attn
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
+from torch import nn
 
 from ..layers import LambdaLayer, RelativePositionEmbedding
 from ..layers.checks import check_scope, to_int, to_pair

@@ -10,8 +10,7 @@ import re
 from pathlib import Path
 from typing import Callable, Dict, List
 
-from timm_lambda.paper import (AA_TABLE3, AA_TABLE6, LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS, TABLE3, TABLE14,
-                               TABLE20)
+from timm_lambda.paper import AA_TABLE3, AA_TABLE6, LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS, TABLE3, TABLE14, TABLE20
 
 from .recipes import all_recipes, mmdet_config_name, mmdet_configs, mmdet_metafile
 

@@ -18,9 +18,8 @@ import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
-import torch
-
 import timm
+import torch
 from timm.data import create_loader, resolve_data_config
 from timm.loss import LabelSmoothingCrossEntropy
 from timm.optim import create_optimizer_v2

@@ -149,8 +149,9 @@ def run(config: str, work_dir: str = 'work_dirs/quickstart', **overrides) -> dic
     ``config``: path of the Table 14 config (:data:`CONFIG_NAME` in the repository's configs/mmdet/);
     ``overrides``: any key of :data:`DEFAULTS`. Returns the COCO metrics and the paths written.
     """
-    import timm_lambda_mmdet  # noqa: F401  (registers the backbone, dataset and hook)
     from mmengine.runner import Runner
+
+    import timm_lambda_mmdet  # noqa: F401  (registers the backbone, dataset and hook)
 
     unknown = set(overrides) - set(DEFAULTS)
     if unknown:

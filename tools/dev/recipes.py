@@ -17,7 +17,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
-from timm_lambda.paper import COCO_SETUP, RESOLUTIONS, TABLE14, TABLE18_TOP1, TABLE20, TABLE3_TOP1
+from timm_lambda.paper import COCO_SETUP, RESOLUTIONS, TABLE3_TOP1, TABLE14, TABLE18_TOP1, TABLE20
 
 __all__ = ['all_recipes', 'recipe_350', 'recipe_90', 'mmdet_configs', 'mmdet_config_name', 'mmdet_metafile',
            'parse_train_py',

@@ -12,8 +12,8 @@ from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
 from timm.layers import register_notrace_function
+from torch import Tensor
 
 from ..checks import check_max_size
 from ..relative_embedding import table_for_input

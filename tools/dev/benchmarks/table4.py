@@ -15,10 +15,9 @@ ResNet-50 frame (``tools/benchmark_table4.py`` is the command line; it writes do
 """
 from typing import Optional, Sequence
 
+import timm
 import torch
 import torch.nn.functional as F
-
-import timm
 
 from timm_lambda.models._blocks import stage_sizes
 from timm_lambda.paper import TABLE4
