@@ -84,8 +84,10 @@ def _describe(name: str) -> str:
         'resnet50_lambda_dli14': 'resnet50_lambda with d-li14/lambda.pytorch\'s position bias and padding-counted '
                                  'pooling: the architecture of their ImageNet weights',
         'mobilenetv2_100_lambda': 'MobileNet-v2, blocks 10 and 16 lightweight lambda blocks (E.4.2, Table 17)',
-        'aa_resnet34': 'AA-ResNet-34: first 3x3 conv of every c3-c5 block attention augmented, kappa=upsilon=0.25 (AA paper)',
-        'aa_resnet50': 'AA-ResNet-50: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 (AA paper; Table 3)',
+        'aa_resnet34': 'AA-ResNet-34: first 3x3 conv of every c3-c5 block attention augmented, kappa=upsilon=0.25 '
+                       '(AA paper)',
+        'aa_resnet50': 'AA-ResNet-50: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 '
+                       '(AA paper; Table 3)',
         'aa_resnet101': 'AA-ResNet-101: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 (AA paper)',
         'aa_resnet152': 'AA-ResNet-152: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 (AA paper)',
         'resnet50_global_attn': 'vanilla ResNet-50, every 3x3 conv global relative self-attention (Table 4)',
@@ -94,7 +96,8 @@ def _describe(name: str) -> str:
         'resnet50_lambda_k8': 'resnet50_lambda with \\|k\\|=8 (Table 4)',
         'resnet50_lambda_shared': 'resnet50_lambda with one shared position embedding (Table 4)',
         'resnet50_lambda_conv7': 'resnet50_lambda, 7x7 scope by the lambda convolution (Table 4)',
-        'resnet50_lambda_global32': 'the CIFAR-10 report\'s model: ResNet-50, lambda layers with global context at 32x32',
+        'resnet50_lambda_global32': 'the CIFAR-10 report\'s model: ResNet-50, lambda layers with global context '
+                                    'at 32x32',
         'resnet26_lambda_cifar': 'CIFAR stem (3x3 stride 1, no pooling), blocks 2-2-2-2, every 3x3 a lambda layer',
         'resnet50_lambda_cifar': 'CIFAR stem, blocks 3-4-6-3, every 3x3 a lambda layer',
     }.get(name, '')
