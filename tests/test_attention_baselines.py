@@ -189,7 +189,8 @@ def test_mmdet_backbone(name):
 # --- the tools ---------------------------------------------------------------------------------------
 
 def test_table4_benchmark_smoke(tmp_path):
-    """A run at 32 px, batch 2, one block per stage: every row measured, ratios to the lambda layer; a row over max_gib is not run."""
+    """A run at 32 px, batch 2, one block per stage: every row measured, ratios to the lambda layer; a row over
+    max_gib is not run."""
     result = run_table4(batch=2, img_size=32, repeats=1, warmup=0, model_kwargs=dict(layers=(1, 1, 1, 1)),
                         log=lambda *a: None)
     rows = {r['layer']: r for r in result['rows']}
@@ -202,7 +203,8 @@ def test_table4_benchmark_smoke(tmp_path):
     plot(result, str(tmp_path / 't4.png'))
     assert (tmp_path / 't4.png').stat().st_size > 10000
     skipped = run_table4(batch=2, img_size=32, repeats=1, warmup=0, max_gib=0.001, infer=False,
-                         rows=['Global self-attention'], model_kwargs=dict(layers=(1, 1, 1, 1)), log=lambda *a: None)
+                         rows=['Global self-attention'], model_kwargs=dict(layers=(1, 1, 1, 1)),
+                         log=lambda *a: None)
     glob = skipped['rows'][0]
     assert glob['measured_gib'] is None and glob['train_s'] is None
     assert 'not run' in markdown(skipped)
@@ -213,8 +215,9 @@ def test_benchmark_and_table_tools_run(tmp_path):
     import sys
     repo = Path(__file__).resolve().parents[1]
     proc = subprocess.run([sys.executable, str(repo / 'tools' / 'benchmark_table4.py'), '--img-size', '32', '--batch',
-                           '2', '--repeats', '1', '--no-infer', '--rows', 'Lambda layer', '--md', str(tmp_path / 't.md'),
-                           '--png', ''], cwd=repo, capture_output=True, text=True, timeout=600)
+                           '2', '--repeats', '1', '--no-infer', '--rows', 'Lambda layer',
+                           '--md', str(tmp_path / 't.md'), '--png', ''],
+                          cwd=repo, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert '| Lambda layer | `resnet50_lambda` | Θ(lkn²) | 1.9 | 1.92 |' in (tmp_path / 't.md').read_text()
     from dev.docs import attention_tables

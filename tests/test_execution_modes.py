@@ -93,7 +93,8 @@ def test_mmengine_compile_true_on_a_shrunk_table14_config(tmp_path):
     losses = {}
     for mode in ('eager', 'compile'):
         cfg = build_config(data, str(tmp_path / mode), config, image_size=64, batch_size=2, iters=2, warmup_iters=2,
-                           log_interval=1, model_kwargs=dict(layers=(1, 1, 1, 1), lambda_blocks=(None, None, 'all', 'all')))
+                           log_interval=1,
+                           model_kwargs=dict(layers=(1, 1, 1, 1), lambda_blocks=(None, None, 'all', 'all')))
         cfg.compile = mode == 'compile'
         cfg.train_dataloader.num_workers = 0
         cfg.train_dataloader.persistent_workers = False

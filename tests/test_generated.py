@@ -18,7 +18,8 @@ def test_committed_file_equals_generated(path):
 
 def test_every_recipe_and_config_is_generated():
     on_disk = {f'configs/timm/{p.name}' for p in (REPO / 'configs' / 'timm').glob('*.yaml')}
-    on_disk |= {f'configs/mmdet/{p.name}' for p in (REPO / 'configs' / 'mmdet').glob('mask-rcnn_*syncbn_*lsj-130k_coco.py')}
+    on_disk |= {f'configs/mmdet/{p.name}'
+                for p in (REPO / 'configs' / 'mmdet').glob('mask-rcnn_*syncbn_*lsj-130k_coco.py')}
     assert on_disk <= set(GENERATED), sorted(on_disk - set(GENERATED))
 
 

@@ -118,7 +118,8 @@ def test_wheel_holds_what_users_import(tmp_path):
     else: no development code (tools/dev/, imported as ``dev``), no tests, no configs."""
     src = tmp_path / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "data", "work_dirs", ".whl", ".gl"))
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "data", "work_dirs", ".whl",
+        ".gl"))
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "whl"),
          str(src)], capture_output=True, text=True, timeout=600)

@@ -85,7 +85,8 @@ def test_auto_gives_the_same_output_as_every_impl():
 def test_the_documented_sweep_command_writes_the_committed_format(tmp_path):
     """A tiny sweep by the tool writes the same keys as the committed files (which the tests above read); a
     committed file may also hold ``memory``, the record of a later ``--memory-only`` run over it."""
-    spec = importlib.util.spec_from_file_location('benchmark_lambda_layer', ROOT / 'tools' / 'benchmark_lambda_layer.py')
+    spec = importlib.util.spec_from_file_location('benchmark_lambda_layer',
+                                                  ROOT / 'tools' / 'benchmark_lambda_layer.py')
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     out = tmp_path / 'sweep.json'

@@ -92,7 +92,7 @@ def test_norm_cfg_builds_every_norm(norm_cfg, expected):
     # the lambda layers' own query/value norms are converted too
     lambdas = _lambda_modules(b.body)
     assert lambdas, 'lambdaresnet50 has no lambda layer?'
-    assert any(isinstance(m, expected) for l in lambdas for m in l.modules())
+    assert any(isinstance(m, expected) for lam in lambdas for m in lam.modules())
     b.train()
     out = b(torch.randn(2, 3, 64, 64))
     out[-1].mean().backward()
@@ -315,7 +315,8 @@ def test_pretrained_through_a_model_that_has_its_own_filter(tmp_path, name):
     backbone's key checks run after it, on the converted keys, and the weights equal timm's own load."""
     from test_peer_weights import dli14_state_dict
     torch.save(dli14_state_dict(), tmp_path / 'dli14.pth')
-    kwargs = dict(model_kwargs=dict(position_bias=True, pool_count_include_pad=True)) if name == 'resnet50_lambda' else {}
+    kwargs = (dict(model_kwargs=dict(position_bias=True, pool_count_include_pad=True))
+              if name == 'resnet50_lambda' else {})
     b = build(model_name=name, init_cfg=dict(type='Pretrained', checkpoint=str(tmp_path / 'dli14.pth')), **kwargs)
     ref = timm.create_model('resnet50_lambda_dli14.in1k', pretrained=True,
                             pretrained_cfg_overlay=dict(file=str(tmp_path / 'dli14.pth'))).state_dict()

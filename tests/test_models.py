@@ -144,8 +144,8 @@ def test_study_kwargs_reach_the_layers():
                               key_norm='l2', se_stages=(), shared_embeddings=True)
     lams = [b.conv2 for b in model.modules() if _is_lambda(b)]
     assert len(lams) == 4
-    assert {(l.dim_k, l.heads, l.dim_u, l.scope, l.impl, l.key_norm) for l in lams} == {(8, 2, 2, (7, 7), 'conv', 'l2')}
-    assert len({id(l.pos_embedding) for l in lams}) == 1
+    assert {(m.dim_k, m.heads, m.dim_u, m.scope, m.impl, m.key_norm) for m in lams} == {(8, 2, 2, (7, 7), 'conv', 'l2')}
+    assert len({id(m.pos_embedding) for m in lams}) == 1
     assert not any(isinstance(m, SEModule) for m in model.modules())
     out = model(torch.randn(2, 3, 64, 64))
     assert out.shape == (2, 1000)

@@ -84,6 +84,22 @@ def test_parameter_counts():
         assert re.search(rf'(?<![\d.]){re.escape(f"{millions:g}")}(?![\d.])', text), (name, millions, where)
 
 
+def test_flops():
+    # Table 9: the content + position row; Table 17: the MobileNet-v2 with lambda blocks row (M)
+    table9 = {(c.strip(), p.strip()): float(f) for c, p, _, f, _ in _table_rows('Table 9:', 5)[1:]}
+    table17 = {row: float(f) / 1000 for row, _, f, _ in _table_rows('Table 17:', 4)[1:]}
+    found = {'resnet50_lambda': (table9[('✓', '✓')], 'Table 9'),
+             'mobilenetv2_100_lambda': (table17['MobileNet-v2 with 2 lightweight lambda blocks'], 'Table 17')}
+    assert table17['MobileNet-v2'] == 0.603  # the baseline: twice Sandler et al.'s 300 M multiply-adds
+    # AA Table 3 (space-separated): "AA-ResNet-50 (ours) 8.3 25.8M 77.7 93.8", the GFlops column first
+    aa = AA_PAPER.read_text()
+    aa_table3 = aa[:aa.index('Table 3:')].rsplit('Architecture GFlops Params', 1)[1]
+    for depth in (34, 50, 101, 152):
+        found[f'aa_resnet{depth}'] = (float(re.search(rf'^AA-ResNet-{depth} \(ours\) ([\d.]+) ', aa_table3, re.M)[1]),
+                                      'AA Table 3')
+    assert found == paper.FLOPS
+
+
 def test_table4():
     rows = _table_rows('Table 4:', 5)[1:]
     assert len(rows) == len(paper.TABLE4)

@@ -390,7 +390,8 @@ def test_architecture_comes_from_the_name_and_the_old_tag_is_deprecated():
         layers = [m for m in model.modules() if isinstance(m, LambdaLayer)]
         assert all((m.pos_bias is not None) == conventions for m in layers)
         assert all(m.pool.count_include_pad == conventions for m in layers if m.stride == 2)
-    assert [(k, v.shape) for k, v in named.state_dict().items()] == [(k, v.shape) for k, v in tagged.state_dict().items()]
+    assert ([(k, v.shape) for k, v in named.state_dict().items()]
+            == [(k, v.shape) for k, v in tagged.state_dict().items()])
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         assert torch.equal(named(x), tagged(x))

@@ -5,7 +5,7 @@ Only facts: each is written down here once; everything else reads it from here (
 ``TABLE3_TOP1`` and ``PARAM_COUNTS``' Table 3 entries, read the tables rather than repeat them).
 """
 __all__ = ['STAGE_DEPTHS', 'LAMBDA_BLOCKS', 'RESOLUTIONS', 'RESOLUTIONS_C4', 'TABLE3', 'TABLE3_TOP1', 'TABLE4',
-           'TABLE14', 'COCO_SETUP', 'TABLE18_TOP1', 'TABLE20', 'AA_TABLE3', 'AA_TABLE6', 'PARAM_COUNTS',
+           'TABLE14', 'COCO_SETUP', 'TABLE18_TOP1', 'TABLE20', 'AA_TABLE3', 'AA_TABLE6', 'PARAM_COUNTS', 'FLOPS',
            'CIFAR10_REPORT',
            'CIFAR10_MEAN', 'CIFAR10_STD']
 
@@ -126,6 +126,22 @@ PARAM_COUNTS = {
     'seresnet50': (_TABLE3_PARAMS['Conv + channel attention (Hu et al., 2018)'], 'Table 3'),
     'resnet50_local_attn7': (_TABLE3_PARAMS['Local relative self-attention (Ramachandran et al., 2019)'], 'Table 3'),
     **{f'aa_resnet{depth}': (counts['aa'], 'AA Table 3') for depth, counts in AA_TABLE3.items()},
+}
+
+# FLOPs (billions, one 224 px image) the papers report, with the table, by the model that builds that row
+# (tests/test_paper_facts.py reads them from the tables). Table 9's content + position row is Table 3's lambda
+# layer model (78.4% top-1; 14.9M there, 15.0M in Table 3); Table 17 gives 563 M. Both papers count a multiply-add
+# as two FLOPs: the MobileNet-v2 baseline of Table 17 (603 M) is twice the 300 M multiply-adds of Sandler et al.,
+# the ResNet-50 of AA Table 3 (8.2 G) twice its 4.1 G (tests/test_flops.py).
+# Not here: Table 10 (ResNet-50 with lambda layers in c4 and c5 only) and Table 16 (LambdaResNet-270-C4 with
+# 7x7 scopes) are models this package does not register.
+FLOPS = {
+    'resnet50_lambda': (12.0, 'Table 9'),
+    'mobilenetv2_100_lambda': (0.563, 'Table 17'),
+    'aa_resnet34': (7.1, 'AA Table 3'),
+    'aa_resnet50': (8.3, 'AA Table 3'),
+    'aa_resnet101': (16.1, 'AA Table 3'),
+    'aa_resnet152': (23.8, 'AA Table 3'),
 }
 
 # The seed CIFAR-10 reproduction report ("LambdaNetworks: efficient, accurate, but also accessible? A

@@ -131,7 +131,8 @@ def detection_table(args):
         for k, r in rows.items():
             totals[k] = totals.get(k, 0.0) + r['ms']
         results.append(dict(width=width, size=size, stride=stride, **{k: r for k, r in rows.items()}))
-    print('| **total** | ' + ' | '.join(f"{totals[k]:.1f} ({totals[k] / totals['conv3x3']:.2f}x)" for k in totals) + ' |')
+    print('| **total** | '
+          + ' | '.join(f"{totals[k]:.1f} ({totals[k] / totals['conv3x3']:.2f}x)" for k in totals) + ' |')
     print(f'load average after: {load_average()}')
     return results
 
@@ -146,8 +147,8 @@ def sweep(args):
         rows = measure(args.width, size, 1, args.batch, use, args.device, args.dtype, args.repeats, max_seconds=20,
                        scope=args.scope, dim_u=args.dim_u)
         results.append(dict(size=size, **rows))
-        print(f'{size}x{size}: ' + ', '.join(f"{k} {r['ms']:.1f} ms / {r['peak_mib']:.0f} MiB" for k, r in rows.items()),
-              flush=True)
+        print(f'{size}x{size}: '
+              + ', '.join(f"{k} {r['ms']:.1f} ms / {r['peak_mib']:.0f} MiB" for k, r in rows.items()), flush=True)
     print(f'load average after: {load_average()}')
     layer = LambdaLayer(8, dim_k=4, heads=2, dim_u=args.dim_u, scope=args.scope)
     compared = [r for r in results if 'dense' in r and 'tiled' in r]
@@ -182,7 +183,8 @@ def _plot(results, args, machine_line=None):
         ax.set_yscale('log')
         ax.grid(alpha=0.3)
     axes[0].legend()
-    fig.suptitle(f'lambda layer (width {args.width}, batch {args.batch}, scope {args.scope}, |u|={args.dim_u}) vs 3x3 conv'
+    fig.suptitle(f'lambda layer (width {args.width}, batch {args.batch}, scope {args.scope}, |u|={args.dim_u}) '
+                 'vs 3x3 conv'
                  f'\n{machine_line or machine(args.device)}',
                  fontsize=9)
     fig.tight_layout()

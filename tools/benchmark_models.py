@@ -6,8 +6,10 @@ to the first baseline, and the load average before and after:
 
     python tools/benchmark_models.py backbone         # 1024x1024, batch 1: c2..c5 features as the detectors build them
     python tools/benchmark_models.py classification   # 224x224, batch 2: classifiers
-    python tools/benchmark_models.py cifar            # resnet50_lambda (global 32x32 scope, 10 classes) vs resnet50, batch 64
-    python tools/benchmark_models.py compile          # torch.compile (inductor) training step, 512x512 batch 1 (--sizes 1024)
+    python tools/benchmark_models.py cifar            # resnet50_lambda (global 32x32 scope, 10 classes) vs
+                                                      # resnet50, batch 64
+    python tools/benchmark_models.py compile          # torch.compile (inductor) training step, 512x512 batch 1
+                                                      # (--sizes 1024)
     python tools/benchmark_models.py onnx             # legacy and dynamo ONNX exports in onnxruntime, 224 and 512 px
     python tools/benchmark_models.py cuda             # on a GPU: float32 and bfloat16 autocast, img/s (never in CI)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Print the README model table: every registered name, parameters, the paper's count, default resolution, what it
-reproduces (tools/dev/docs.py; README.md holds it as a generated block, see tools/generate.py).
+"""Print the README model table: every registered name, parameters, the paper's count, multiply-adds beside the
+paper's FLOPs, default resolution, what it reproduces (tools/dev/docs.py; README.md holds it as a generated block,
+see tools/generate.py).
 
     python tools/model_table.py
     python tools/model_table.py --attention   # LambdaNetworks Table 3, AA paper Tables 3 and 6: ours vs paper

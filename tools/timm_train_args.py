@@ -5,7 +5,8 @@ train.py is not in timm's PyPI packages; read it from a timm checkout. The commi
 configs/timm/train_py_args.txt is what tests/test_timm_configs.py checks the YAML keys against.
 
     python tools/timm_train_args.py /path/to/timm/train.py
-    python tools/timm_train_args.py /path/to/timm/train.py --write --source "timm repo commit aa4b5850, version 1.0.29.dev0"
+    python tools/timm_train_args.py /path/to/timm/train.py --write \\
+        --source "timm repo commit aa4b5850, version 1.0.29.dev0"
     python tools/timm_train_args.py /path/to/timm/train.py --check
 """
 import argparse

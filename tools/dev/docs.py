@@ -14,8 +14,8 @@ from timm_lambda.paper import AA_TABLE3, AA_TABLE6, LAMBDA_BLOCKS, PARAM_COUNTS,
 
 from .recipes import all_recipes, mmdet_config_name, mmdet_configs, mmdet_metafile
 
-__all__ = ['model_table', 'attention_tables', 'table14_table', 'recipes_table', 'DOC_BLOCKS', 'render_blocks',
-           'generated_files', 'TABLE3_MODELS', 'count_params', 'table3_rows', 'aa_rows']
+__all__ = ['model_table', 'forward_macs', 'attention_tables', 'table14_table', 'recipes_table', 'DOC_BLOCKS',
+           'render_blocks', 'generated_files', 'TABLE3_MODELS', 'count_params', 'table3_rows', 'aa_rows']
 
 
 # LambdaNetworks Table 3 layer -> (model, kwargs) that builds it, or (None, why not).
@@ -84,8 +84,10 @@ def _describe(name: str) -> str:
         'resnet50_lambda_dli14': 'resnet50_lambda with d-li14/lambda.pytorch\'s position bias and padding-counted '
                                  'pooling: the architecture of their ImageNet weights',
         'mobilenetv2_100_lambda': 'MobileNet-v2, blocks 10 and 16 lightweight lambda blocks (E.4.2, Table 17)',
-        'aa_resnet34': 'AA-ResNet-34: first 3x3 conv of every c3-c5 block attention augmented, kappa=upsilon=0.25 (AA paper)',
-        'aa_resnet50': 'AA-ResNet-50: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 (AA paper; Table 3)',
+        'aa_resnet34': 'AA-ResNet-34: first 3x3 conv of every c3-c5 block attention augmented, kappa=upsilon=0.25 '
+                       '(AA paper)',
+        'aa_resnet50': 'AA-ResNet-50: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 '
+                       '(AA paper; Table 3)',
         'aa_resnet101': 'AA-ResNet-101: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 (AA paper)',
         'aa_resnet152': 'AA-ResNet-152: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 (AA paper)',
         'resnet50_global_attn': 'vanilla ResNet-50, every 3x3 conv global relative self-attention (Table 4)',
@@ -94,21 +96,40 @@ def _describe(name: str) -> str:
         'resnet50_lambda_k8': 'resnet50_lambda with \\|k\\|=8 (Table 4)',
         'resnet50_lambda_shared': 'resnet50_lambda with one shared position embedding (Table 4)',
         'resnet50_lambda_conv7': 'resnet50_lambda, 7x7 scope by the lambda convolution (Table 4)',
-        'resnet50_lambda_global32': 'the CIFAR-10 report\'s model: ResNet-50, lambda layers with global context at 32x32',
+        'resnet50_lambda_global32': 'the CIFAR-10 report\'s model: ResNet-50, lambda layers with global context '
+                                    'at 32x32',
         'resnet26_lambda_cifar': 'CIFAR stem (3x3 stride 1, no pooling), blocks 2-2-2-2, every 3x3 a lambda layer',
         'resnet50_lambda_cifar': 'CIFAR stem, blocks 3-4-6-3, every 3x3 a lambda layer',
     }.get(name, '')
 
 
+def forward_macs(model, input_size) -> int:
+    """Multiply-adds of one forward pass (eval mode) of ``model`` on one ``(C, H, W)`` image of ``input_size``, on
+    the model's device (the meta device works: every operator, ours included, has a fake kernel), counted by
+    ``torch.utils.flop_counter.FlopCounterMode`` (the position-lambda operators by the FLOP formulas registered in
+    timm_lambda/layers/position_lambda/custom_ops.py). ``'auto'`` lambda layers count the form they run at that
+    size (dense or tiled)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    device = next(model.parameters()).device
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model.eval()(torch.zeros(1, *input_size, device=device))
+    return counter.get_total_flops() // 2
+
+
 def model_table() -> str:
-    """Every registered model: parameters (1000 classes), the paper's count, default resolution and tags."""
+    """Every registered model: parameters (1000 classes), the paper's count, multiply-adds at the default
+    resolution beside the paper's FLOPs, default resolution and tags."""
     import timm
 
     from timm_lambda import registered_models
+    from timm_lambda.paper import FLOPS
     order = ([f'lambdaresnet{d}' for d in STAGE_DEPTHS] + [f'lambdaresnet{d}_c4' for d in STAGE_DEPTHS]
              + [f'resnetrs{d}_nose' for d in STAGE_DEPTHS])
     names = [n for n in order if n in registered_models()] + [n for n in registered_models() if n not in order]
-    lines = ['| name | params (M) | paper (M) | default res (other tags) | reproduces |', '|---|---|---|---|---|']
+    lines = ['| name | params (M) | paper (M) | GMACs | default res (other tags) | reproduces |',
+             '|---|---|---|---|---|---|']
     for name in names:
         model = timm.create_model(name, device='meta')
         n = sum(p.numel() for p in model.parameters()) / 1e6
@@ -116,9 +137,15 @@ def model_table() -> str:
         paper_s = f'{paper} ({where}, {100 * (n - paper) / paper:+.1f}%)' if paper else '-'
         tags = sorted(t.split('.')[-1] for t in timm.models.get_arch_pretrained_cfgs(name))
         res = model.pretrained_cfg['input_size'][-1]
+        macs = forward_macs(model, model.pretrained_cfg['input_size']) / 1e9
+        flops, where = FLOPS.get(name, (None, ''))
+        macs_s = f'{macs:.2f}'
+        if flops:  # the paper's unit as printed: M in Table 17, G elsewhere
+            paper_flops = f'{flops * 1000:.0f} MFLOPs' if flops < 1 else f'{flops:.1f} GFLOPs'
+            macs_s += f' (paper {paper_flops} = {flops / 2:.2f} GMACs, {where})'
         others = [t for t in tags if t != f'r{res}']
-        lines.append(f'| `{name}` | {n:.2f} | {paper_s} | {res}' + (f' ({", ".join(others)})' if others else '')
-                     + f' | {_describe(name)} |')
+        lines.append(f'| `{name}` | {n:.2f} | {paper_s} | {macs_s} | {res}'
+                     + (f' ({", ".join(others)})' if others else '') + f' | {_describe(name)} |')
     return '\n'.join(lines)
 
 

@@ -21,7 +21,8 @@ __all__ = ['TILE', 'POOLED_TILE', 'tile', 'pooled_tile', 'dense', 'tiled']
 
 
 def tile() -> int:
-    """Query block side of the tiled form: 8 (the tile of the committed sweeps; other tiles were tried, their timings not committed)."""
+    """Query block side of the tiled form: 8 (the tile of the committed sweeps; other tiles were tried, their timings
+    not committed)."""
     return 8
 
 
@@ -116,7 +117,8 @@ def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: 
     else:  # one gather of whole rows (a permute would make torch.export guard on 'one block')
         y = tiled_plain(qb, vp, table.to(qb.dtype), t, step, blocks_y, blocks_x,
                         None if table_size is None else step_table_size)
-        row = ((oy // t) * blocks_x)[:, None] * (t * t) + (oy % t)[:, None] * t + ((ox // t) * (t * t) + ox % t)[None, :]
+        row = (((oy // t) * blocks_x)[:, None] * (t * t) + (oy % t)[:, None] * t
+               + ((ox // t) * (t * t) + ox % t)[None, :])
         y = y.reshape(b, blocks_y * blocks_x * t * t, h * dv).index_select(1, row.reshape(ho * wo))
         y = y.permute(0, 2, 1).reshape(b, h * dv, ho, wo)
     if stride == 2:

@@ -1,0 +1,67 @@
+"""Multiply-add counts (the README model table's GMACs column, ``dev.docs.forward_macs``): torch's FlopCounterMode
+counts the position-lambda custom operators by their registered FLOP formulas, on the meta device as on a CPU."""
+from unittest import mock
+
+import pytest
+import timm
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import timm_lambda.layers.position_lambda as position_lambda
+from dev.docs import forward_macs
+from timm_lambda.layers import LambdaLayer
+
+
+def _counts(module, x):
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        module(x)
+    return {str(op): flops // 2 for op, flops in counter.get_flop_counts()['Global'].items()}
+
+
+def test_meta_device_counts_as_a_cpu_does():
+    # resnet26_lambda_cifar at 32 px runs both forms ('auto': tiled at 32 and 16 px, dense at 8 and 4 px)
+    meta_model = timm.create_model('resnet26_lambda_cifar', device='meta')
+    size = meta_model.pretrained_cfg['input_size']
+    on_meta = forward_macs(meta_model, size)
+    counts = _counts(timm.create_model('resnet26_lambda_cifar').eval(), torch.randn(1, *size))
+    assert counts['timm_lambda.tiled_position_lambdas'] > 0 and counts['timm_lambda.dense_position_lambdas'] > 0
+    assert on_meta == sum(counts.values())
+
+
+def test_dense_operator_counts_as_torch_counts_its_plain_ops():
+    """The dense operator's formula against torch's own count of the same arithmetic in plain tensor ops (the form
+    that traces and exports run): equal, layer for layer. Without the formula the operator would count 0."""
+    model = timm.create_model('resnet26_lambda_cifar', device='meta').eval()
+    for layer in model.modules():
+        if isinstance(layer, LambdaLayer):
+            layer.impl = 'dense'
+    x = torch.zeros(1, 3, 32, 32, device='meta')
+    ops = _counts(model, x)
+    with mock.patch.object(position_lambda, 'use_custom_ops', lambda: False):
+        plain = _counts(model, x)
+    assert 'timm_lambda.dense_position_lambdas' not in plain
+    position = ops.pop('timm_lambda.dense_position_lambdas')
+    assert position > 0.4 * sum(ops.values())  # the position lambdas are a large share: a missing formula shows
+    assert sum(ops.values()) + position == sum(plain.values())
+
+
+@pytest.mark.parametrize('impl', ['dense', 'tiled'])
+def test_position_lambda_count_by_hand(impl):
+    """One layer, 16x16 input, |k| = 16, 4 heads, |v| = 64 / 4 = 16, 7x7 scope. dense: every (query, context)
+    pair: logits |n| |h| |n| |k| and output |n| |h| |n| |v|. tiled (layout.py): 2x2 blocks of 8x8 queries, each
+    against its 14x14 window (8 - 1 + 7): compact logits of each query with the 7x7 table, then the window GEMM."""
+    layer = LambdaLayer(64, dim_k=16, heads=4, scope=7, impl=impl, device='meta').eval()
+    counts = _counts(layer, torch.zeros(1, 64, 16, 16, device='meta'))
+    n, h, k, v = 16 * 16, 4, 16, 16
+    if impl == 'dense':
+        expected = n * h * n * (k + v)
+    else:
+        blocks, t, window = 2 * 2, 8, 8 - 1 + 7
+        expected = blocks * t * t * h * (k * 7 * 7 + window * window * v)
+    assert counts[f'timm_lambda.{impl}_position_lambdas'] == expected
+
+
+def test_paper_counts_a_multiply_add_as_two_flops():
+    # AA paper Table 3: ResNet-50 8.2 GFlops at 224 px (timm's resnet50 is He et al.'s); paper.FLOPS is read so
+    macs = forward_macs(timm.create_model('resnet50', device='meta'), (3, 224, 224))
+    assert round(2 * macs / 1e9, 1) == 8.2
