@@ -18,11 +18,10 @@ from torch import Tensor
 from ..checks import check_max_size
 from ..relative_embedding import table_for_input
 from .execution import size_independent, use_custom_ops, warn_torchscript
-from .layout import POOLED_TILE, TILE, dense, tile, tiled
+from .layout import dense, tile, tiled
 from .plain_ops import conv_form, einsum_form
 
-__all__ = ['POSITION_IMPLS', 'TILE', 'POOLED_TILE', 'position_lambdas', 'choose_impl', 'tile_window',
-           'warn_torchscript']
+__all__ = ['POSITION_IMPLS', 'position_lambdas', 'choose_impl', 'tile_window', 'warn_torchscript']
 
 POSITION_IMPLS = ('auto', 'einsum', 'conv', 'dense', 'tiled')
 

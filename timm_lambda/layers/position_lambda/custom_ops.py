@@ -7,7 +7,7 @@ chunks of query blocks (``CPU_CHUNK_ROWS`` logit rows on a CPU, one chunk per la
 (translation equivariance makes the band the same for every block), then one batched GEMM with the chunk's
 windows, each a strided view of the padded values.
 """
-from typing import List, Sequence, Tuple
+from typing import List, Tuple
 
 import torch
 from torch import Tensor
@@ -24,10 +24,38 @@ DEVICE_CHUNK_ELEMENTS = 1 << 26  # logits of one chunk elsewhere (256 MiB in flo
 _LIB = torch.library.Library('timm_lambda', 'FRAGMENT')  # the autocast rules' registrations
 
 
-def _register(op, backward, setup_context, flops) -> None:
-    """The autograd, FLOP and autocast registrations of ``op`` (and the FLOPs of its backward operator: ``flops``
-    of the same inputs with ``backward=True``)."""
-    op.register_autograd(backward, setup_context=setup_context)
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:3])  # the tensors; the ints in ctx.args
+    ctx.args = inputs[3:]
+
+
+def _backward_fake(gy, q, v, table, *args):
+    return q.new_empty(q.shape), v.new_empty(v.shape), table.new_empty(table.shape)  # contiguous, as the real ones
+
+
+def _register(op, backward_op, plain, plain_args, flops) -> None:
+    """The autograd, FLOP and autocast registrations of ``op`` and the fake and FLOPs of its ``backward_op``
+    (``flops`` of the same inputs with ``backward=True``). A higher-order gradient differentiates
+    ``plain(q, v, table, *plain_args(q, ints))`` instead."""
+
+    def backward(ctx, gy):
+        inputs, needs = ctx.saved_tensors, ctx.needs_input_grad[:3]
+        if not torch.is_grad_enabled():
+            return tuple(backward_op(gy, *inputs, *ctx.args)) + (None,) * len(ctx.args)
+        # create_graph=True: a differentiable vector-Jacobian product of the plain-op form
+        warn_once('create_graph', 'higher-order gradients (create_graph=True) differentiate the plain-op form of '
+                                  'the position lambdas: correct, but slower and with more memory than the custom '
+                                  'operators')
+        with torch.enable_grad():
+            out = plain(*inputs, *plain_args(inputs[0], ctx.args))
+        got = iter(torch.autograd.grad(out, [x for x, need in zip(inputs, needs) if need], gy, create_graph=True,
+                                       allow_unused=True))
+        grads = [next(got) if need else None for need in needs]
+        grads = [torch.zeros_like(x) if need and g is None else g for x, g, need in zip(inputs, grads, needs)]
+        return tuple(grads) + (None,) * len(ctx.args)
+
+    op.register_autograd(backward, setup_context=_setup)
+    backward_op.register_fake(_backward_fake)
     register_flop_formula(getattr(torch.ops.timm_lambda, op._name))(flops)
     register_flop_formula(getattr(torch.ops.timm_lambda, op._name + '_backward'))(
         lambda gy, *inputs, out_shape=None: flops(*inputs, backward=True))
@@ -44,20 +72,6 @@ def _register(op, backward, setup_context, flops) -> None:
 
     for key in ('AutocastCPU', 'AutocastCUDA'):
         _LIB.impl(op._name, in_autocast_dtype, key)
-
-
-@torch.jit.unused
-def _plain_vjp(plain, inputs: Tuple[Tensor, ...], args: tuple, grad: Tensor, needs: Sequence[bool]):
-    """A differentiable vector-Jacobian product of ``plain(*inputs, *args)``: the operators' backward when a
-    higher-order gradient is requested (``create_graph=True``)."""
-    warn_once('create_graph', 'higher-order gradients (create_graph=True) differentiate the plain-op form of the '
-                              'position lambdas: correct, but slower and with more memory than the custom operators')
-    with torch.enable_grad():
-        out = plain(*inputs, *args)
-    wrt = [x for x, need in zip(inputs, needs) if need]
-    got = iter(torch.autograd.grad(out, wrt, grad, create_graph=True, allow_unused=True))
-    grads = [next(got) if need else None for need in needs]
-    return tuple(torch.zeros_like(x) if need and g is None else g for x, g, need in zip(inputs, grads, needs))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -86,25 +100,6 @@ def _dense_backward(gy: Tensor, q: Tensor, v: Tensor, emb: Tensor, heads: int) -
     return gq.contiguous(), gv.contiguous(), gemb.contiguous()  # bmm may hand back a transposed layout
 
 
-@_dense_backward.register_fake
-def _(gy, q, v, emb, heads):
-    return q.new_empty(q.shape), v.new_empty(v.shape), emb.new_empty(emb.shape)  # contiguous, as the real ones
-
-
-def _dense_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:3])
-    ctx.heads = inputs[3]
-
-
-def _dense_autograd(ctx, gy):
-    q, v, emb = ctx.saved_tensors
-    if torch.is_grad_enabled():  # create_graph=True
-        grads = _plain_vjp(dense_plain, (q, v, emb), (ctx.heads,), gy, ctx.needs_input_grad[:3])
-    else:
-        grads = _dense_backward(gy, q, v, emb, ctx.heads)
-    return grads[0], grads[1], grads[2], None
-
-
 def _dense_flops(q, v, emb, heads, out_shape=None, backward=False) -> int:
     """Logits ``n (B h) k (u m)`` and output ``B (n h) (u m) V`` multiply-adds; the backward: the logits again,
     their gradient and the gradients of ``q``, ``v``, ``emb`` (``3 k + 2 V`` instead of ``k + V``)."""
@@ -112,7 +107,7 @@ def _dense_flops(q, v, emb, heads, out_shape=None, backward=False) -> int:
     return 2 * n * bh * um * ((3 * k + 2 * dv) if backward else (k + dv))
 
 
-_register(_dense, _dense_autograd, _dense_setup, _dense_flops)
+_register(_dense, _dense_backward, dense_plain, lambda q, ints: ints, _dense_flops)
 
 
 @torch.jit.unused
@@ -250,27 +245,6 @@ def _tiled_backward(gy: Tensor, q: Tensor, vp: Tensor, table: Tensor, step: int,
     return gq, gvp, grm.to(table.dtype).view_as(table)
 
 
-@_tiled_backward.register_fake
-def _(gy, q, vp, table, step, blocks_y, blocks_x):
-    return q.new_empty(q.shape), vp.new_empty(vp.shape), table.new_empty(table.shape)  # contiguous, as the real ones
-
-
-def _tiled_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:3])
-    ctx.args = inputs[3:]
-
-
-def _tiled_autograd(ctx, gy):
-    q, vp, table = ctx.saved_tensors
-    if torch.is_grad_enabled():  # create_graph=True
-        step, blocks_y, blocks_x = ctx.args
-        grads = _plain_vjp(tiled_plain, (q, vp, table), (q.shape[1], step, blocks_y, blocks_x), gy,
-                           ctx.needs_input_grad[:3])
-    else:
-        grads = _tiled_backward(gy, q, vp, table, *ctx.args)
-    return grads[0], grads[1], grads[2], None, None, None
-
-
 def _tiled_flops(q, vp, table, step, blocks_y, blocks_x, out_shape=None, backward=False) -> int:
     """Compact logits ``G T T h c (u K_h K_w)`` and window GEMM ``G (T T h) (M_h M_w u) V`` multiply-adds; the
     backward: the compact logits again and the gradients of ``q`` and the table (3x), of the windows and of the
@@ -281,7 +255,7 @@ def _tiled_flops(q, vp, table, step, blocks_y, blocks_x, out_shape=None, backwar
     return 2 * (3 * compact + 2 * window) if backward else 2 * (compact + window)
 
 
-_register(_tiled, _tiled_autograd, _tiled_setup, _tiled_flops)
+_register(_tiled, _tiled_backward, tiled_plain, lambda q, ints: (q.shape[1],) + tuple(ints), _tiled_flops)
 
 
 @torch.jit.unused

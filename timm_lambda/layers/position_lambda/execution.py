@@ -36,16 +36,12 @@ def functorch_active() -> bool:
 
 def size_independent() -> bool:
     """True while a size-specialising tracer records the graph (jit.trace, legacy ONNX, torch.export)."""
-    if torch.jit.is_scripting():
-        return False
-    return torch.jit.is_tracing() or is_exporting()
+    return not torch.jit.is_scripting() and (torch.jit.is_tracing() or is_exporting())
 
 
 def use_custom_ops() -> bool:
     """True where the custom operators run: eager mode and torch.compile, outside torch.func transforms."""
-    if torch.jit.is_scripting():
-        return False
-    if torch.jit.is_tracing() or is_exporting():
+    if torch.jit.is_scripting() or size_independent():
         return False
     if functorch_active():
         warn_once('functorch', 'inside torch.func transforms the position lambdas run as plain tensor ops (the '

@@ -17,21 +17,13 @@ from .custom_ops import dense_op, tiled_op
 from .execution import is_exporting
 from .plain_ops import dense_plain, tiled_plain
 
-__all__ = ['TILE', 'POOLED_TILE', 'tile', 'pooled_tile', 'dense', 'tiled']
+__all__ = ['tile', 'dense', 'tiled']
 
 
 def tile() -> int:
-    """Query block side of the tiled form: 8 (the tile of the committed sweeps; other tiles were tried, their timings
-    not committed)."""
+    """Query block side of the tiled form: 8, the tile of the committed sweeps (a function: TorchScript reads no
+    module-level ints). The stride-2 form uses 4x4 output blocks (8x8 inputs)."""
     return 8
-
-
-def pooled_tile() -> int:
-    """Output block side of the stride-2 tiled form (8x8 inputs)."""
-    return 4
-
-
-TILE, POOLED_TILE = tile(), pooled_tile()  # (functions: TorchScript reads no module-level ints)
 
 
 def dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, global_scope: bool,
@@ -92,7 +84,7 @@ def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: 
     else:
         # output o averages inputs 2 o - 1 .. 2 o + 1: its queries are the 3x3 patch (d, k) of q, its table the
         # nine shifted tables, and its window starts two input positions further for the next output
-        t, step, c, table = pooled_tile(), 2, 9 * k, _pooled_table(table)
+        t, step, c, table = tile() // 2, 2, 9 * k, _pooled_table(table)
         ho, wo = (height + 1) // 2, (width + 1) // 2
         blocks_y, blocks_x = _block_counts(ho, wo, t)
         qp = F.pad(qn, [1, 2 * blocks_x * t - width, 1, 2 * blocks_y * t - height])
