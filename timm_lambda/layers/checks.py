@@ -89,11 +89,8 @@ def check_ratio(value, name: str, low: float = 0.0, high: float = float('inf'), 
         value = float(value)
     except (TypeError, ValueError):
         ok = False
-    if ok:
-        ok = low < value and (value <= high if high_inclusive else value < high)
-    if not ok:
-        bracket = ']' if high_inclusive else ')'
-        raise ValueError(f'{name} must be a number in ({low}, {high}{bracket}, got {value!r}')
+    if not (ok and low < value and (value <= high if high_inclusive else value < high)):
+        raise ValueError(f'{name} must be a number in ({low}, {high}{"]" if high_inclusive else ")"}, got {value!r}')
     return value
 
 

@@ -71,13 +71,10 @@ class LambdaLayer(nn.Module):
         max_size: (H, W) of the largest input, required for ``scope='global'``.
         stride: 1, or 2 for 3x3 average pooling with stride 2 after the layer (appendix F.2); padding 1
             as timm's strided 3x3 convs, borders averaged over in-image positions only (as TF 'SAME').
-        dilation: the local scope on a grid dilated by ``d``: query ``n`` uses the contexts ``m = n + d o`` for
-            the offsets ``o`` of the scope (same table, ``d`` times the receptive field), as a dilated 3x3
-            convolution in a backbone with output_stride 16 or 8 (DeepLab). Not in the paper, our extension by
-            analogy with atrous convolution: computed as the undilated position lambdas on each of the
-            ``d x d`` interleaved sub-grids (space-to-batch, :mod:`.dilation`), so every ``impl`` serves it;
-            the content lambda stays global over all positions. ``dilation > 1`` needs a local scope and
-            ``stride=1``.
+        dilation: the local scope on a grid dilated by ``d`` (not in the paper; by analogy with atrous convolution,
+            for output_stride 16 or 8): query ``n`` uses the contexts ``m = n + d o`` for the scope's offsets ``o``,
+            computed on the ``d x d`` interleaved sub-grids (:mod:`.dilation`) with every ``impl``; the content
+            lambda stays global. Needs a local scope and ``stride=1``.
         pool_count_include_pad: average the stride-2 pooling's border windows over all 9 positions, the
             zero padding included (PyTorch's ``nn.AvgPool2d(3, 2, 1)`` default), instead of over the
             in-image positions. Off by default; on for checkpoints trained that way (d-li14/lambda.pytorch).
@@ -93,21 +90,17 @@ class LambdaLayer(nn.Module):
         qv_norm: batch norm on queries and values (default True, section 3.1 "Normalization").
         impl: 'auto', 'einsum', 'conv', 'dense' or 'tiled' implementation of the position lambdas
             (:mod:`timm_lambda.layers.position_lambda`); all give the same result.
-        pos_embedding: a :class:`RelativePositionEmbedding` to share between layers (Table 4); it must
-            have the same |k|, |u| and scope. The table is counted and saved once (the layers that share it
-            drop it from their state dicts: :func:`_drop_shared_embedding`, :func:`_restore_shared_embedding`).
+        pos_embedding: a :class:`RelativePositionEmbedding` to share between layers (Table 4), with the same |k|,
+            |u| and scope; counted and saved once (by the first layer that takes it).
         norm_layer: normalisation layer for queries and values (``norm_layer(channels, device=, dtype=)``).
         device, dtype: factory kwargs for every parameter and buffer.
 
     Shapes: input ``[B, dim, H, W]``, output ``[B, dim_out, ceil(H/stride), ceil(W/stride)]``.
 
-    timm's own :class:`timm.layers.LambdaLayer` (used by ``timm.models.byoanet``) names the same things:
-    ``num_heads`` = ``heads``; ``dim_head`` = ``dim_k`` (timm derives it from ``qk_ratio`` when unset); ``r`` (the
-    lambda convolution's side, default 9) = ``scope`` (default 23, the paper's); ``r=None`` with ``feat_size`` =
-    ``scope='global'`` with ``max_size``; ``dim``, ``dim_out``, ``stride`` alike. timm fixes |u| = 1 and pools a
-    stride-2 layer 2x2 (here 3x3 with padding 1, appendix F.2); its ``qkv_bias`` has no counterpart (the paper's
-    projections have no bias). Our argument names are those of the paper's Table 1 (|k|, |u|, |h|) and match our
-    other layers (``AugmentedConv2d``, ``MultiHeadLambdaLayer``: ``heads``, ``max_size``).
+    timm's :class:`timm.layers.LambdaLayer` (``timm.models.byoanet``): ``num_heads`` = ``heads``, ``dim_head`` =
+    ``dim_k``, ``r`` (default 9) = ``scope`` (default 23, the paper's), ``r=None`` with ``feat_size`` =
+    ``scope='global'`` with ``max_size``. timm fixes |u| = 1 and pools a stride-2 layer 2x2 (here 3x3, appendix
+    F.2); its ``qkv_bias`` has no counterpart (the paper's projections have none). Our names are Table 1's.
     """
 
     def __init__(
@@ -192,7 +185,8 @@ class LambdaLayer(nn.Module):
             self.pos_embedding = RelativePositionEmbedding(k, u, scope, max_size, **dd)
         self.scope = scope
         self.global_scope = scope == 'global'
-        self.table_size: List[int] = list(self.embedding_table_size())  # Python ints, also inside jit.trace
+        # the table's [R_h, R_w] as Python ints, also inside jit.trace
+        self.table_size: List[int] = list(self.pos_embedding.weight.shape[-2:]) if self.position else [1, 1]
         if position_bias:
             self.pos_bias = nn.Parameter(torch.empty(k, **dd))
         else:
@@ -209,8 +203,7 @@ class LambdaLayer(nn.Module):
             nn.init.normal_(w, std=self.dim ** -0.5)
             nn.init.normal_(w[:nq], std=(self.dim_k * self.dim) ** -0.5)
             if self.pos_bias is not None:
-                table_h, table_w = self.embedding_table_size()
-                bound = (self.dim_u * table_h * table_w) ** -0.5
+                bound = (self.dim_u * self.table_size[0] * self.table_size[1]) ** -0.5
                 nn.init.uniform_(self.pos_bias, -bound, bound)
 
     def extra_repr(self) -> str:
@@ -228,17 +221,13 @@ class LambdaLayer(nn.Module):
         return self
 
     @torch.jit.unused
-    def embedding_table_size(self) -> Tuple[int, int]:
-        return tuple(self.pos_embedding.weight.shape[-2:]) if self.pos_embedding is not None else (1, 1)
-
-    @torch.jit.unused
     def choose_impl(self, height: int, width: int) -> str:
         """The position-lambda implementation used for a ``height x width`` input (the 'auto' rule)."""
         if not self.position:
             return 'none'
         d = self.dilation  # the position lambdas run on the d x d sub-grids
         height, width = (height + d - 1) // d, (width + d - 1) // d
-        return choose_impl(self.impl, height, width, tile_window(*self.embedding_table_size()), self.global_scope)
+        return choose_impl(self.impl, height, width, tile_window(*self.table_size), self.global_scope)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_input(x, self.dim, 'LambdaLayer')

@@ -44,11 +44,10 @@ class RelativePositionEmbedding(nn.Module):
                 raise ValueError("max_size=(H, W) is required when scope='global': the table must "
                                  "cover every relative offset of the largest input")
             self.max_size: Optional[Size2] = to_pair(max_size, 'max_size')
-            self.radius = (self.max_size[0] - 1, self.max_size[1] - 1)
+            table_size = (2 * self.max_size[0] - 1, 2 * self.max_size[1] - 1)  # offsets [-(H-1), H-1]
         else:
             self.max_size = None
-            self.radius = (self.scope[0] // 2, self.scope[1] // 2)
-        table_size = (2 * self.radius[0] + 1, 2 * self.radius[1] + 1)
+            table_size = self.scope  # offsets [-(r//2), r//2]
         self.weight = nn.Parameter(torch.empty(self.dim_k, self.dim_u, *table_size, device=device, dtype=dtype))
         self.reset_parameters()
 
@@ -111,10 +110,8 @@ def dense_embedding(table: torch.Tensor, height: int, width: int, masked: bool =
     return flat.index_select(2, index).reshape(k, u, height * width, height * width)
 
 
-# Gather indices of dense_embedding_cached, by (height, width, table size, masked, device): at most
-# _INDEX_CACHE_ENTRIES of them, none over _INDEX_CACHE_MAX_ELEMENTS (a 45x45 input; larger ones are rebuilt
-# per call, and take the tiled form under 'auto' anyway). Built outside inference mode, so an entry made
-# under torch.inference_mode() is an ordinary tensor that a later training step can save for backward.
+# Gather indices of dense_embedding_cached by (height, width, table size, masked, device), least recently used
+# evicted; none over a 45x45 input (rebuilt per call). Built outside inference mode: a later training step can save it.
 _INDEX_CACHE: 'collections.OrderedDict[tuple, torch.Tensor]' = collections.OrderedDict()
 _INDEX_CACHE_ENTRIES = 16
 _INDEX_CACHE_MAX_ELEMENTS = 1 << 22
@@ -149,8 +146,7 @@ def block_index(tile: int, step: int, table_h: int, table_w: int, device: torch.
 
 @functools.lru_cache(maxsize=16)
 def _block_index_array(tile: int, step: int, table_h: int, table_w: int) -> np.ndarray:
-    """:func:`block_index` as numpy data, never a traced or fake computation (the torch version stays for
-    TorchScript, which cannot call numpy; ``tests/test_position_lambda.py`` checks that the two are equal)."""
+    """:func:`block_index` as numpy data, never traced or fake (TorchScript, which has no numpy, uses the torch one)."""
     mh, mw = step * (tile - 1) + table_h, step * (tile - 1) + table_w
     q = np.arange(tile)
     ey = np.arange(mh)[None, :] - step * q[:, None]
@@ -162,11 +158,9 @@ def _block_index_array(tile: int, step: int, table_h: int, table_w: int) -> np.n
 
 @torch.jit.unused
 def _block_index_cached(tile: int, step: int, table_h: int, table_w: int, device: torch.device) -> torch.Tensor:
-    """:func:`block_index` from data computed once per table size: a constant of ``jit.trace``, ``torch.export``
-    and the ONNX exporters, so that onnxruntime folds the whole block embedding of a local scope at load time
-    (computed in the graph, it is a ~20 ms gather per layer and run at 224 px)."""
-    # a tensor made outside a jit.trace in progress is a trace constant; private API (torch._C, since torch 1.0):
-    # torch has no public way to pause a trace
+    """:func:`block_index` computed once per table size: a constant of ``jit.trace``, ``torch.export`` and ONNX,
+    which onnxruntime folds at load time (in the graph, a ~20 ms gather per layer at 224 px)."""
+    # a tensor made with the trace paused is a constant; private API (torch._C, since torch 1.0): no public one
     tracing = torch._C._get_tracing_state()
     torch._C._set_tracing_state(None)
     try:

@@ -7,7 +7,7 @@ chunks of query blocks (``CPU_CHUNK_ROWS`` logit rows on a CPU, one chunk per la
 (translation equivariance makes the band the same for every block), then one batched GEMM with the chunk's
 windows, each a strided view of the padded values.
 """
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -39,19 +39,11 @@ def _register(op, backward_op, plain, plain_args, flops) -> None:
     ``plain(q, v, table, *plain_args(q, ints))`` instead."""
 
     def backward(ctx, gy):
-        inputs, needs = ctx.saved_tensors, ctx.needs_input_grad[:3]
-        if not torch.is_grad_enabled():
-            return tuple(backward_op(gy, *inputs, *ctx.args)) + (None,) * len(ctx.args)
-        # create_graph=True: a differentiable vector-Jacobian product of the plain-op form
-        warn_once('create_graph', 'higher-order gradients (create_graph=True) differentiate the plain-op form of '
-                                  'the position lambdas: correct, but slower and with more memory than the custom '
-                                  'operators')
-        with torch.enable_grad():
-            out = plain(*inputs, *plain_args(inputs[0], ctx.args))
-        got = iter(torch.autograd.grad(out, [x for x, need in zip(inputs, needs) if need], gy, create_graph=True,
-                                       allow_unused=True))
-        grads = [next(got) if need else None for need in needs]
-        grads = [torch.zeros_like(x) if need and g is None else g for x, g, need in zip(inputs, grads, needs)]
+        inputs = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True
+            grads = _plain_vjp(plain, inputs, plain_args(inputs[0], ctx.args), gy, ctx.needs_input_grad[:3])
+        else:
+            grads = backward_op(gy, *inputs, *ctx.args)
         return tuple(grads) + (None,) * len(ctx.args)
 
     op.register_autograd(backward, setup_context=_setup)
@@ -72,6 +64,20 @@ def _register(op, backward_op, plain, plain_args, flops) -> None:
 
     for key in ('AutocastCPU', 'AutocastCUDA'):
         _LIB.impl(op._name, in_autocast_dtype, key)
+
+
+@torch.jit.unused
+def _plain_vjp(plain, inputs: Tuple[Tensor, ...], args: tuple, grad: Tensor, needs: Sequence[bool]):
+    """A differentiable vector-Jacobian product of ``plain(*inputs, *args)``: the operators' backward when a
+    higher-order gradient is requested (``create_graph=True``)."""
+    warn_once('create_graph', 'higher-order gradients (create_graph=True) differentiate the plain-op form of the '
+                              'position lambdas: correct, but slower and with more memory than the custom operators')
+    with torch.enable_grad():
+        out = plain(*inputs, *args)
+    got = iter(torch.autograd.grad(out, [x for x, need in zip(inputs, needs) if need], grad, create_graph=True,
+                                   allow_unused=True))
+    grads = [next(got) if need else None for need in needs]
+    return tuple(torch.zeros_like(x) if need and g is None else g for x, g, need in zip(inputs, grads, needs))
 
 
 # ----------------------------------------------------------------------------------------------------------
