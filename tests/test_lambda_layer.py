@@ -190,6 +190,7 @@ def test_torch_compile_matches_eager(impl, backend, monkeypatch):
     (gxc,) = torch.autograd.grad(yc.square().sum(), xc)
     torch.testing.assert_close(yc, y, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gxc, gx, rtol=1e-5, atol=1e-5)
+    assert not fallback
 
 
 @pytest.mark.parametrize('impl', IMPLS)
