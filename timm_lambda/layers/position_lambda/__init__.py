@@ -1,12 +1,10 @@
 """Position lambdas applied to the queries: ``y_n^h = (lambda^p_n)^T q_n^h`` (LambdaNetworks eq. 1-2, section 3.3).
 
-With ``lambda^p_n = sum_m E_nm v_m^T`` and ``E_nm = R[m - n]`` (relative embeddings, intra-depth |u| summed,
-appendix C.4): ``y_n^h = sum_{u, m} (q_n^h . R[m - n, u]) v_{m, u}``. Every form (``impl``) maps ``q [B, h, k, n]``,
-``v [B, u, V, n]`` to ``[B, h, V, n]``: ``'einsum'`` (the lambda form of Fig. 3) and ``'conv'`` (the lambda
-convolution, section 3.4) are references; ``'dense'`` (logits ``q_n . E_nm`` for all pairs, then ``logits v``:
-``|h| (|k| + |v|)`` per pair instead of ``|k| |v|``) and ``'tiled'`` (the same on query blocks against their
-context windows, :mod:`.layout`) are picked by ``'auto'`` (:func:`choose_impl`). This module dispatches: which
-form, and which execution (:mod:`.execution`) of the fast ones: :mod:`.custom_ops` or :mod:`.plain_ops`.
+``y_n^h = sum_{u, m} (q_n^h . R[m - n, u]) v_{m, u}`` (``E_nm = R[m - n]``, |u| summed, appendix C.4), every form
+(``impl``) ``q [B, h, k, n], v [B, u, V, n] -> [B, h, V, n]``: ``'einsum'`` (Fig. 3) and ``'conv'`` (section 3.4)
+are references; ``'dense'`` (logits ``q_n . E_nm`` for all pairs, then ``logits v``: ``|h| (|k| + |v|)`` per pair
+instead of ``|k| |v|``) and ``'tiled'`` (the same on query blocks, :mod:`.layout`) are picked by ``'auto'``
+(:func:`choose_impl`). This module dispatches: which form, and which execution (:mod:`.execution`).
 """
 from typing import List, Optional
 
@@ -34,9 +32,8 @@ def tile_window(table_h: int, table_w: int) -> int:
 def choose_impl(impl: str, height: int, width: int, window: int, global_scope: bool) -> str:
     """The implementation ``impl`` resolves to for an ``height x width`` input (the ``'auto'`` rule).
 
-    ``window`` is the number of context positions of one query block of the tiled form (:func:`tile_window`).
-    The dense form computes ``|n|^2`` (query, context) pairs, the tiled one ``n_pad x window`` (its queries padded
-    to whole 8x8 blocks, each against its block's window) at about a quarter of the cost per pair: dense while
+    Dense computes ``|n|^2`` (query, context) pairs, tiled ``n_pad x window`` (queries padded to whole 8x8 blocks,
+    each against its block's ``window``, :func:`tile_window`) at about a quarter of the cost per pair: dense while
     ``4 |n|^2 <= n_pad x window``. Measured (docs/results/sweep_scope23.json, sweep_scope7_u4.json, 2 CPU cores):
     the rule picks the clearly faster form at every size where one is (23x23 scope: dense up to 14 px, tiled
     from 22 px; 7x7 scope with |u|=4: dense at 5-7 and 9 px, tiled from 12 px; tests/test_lambda_impl_rule.py);
