@@ -33,7 +33,7 @@ def test_quickstart_default_run_detects(default_run):
 
 def test_quickstart_default_run_writes_everything(default_run):
     """Data, checkpoint, COCO evaluation of the checkpoint loaded from disk, progress with ETA, both PNGs."""
-    from timm_lambda_mmdet.quickstart import DEFAULTS
+    from dev.quickstart import DEFAULTS
     work, out = default_run
     assert osp.isfile(osp.join(work, f"iter_{DEFAULTS['iters']}.pth"))
     assert osp.isfile(osp.join(work, 'data', 'annotations', 'instances_val.json'))
@@ -50,7 +50,7 @@ def test_quickstart_default_run_writes_everything(default_run):
 
 
 def test_quickstart_options_reach_the_run(monkeypatch):
-    """Every command-line option of tools/quickstart.py is handed to timm_lambda_mmdet.quickstart.run (the runs
+    """Every command-line option of tools/quickstart.py is handed to dev.quickstart.run (the runs
     themselves are the default run above and the mmdet end-to-end tests)."""
     spec = importlib.util.spec_from_file_location('quickstart_tool', osp.join(REPO, 'tools', 'quickstart.py'))
     tool = importlib.util.module_from_spec(spec)
