@@ -369,9 +369,10 @@ def _position_macs(layer, B, H, W, impl):
 
 def _macs_by_hand(layer, B, H, W, impl):
     """Multiply-adds of a LambdaLayer forward: the 1x1 projections, the content lambda (eq. 1) and its application
-    to the queries (eq. 2), and the position lambdas."""
+    to the queries (eq. 2; a stride-2 layer applies it to the pooled queries), and the position lambdas."""
     d, k, h, u, v, n = layer.dim, layer.dim_k, layer.heads, layer.dim_u, layer.dim_v, H * W
-    return B * n * d * (h * k + k * u + v * u) + B * u * k * n * v + B * h * k * v * n + sum(
+    n_out = -(-H // layer.stride) * -(-W // layer.stride)
+    return B * n * d * (h * k + k * u + v * u) + B * u * k * n * v + B * h * k * v * n_out + sum(
         _position_macs(layer, B, H, W, impl))
 
 

@@ -43,7 +43,8 @@ def many_chunks(monkeypatch, request):
 
 def _call(impl, case, q, v, table):
     _, hh, ww, _, _, _, _, scope, stride, cip, _ = case
-    return PL.position_lambdas(q, v, table, hh, ww, impl, scope is None, stride, cip)
+    y = PL.position_lambdas(q, v, table, hh, ww, impl, scope is None, stride, cip)  # [B, h V, H_out, W_out]
+    return y.reshape(q.shape[0], q.shape[1], v.shape[2], -1)
 
 
 @pytest.mark.parametrize('plain', [False, True], ids=['custom_ops', 'plain_ops'])
@@ -183,7 +184,7 @@ def _operator_inputs(impl, dtype=torch.float64):
     """Inputs of the custom operator of ``impl``, as test_opcheck_operators's (non-contiguous where it matters)."""
     g = torch.Generator().manual_seed(0)
     if impl == 'tiled':  # 3 x 2 blocks of 2x2 queries, |h| = 3, c = 5, |u| = 2, |v| = 3, 5x5 table, step 2
-        q = torch.randn(6, 2, 2, 3, 5, generator=g, dtype=dtype).transpose(1, 2)
+        q = torch.randn(6, 3, 2, 2, 5, generator=g, dtype=dtype).transpose(2, 3)
         return (custom_ops._tiled, q, torch.randn(1, 12, 19, 6, generator=g, dtype=dtype),
                 torch.randn(5, 2, 5, 5, generator=g, dtype=dtype), 2, 2, 3)
     v = torch.randn(3, 8, 4, generator=g, dtype=dtype).transpose(0, 1).contiguous().transpose(0, 1)

@@ -3,7 +3,9 @@
 
 Default: the three detection shapes of a LambdaResNet backbone at 1024x1024 (c4 lambda layers at 64x64 with
 256 channels, the stride-2 first c5 layer at 64x64 with 512, the other c5 layers at 32x32 with 512), batch 1,
-``impl='auto'``; prints time, peak memory and the ratio to the convolution per shape and in total.
+``impl='auto'``; prints time, multiply-add rate (GMAC/s: ``torch.utils.flop_counter``'s count, custom operators
+included, over the median time), peak memory and the ratio to the convolution per shape and in total, for a training
+step (``--mode train``, the default) or eval-mode inference (``--mode eval``).
 
 ``--sweep``: every implementation and the convolution on square inputs of growing size (width 256), a PNG
 plot of time and memory against the input side, and at each size the faster of the dense and tiled forms
@@ -12,6 +14,7 @@ reads the committed sweeps). ``--json`` writes the command, date, load before, m
 settings and results: the files in docs/results/ are these commands' output.
 
     python tools/benchmark_lambda_layer.py --repeats 7 --json docs/results/lambda_layer.json   # ~1 min, 2 cores
+    python tools/benchmark_lambda_layer.py --repeats 7 --mode eval --json docs/results/lambda_layer_eval.json
     python tools/benchmark_lambda_layer.py --impls auto conv einsum
     python tools/benchmark_lambda_layer.py --sweep --json docs/results/sweep_scope23.json
     python tools/benchmark_lambda_layer.py --sweep --scope 7 --dim-u 4 --sizes 5 6 7 8 9 10 12 14 16 20 \
@@ -42,14 +45,29 @@ from timm_lambda.layers import LambdaLayer
 DETECTION_SHAPES = [(256, 64, 1), (512, 64, 2), (512, 32, 1)]  # width, input side, stride
 
 
-def _step(layer, x, dtype):
+def _step(layer, x, dtype, mode='train'):
+    """One training step (forward + backward, the input needing grad) or, ``mode='eval'``, one eval-mode
+    inference (``torch.no_grad``)."""
     def run():
         x.grad = None
         layer.zero_grad(set_to_none=True)
         with torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
             y = layer(x)
         y.float().sum().backward()
-    return run
+
+    def infer():
+        with torch.no_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
+            layer(x)
+    return run if mode == 'train' else infer
+
+
+def step_macs(step) -> int:
+    """Multiply-adds of one call of ``step``: ``torch.utils.flop_counter`` (the custom operators have FLOP
+    formulas) / 2."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops() // 2
 
 
 def _candidates(width, stride, impls, device, scope=23, dim_u=1):
@@ -59,11 +77,14 @@ def _candidates(width, stride, impls, device, scope=23, dim_u=1):
     return {k: m.to(device).train() for k, m in layers.items()}
 
 
-def measure(width, size, stride, batch, impls, device, dtype, repeats, max_seconds=None, scope=23, dim_u=1):
+def measure(width, size, stride, batch, impls, device, dtype, repeats, max_seconds=None, scope=23, dim_u=1,
+            mode='train', rates=False):
+    """Median / min / max ms and peak MiB of each candidate; ``rates``: also its multiply-adds (``gmacs``) and
+    their rate at the median (``gmac_per_s``)."""
     torch.manual_seed(0)
-    x = torch.randn(batch, width, size, size, device=device, requires_grad=True)
+    x = torch.randn(batch, width, size, size, device=device, requires_grad=mode == 'train')
     layers = _candidates(width, stride, impls, device, scope, dim_u)
-    steps = {k: _step(m, x, dtype) for k, m in layers.items()}
+    steps = {k: _step(m.train(mode == 'train'), x, dtype, mode) for k, m in layers.items()}
     if repeats == 0:  # memory only
         return {k: dict(peak_mib=peak_step_bytes(step, device=device) / 2 ** 20) for k, step in steps.items()}
     times = interleaved_times(steps, repeats=repeats, device=device, max_seconds=max_seconds)
@@ -72,6 +93,9 @@ def measure(width, size, stride, batch, impls, device, dtype, repeats, max_secon
         peak = peak_step_bytes(step, device=device)
         lo, mid, hi = spread(times[k])
         rows[k] = dict(ms=1e3 * mid, min_ms=1e3 * lo, max_ms=1e3 * hi, peak_mib=peak / 2 ** 20)
+        if rates:
+            macs = step_macs(step)
+            rows[k].update(gmacs=macs / 1e9, gmac_per_s=macs / mid / 1e9)
     return rows
 
 
@@ -117,16 +141,18 @@ def record_memory(path, results, meta):
 
 
 def detection_table(args):
-    print(f'# lambda layer vs 3x3 conv, training step, batch {args.batch}, {args.dtype}, {machine(args.device)}')
-    print('| width, input, stride | ' + ' | '.join(f'{k} median ms [min-max] (x conv), MiB'
+    what = 'training step' if args.mode == 'train' else 'eval inference'
+    print(f'# lambda layer vs 3x3 conv, {what}, batch {args.batch}, {args.dtype}, {machine(args.device)}')
+    print('| width, input, stride | ' + ' | '.join(f'{k} median ms [min-max] (x conv), GMAC/s, MiB'
                                                    for k in ['conv3x3'] + args.impls) + ' |')
     print('|---|' + '---|' * (1 + len(args.impls)))
     totals, results = {}, []
     for width, size, stride in DETECTION_SHAPES:
-        rows = measure(width, size, stride, args.batch, args.impls, args.device, args.dtype, args.repeats)
+        rows = measure(width, size, stride, args.batch, args.impls, args.device, args.dtype, args.repeats,
+                       mode=args.mode, rates=True)
         conv = rows['conv3x3']['ms']
-        cells = [f"{r['ms']:.1f} [{r['min_ms']:.1f}-{r['max_ms']:.1f}] ({r['ms'] / conv:.2f}x), {r['peak_mib']:.0f}"
-                 for r in rows.values()]
+        cells = [f"{r['ms']:.1f} [{r['min_ms']:.1f}-{r['max_ms']:.1f}] ({r['ms'] / conv:.2f}x), "
+                 f"{r['gmac_per_s']:.0f}, {r['peak_mib']:.0f}" for r in rows.values()]
         print(f'| {width}, {size}x{size}, s{stride} | ' + ' | '.join(cells) + ' |', flush=True)
         for k, r in rows.items():
             totals[k] = totals.get(k, 0.0) + r['ms']
@@ -197,6 +223,8 @@ def main(argv=None):
     p.add_argument('--impls', nargs='+', default=['auto'], help='lambda implementations for the default table')
     p.add_argument('--batch', type=int, default=None, help='default: 1 (table), 2 (sweep)')
     p.add_argument('--repeats', type=int, default=5)
+    p.add_argument('--mode', default='train', choices=['train', 'eval'],
+                   help='the table: training step (forward + backward) or eval inference (no_grad)')
     p.add_argument('--device', default='cpu')
     p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16', 'float16'],
                    help='autocast dtype (float32: no autocast)')
@@ -235,7 +263,7 @@ def main(argv=None):
     results = sweep(args) if args.sweep else detection_table(args)
     if args.json:
         keys = ('width', 'scope', 'dim_u', 'batch', 'repeats', 'device') if args.sweep else \
-            ('impls', 'batch', 'repeats', 'device')
+            ('impls', 'batch', 'repeats', 'device', 'mode')
         settings = dict({k: getattr(args, k) for k in keys}, dtype=str(args.dtype).replace('torch.', ''),
                         threads=torch.get_num_threads())
         command = shlex.join(['python', 'tools/benchmark_lambda_layer.py', *(sys.argv[1:] if argv is None else argv)])

@@ -6,6 +6,7 @@ to the first baseline, and the load average before and after:
 
     python tools/benchmark_models.py backbone         # 1024x1024, batch 1: c2..c5 features as the detectors build them
     python tools/benchmark_models.py classification   # 224x224, batch 2: classifiers
+    python tools/benchmark_models.py c4               # 512x512, batch 1: LambdaResNet-101-C4 vs its conv twin
     python tools/benchmark_models.py cifar            # resnet50_lambda (global 32x32 scope, 10 classes) vs
                                                       # resnet50, batch 64
     python tools/benchmark_models.py compile          # torch.compile (inductor) training step, 512x512 batch 1
@@ -44,6 +45,10 @@ COMPARISONS = {
     # name: (models (label, timm name, kwargs), the first is the candidate, the second the baseline; batch, size, kind)
     'backbone': ([LAMBDA101, RS101, RS101_NOSE, CONV_TWIN], 1, 1024, 'features'),
     'classification': ([LAMBDA101, RS101], 2, 224, 'classifier'),
+    # every c4 and c5 block a lambda layer (where the layer dominates) against the same network with 3x3 convs
+    'c4': ([('LambdaResNet-101-C4', 'lambdaresnet101_c4', {}),
+            ('LambdaResNet-101-C4 conv twin', 'lambdaresnet101_c4', dict(lambda_blocks=(None,) * 4))], 1, 512,
+           'features'),
     'cifar': ([('resnet50_lambda global', 'resnet50_lambda', dict(scope='global', img_size=32, num_classes=10)),
                ('ResNet-50', 'resnet50', dict(num_classes=10))], 64, 32, 'classifier'),
 }

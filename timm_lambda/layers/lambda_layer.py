@@ -243,17 +243,22 @@ class LambdaLayer(nn.Module):
         q = reshape_normed(self.norm_q(q), [B, h, k, n])
         values = reshape_normed(self.norm_v(values), [B, u, v, n])
         out: Optional[torch.Tensor] = None
-        full: Optional[torch.Tensor] = None
+        ho, wo = (H + self.stride - 1) // self.stride, (W + self.stride - 1) // self.stride
+        # the content lambda and the position bias are linear in the query: a downsampling layer applies them to
+        # the pooled queries (|h||k| channels to pool instead of |h||v|)
+        q_out = q
+        if self.stride == 2 and (self.content or self.pos_bias is not None):
+            q_out = self.pool(q.reshape(B, h * k, H, W)).reshape(B, h, k, ho * wo)
         if self.content:
             keys = normalize_keys(keys.reshape(B, u, k, n), self.key_norm)
             content_lambda = torch.matmul(keys, values.transpose(2, 3)).sum(1)  # lambda^c [B, k, v], eq. 1
-            full = torch.matmul(content_lambda.transpose(1, 2).unsqueeze(1), q)  # [B, h, v, n], eq. 2
+            out = torch.matmul(content_lambda.transpose(1, 2).unsqueeze(1), q_out)  # [B, h, v, n_out], eq. 2
         if self.pos_bias is not None:
             # lambda^p_n[k, :] += b_k for every n: y_n^h gains sum_k q_n^h[k] b_k in every value channel
-            bias = torch.einsum('bhkn,k->bhn', [q, self.pos_bias]).unsqueeze(2)
-            full = bias.expand(B, h, v, n) if full is None else full + bias
-        if full is not None:  # the terms computed at full resolution, pooled when the layer downsamples
-            out = self.pool(full.reshape(B, h * v, H, W))
+            bias = torch.einsum('bhkn,k->bhn', [q_out, self.pos_bias]).unsqueeze(2)
+            out = bias.expand(B, h, v, ho * wo) if out is None else out + bias
+        if out is not None:
+            out = out.reshape(B, h * v, ho, wo)
         if self.pos_embedding is not None:
             # position lambdas (average-pooled by the same 3x3 stride-2 pooling when the layer downsamples); a
             # dilated scope: those of each d x d interleaved sub-grid (space-to-batch)
@@ -264,9 +269,7 @@ class LambdaLayer(nn.Module):
                 hs, ws = q.shape[-2], q.shape[-1]
             pos = position_lambdas(q.reshape(B * d * d, h, k, hs * ws), values.reshape(B * d * d, u, v, hs * ws),
                                    self.pos_embedding.weight, hs, ws, self.impl, self.global_scope, self.stride,
-                                   self.pool_count_include_pad, self.table_size)
-            ho, wo = (hs + self.stride - 1) // self.stride, (ws + self.stride - 1) // self.stride
-            pos = pos.reshape(B * d * d, h * v, ho, wo)
+                                   self.pool_count_include_pad, self.table_size)  # [B d d, h v, ho, wo]
             if d > 1:
                 pos = batch_to_space(pos, d, H, W)
             out = pos if out is None else out + pos

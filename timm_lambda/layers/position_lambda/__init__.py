@@ -1,7 +1,7 @@
 """Position lambdas applied to the queries: ``y_n^h = (lambda^p_n)^T q_n^h`` (LambdaNetworks eq. 1-2, section 3.3).
 
 ``y_n^h = sum_{u, m} (q_n^h . R[m - n, u]) v_{m, u}`` (``E_nm = R[m - n]``, |u| summed, appendix C.4), every form
-(``impl``) ``q [B, h, k, n], v [B, u, V, n] -> [B, h, V, n]``: ``'einsum'`` (Fig. 3) and ``'conv'`` (section 3.4)
+(``impl``) ``q [B, h, k, n], v [B, u, V, n] -> [B, h V, H, W]``: ``'einsum'`` (Fig. 3) and ``'conv'`` (section 3.4)
 are references; ``'dense'`` (logits ``q_n . E_nm`` for all pairs, then ``logits v``: ``|h| (|k| + |v|)`` per pair
 instead of ``|k| |v|``) and ``'tiled'`` (the same on query blocks, :mod:`.layout`) are picked by ``'auto'``
 (:func:`choose_impl`). This module dispatches: which form, and which execution (:mod:`.execution`).
@@ -54,11 +54,12 @@ def choose_impl(impl: str, height: int, width: int, window: int, global_scope: b
 def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, impl: str,
                      global_scope: bool, stride: int = 1, count_include_pad: bool = False,
                      table_size: Optional[List[int]] = None) -> Tensor:
-    """``y_n^h = (lambda^p_n)^T q_n^h`` for every query: ``q [B, h, k, n], v [B, u, V, n] -> [B, h, V, n]``.
+    """``y_n^h = (lambda^p_n)^T q_n^h`` for every query: ``q [B, h, k, n], v [B, u, V, n] -> [B, h V, H, W]``
+    (possibly a strided view).
 
     ``table`` is the relative embedding ``[k, u, R_h, R_w]`` (:class:`RelativePositionEmbedding`), ``impl``
     one of :data:`POSITION_IMPLS`. ``stride=2``: the result average-pooled (3x3, stride 2, padding 1;
-    ``count_include_pad`` as ``nn.AvgPool2d``), ``[B, h, V, ceil(H/2) ceil(W/2)]``. ``table_size``: the table's
+    ``count_include_pad`` as ``nn.AvgPool2d``), ``[B, h V, ceil(H/2), ceil(W/2)]``. ``table_size``: the table's
     ``[R_h, R_w]`` as Python ints: inside ``jit.trace`` a local scope's block embedding is then a constant that
     onnxruntime folds. An FX leaf: its Python size logic runs at call time, not at trace time.
     """
@@ -78,15 +79,15 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
         y = dense(q, v, table, height, width, global_scope, custom_ops)
     elif impl == 'einsum':
         y = einsum_form(q, v, table_for_input(table, height, width, global_scope), height, width, not global_scope)
+        y = y.reshape(y.shape[0], y.shape[1] * y.shape[2], height, width)
     elif impl == 'conv':
         y = conv_form(q, v, table_for_input(table, height, width, global_scope), height, width)
+        y = y.reshape(y.shape[0], y.shape[1] * y.shape[2], height, width)
     else:
         raise ValueError("impl must be one of 'auto', 'einsum', 'conv', 'dense', 'tiled', got '" + impl + "'")
     if stride == 1:
         return y
-    b, h, dv = y.shape[0], y.shape[1], y.shape[2]
-    y = F.avg_pool2d(y.reshape(b, h * dv, height, width), 3, 2, 1, count_include_pad=count_include_pad)
-    return y.reshape(b, h, dv, y.shape[-2] * y.shape[-1])
+    return F.avg_pool2d(y, 3, 2, 1, count_include_pad=count_include_pad)
 
 
 # An FX leaf for timm's feature extraction; modules that call it also declare torch.fx.wrap('position_lambdas')

@@ -123,7 +123,8 @@ def dense_op(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# tiled: q [G, T, T, h, c], vp [B, H', W', u V], table [c, u, K_h, K_w] -> y [G, T T h, V] (see tiled_plain)
+# tiled: q [G, h, T, T, c], vp [B, H', W', u V], table [c, u, K_h, K_w] -> y [G, V, h T T] (tiled_plain's result
+# transposed, rows (h, qy, qx): a block's output positions contiguous per channel)
 
 
 def _windows(vp: Tensor, b: int, by: int, rows: int, bx: int, cols: int, shift: int, mh: int, mw: int,
@@ -136,13 +137,13 @@ def _windows(vp: Tensor, b: int, by: int, rows: int, bx: int, cols: int, shift: 
 
 
 def _band(buf: Tensor, t: int, h: int, u: int, kh: int, kw: int, mw: int, step: int) -> Tensor:
-    """The band of block logits ``buf [C, (qy qx h), (my mx u)]`` as a view ``[C, qy, qx, h, u, ky, kx]``:
-    entry ``(qy, qx, h, my = step qy + ky, mx = step qx + kx, u)``. One strided view, no index tensor."""
-    s_h = buf.shape[2]
-    s_qx, s_my = h * s_h, mw * u
-    s_qy = t * s_qx
-    return buf.as_strided((buf.shape[0], t, t, h, u, kh, kw),
-                          (t * s_qy, s_qy + step * s_my, s_qx + step * u, s_h, 1, s_my, u), buf.storage_offset())
+    """The band of block logits ``buf [C, (h qy qx), (my mx u)]`` as a view ``[C, h, qy, qx, u, ky, kx]``:
+    entry ``(h, qy, qx, my = step qy + ky, mx = step qx + kx, u)``. One strided view, no index tensor."""
+    row = buf.shape[2]
+    s_my = mw * u
+    return buf.as_strided((buf.shape[0], h, t, t, u, kh, kw),
+                          (h * t * t * row, t * t * row, t * row + step * s_my, row + step * u, 1, s_my, u),
+                          buf.storage_offset())
 
 
 def _chunks(batch: int, blocks_y: int, blocks_x: int, per_chunk: int) -> List[Tuple[int, int, int, int, int]]:
@@ -163,7 +164,7 @@ class _TiledPlan:
     """Shapes, chunks and reusable buffers of one tiled call (forward or backward)."""
 
     def __init__(self, q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int):
-        self.g, self.t, _, self.h, self.c = q.shape
+        self.g, self.h, self.t, _, self.c = q.shape
         self.batch, _, _, self.cv = vp.shape
         _, self.u, self.kh, self.kw = table.shape
         self.dv = self.cv // self.u
@@ -194,7 +195,7 @@ class _TiledPlan:
         torch.mm(q[g0:g0 + n].view(n * self.rows, self.c), self.rm, out=compact)
         logits = self.logits[:n]
         _band(logits, self.t, self.h, self.u, self.kh, self.kw, self.mw, self.step).copy_(
-            compact.view(n, self.t, self.t, self.h, self.u, self.kh, self.kw))
+            compact.view(n, self.h, self.t, self.t, self.u, self.kh, self.kw))
         return g0, n, logits, windows.view(n, self.mh * self.mw * self.u, self.dv)
 
 
@@ -202,16 +203,16 @@ class _TiledPlan:
 def _tiled(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int) -> Tensor:
     q, vp, table = q.contiguous(), vp.contiguous(), table.contiguous()
     p = _TiledPlan(q, vp, table, step, blocks_y, blocks_x)
-    y = vp.new_empty(p.g, p.rows, p.dv)
+    y = vp.new_empty(p.g, p.dv, p.rows)
     for chunk in p.chunks:
         g0, n, logits, windows = p.block_logits(q, vp, chunk)
-        torch.bmm(logits, windows, out=y[g0:g0 + n])
+        torch.bmm(windows.transpose(1, 2), logits.transpose(1, 2), out=y[g0:g0 + n])
     return y
 
 
 @_tiled.register_fake
 def _(q, vp, table, step, blocks_y, blocks_x):
-    return vp.new_empty(q.shape[0], q.shape[1] * q.shape[2] * q.shape[3], vp.shape[3] // table.shape[1])
+    return vp.new_empty(q.shape[0], vp.shape[3] // table.shape[1], q.shape[1] * q.shape[2] * q.shape[3])
 
 
 @torch.library.custom_op('timm_lambda::tiled_position_lambdas_backward', mutates_args=())
@@ -229,7 +230,7 @@ def _tiled_backward(gy: Tensor, q: Tensor, vp: Tensor, table: Tensor, step: int,
     for chunk in p.chunks:
         b, by, nr, bx, nc = chunk
         g0, n, logits, windows = p.block_logits(q, vp, chunk)
-        gyc = gy[g0:g0 + n]
+        gyc = gy[g0:g0 + n].transpose(1, 2)  # [n, rows, V]
         gw = gwindows[:n]
         torch.bmm(logits.transpose(1, 2), gyc, out=gw)
         gw = gw.view(nr, nc, p.mh, p.mw, p.cv)
@@ -241,7 +242,7 @@ def _tiled_backward(gy: Tensor, q: Tensor, vp: Tensor, table: Tensor, step: int,
         gl = glogits[:n]
         torch.bmm(gyc, windows.transpose(1, 2), out=gl)
         gc = gcompact[:n * p.rows]
-        gc.view(n, p.t, p.t, p.h, p.u, p.kh, p.kw).copy_(_band(gl, p.t, p.h, p.u, p.kh, p.kw, p.mw, step))
+        gc.view(n, p.h, p.t, p.t, p.u, p.kh, p.kw).copy_(_band(gl, p.t, p.h, p.u, p.kh, p.kw, p.mw, step))
         torch.mm(gc, p.rm.t(), out=gq[g0:g0 + n].view(n * p.rows, p.c))
         qc = q[g0:g0 + n].view(n * p.rows, p.c)
         if grm.dtype == gc.dtype:
@@ -255,13 +256,20 @@ def _tiled_flops(q, vp, table, step, blocks_y, blocks_x, out_shape=None, backwar
     """Compact logits ``G T T h c (u K_h K_w)`` and window GEMM ``G (T T h) (M_h M_w u) V`` multiply-adds; the
     backward: the compact logits again and the gradients of ``q`` and the table (3x), of the windows and of the
     logits (2x)."""
-    (g, t, _, h, c), (_, u, kh, kw) = q, table
+    (g, h, t, _, c), (_, u, kh, kw) = q, table
     compact = g * t * t * h * c * u * kh * kw
     window = g * t * t * h * (step * (t - 1) + kh) * (step * (t - 1) + kw) * vp[3]
     return 2 * (3 * compact + 2 * window) if backward else 2 * (compact + window)
 
 
-_register(_tiled, _tiled_backward, tiled_plain, lambda q, ints: (q.shape[1],) + tuple(ints), _tiled_flops)
+def _tiled_plain_as_op(q: Tensor, vp: Tensor, table: Tensor, *ints) -> Tensor:
+    """:func:`.plain_ops.tiled_plain` in the operator's output layout ``[G, V, h T T]``."""
+    g, h, t = q.shape[0], q.shape[1], q.shape[2]
+    y = tiled_plain(q, vp, table, t, *ints)
+    return y.reshape(g, t * t, h, y.shape[2]).permute(0, 3, 2, 1).reshape(g, y.shape[2], h * t * t)
+
+
+_register(_tiled, _tiled_backward, _tiled_plain_as_op, lambda q, ints: ints, _tiled_flops)
 
 
 @torch.jit.unused

@@ -1,5 +1,6 @@
 """The dense and tiled forms around their contractions: ``q [B, h, k, n]``, ``v [B, u, V, n]`` into the operands
-of :mod:`.plain_ops` / :mod:`.custom_ops` (``custom_ops=True``) and the result back to ``[B, h, V, n_out]``.
+of :mod:`.plain_ops` / :mod:`.custom_ops` (``custom_ops=True``) and the result back to ``[B, h V, H_out, W_out]``
+(a strided view where that saves a copy).
 
 The tiled form works on ``T x T`` query blocks, each against its context window (the block plus a halo of the
 scope radius). A stride-2 layer (3x3 average pooling after it, appendix F.2) is computed at the output resolution:
@@ -28,7 +29,7 @@ def tile() -> int:
 
 def dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, global_scope: bool,
           custom_ops: bool) -> Tensor:
-    """The dense form: ``[B, h, V, n]``. ``table``: the whole embedding table ``[k, u, R_h, R_w]``."""
+    """The dense form: ``[B, h V, H, W]``. ``table``: the whole embedding table ``[k, u, R_h, R_w]``."""
     b, h, k, n = q.shape
     u, dv = v.shape[1], v.shape[2]
     q_by_position = q.permute(3, 0, 1, 2).reshape(n, b * h, k)
@@ -39,7 +40,7 @@ def dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, global_s
     else:
         emb = dense_embedding(table_for_input(table, height, width, global_scope), height, width, not global_scope)
         y = dense_plain(q_by_position, v_by_position, emb.permute(2, 0, 1, 3).reshape(n, k, u * n), h)
-    return y.reshape(b, n, h, dv).permute(0, 2, 3, 1)
+    return y.reshape(b, height, width, h * dv).permute(0, 3, 1, 2)
 
 
 def _pooled_table(table: Tensor) -> Tensor:
@@ -65,7 +66,7 @@ def _block_counts(height: int, width: int, t: int) -> Tuple[int, int]:
 def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: int, count_include_pad: bool,
           custom_ops: bool, table_size: Optional[List[int]] = None) -> Tensor:
     """The tiled form, average-pooled (3x3, stride 2, padding 1) at the output resolution when ``stride == 2``:
-    ``[B, h, V, n_out]``.
+    ``[B, h V, H_out, W_out]``.
     ``table``: cut to the input (:func:`table_for_input`); ``table_size``: its ``[K_h, K_w]`` as Python ints where
     they are fixed (a local scope)."""
     b, h, k, n = q.shape
@@ -79,7 +80,7 @@ def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: 
         ho, wo = height, width
         blocks_y, blocks_x = _block_counts(ho, wo, t)
         qb = F.pad(qn, [0, blocks_x * t - width, 0, blocks_y * t - height])
-        qb = qb.reshape(b, h, k, blocks_y, t, blocks_x, t).permute(0, 3, 5, 4, 6, 1, 2)  # [B, by, bx, T, T, h, k]
+        qb = qb.reshape(b, h, k, blocks_y, t, blocks_x, t).permute(0, 3, 5, 1, 4, 6, 2)  # [B, by, bx, h, T, T, k]
         pad_y, pad_x = (kh - 1) // 2, (kw - 1) // 2  # values before the first query's window
     else:
         # output o averages inputs 2 o - 1 .. 2 o + 1: its queries are the 3x3 patch (d, k) of q, its table the
@@ -93,19 +94,19 @@ def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: 
             for dx in range(3):
                 patch.append(qp[:, :, dy:dy + 2 * blocks_y * t:2, dx:dx + 2 * blocks_x * t:2])
         qb = torch.stack(patch, 2).reshape(b, h, k, 9, blocks_y, t, blocks_x, t)
-        qb = qb.permute(0, 4, 6, 5, 7, 1, 3, 2)  # [B, by, bx, T, T, h, 9, k]
+        qb = qb.permute(0, 4, 6, 1, 5, 7, 3, 2)  # [B, by, bx, h, T, T, 9, k]
         pad_y, pad_x = (kh - 1) // 2 + 1, (kw - 1) // 2 + 1
-    qb = qb.reshape(b * blocks_y * blocks_x, t, t, h, c)
+    qb = qb.reshape(b * blocks_y * blocks_x, h, t, t, c)
     step_table_size = [kh + 2 * (step - 1), kw + 2 * (step - 1)]  # the pooled table is 2 larger
     mh, mw = step * (t - 1) + step_table_size[0], step * (t - 1) + step_table_size[1]
     vp = F.pad(v.reshape(b, u * dv, height, width), [pad_x, step * t * (blocks_x - 1) + mw - width - pad_x,
                                                     pad_y, step * t * (blocks_y - 1) + mh - height - pad_y])
     vp = vp.permute(0, 2, 3, 1)  # channels last: a window's rows (my, mx, u) are whole channel vectors
     oy, ox = torch.arange(ho, device=q.device), torch.arange(wo, device=q.device)  # also the stride-2 border counts
-    if custom_ops:  # back to the output positions: one permute of whole channel vectors
-        y = tiled_op(qb, vp, table, step, blocks_y, blocks_x)
-        y = y.reshape(b, blocks_y, blocks_x, t, t, h * dv).permute(0, 1, 3, 2, 4, 5)
-        y = y.reshape(b, blocks_y * t, blocks_x * t, h * dv)[:, :ho, :wo].permute(0, 3, 1, 2)
+    if custom_ops:  # back to the output positions: one permute of whole block rows (T contiguous values)
+        y = tiled_op(qb, vp, table, step, blocks_y, blocks_x)  # [G, V, h T T]
+        y = y.reshape(b, blocks_y, blocks_x, dv, h, t, t).permute(0, 4, 3, 1, 5, 2, 6)
+        y = y.reshape(b, h * dv, blocks_y * t, blocks_x * t)[:, :, :ho, :wo]
     else:  # one gather of whole rows (a permute would make torch.export guard on 'one block')
         y = tiled_plain(qb, vp, table.to(qb.dtype), t, step, blocks_y, blocks_x,
                         None if table_size is None else step_table_size)
@@ -120,4 +121,4 @@ def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: 
             in_rows = 3 - (oy == 0).to(y.dtype) - (2 * oy + 1 >= height).to(y.dtype)
             in_cols = 3 - (ox == 0).to(y.dtype) - (2 * ox + 1 >= width).to(y.dtype)
             y = y / (in_rows[:, None] * in_cols[None, :])
-    return y.reshape(b, h, dv, ho * wo)
+    return y

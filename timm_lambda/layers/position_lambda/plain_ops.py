@@ -51,13 +51,13 @@ def tiled_plain(q: Tensor, vp: Tensor, table: Tensor, tile: int, step: int, bloc
                 table_size: Optional[List[int]] = None) -> Tensor:
     """The tiled form: each ``T x T`` query block against its context window.
 
-    ``q [G, T, T, h, c]`` query blocks (``G = B by bx``), ``vp [B, H', W', u V]`` padded values (channels last),
+    ``q [G, h, T, T, c]`` query blocks (``G = B by bx``), ``vp [B, H', W', u V]`` padded values (channels last),
     ``table [c, u, K_h, K_w]`` -> ``[G, T T h, V]``. Block ``(b, by, bx)`` sees the window
     ``vp[b, s T by + (0..M_h), s T bx + (0..M_w)]``, ``M = s (T - 1) + K``, query ``(qy, qx)`` at window position
     ``(s qy, s qx)`` (``s = step``). Windows by one gather of whole channel vectors, logits by one matmul with the
     block embedding (the same for every block, section 3.3), then one batched GEMM. ``table_size``: ``[K_h, K_w]``
     as Python ints where they are fixed (see :func:`~..relative_embedding.block_embedding`)."""
-    g, h, c = q.shape[0], q.shape[3], q.shape[4]
+    g, h, c = q.shape[0], q.shape[1], q.shape[4]
     b, hv, cv = vp.shape[0], vp.shape[1], vp.shape[3]
     u = table.shape[1]
     kh, kw = (table.shape[2], table.shape[3]) if table_size is None else (table_size[0], table_size[1])
@@ -72,5 +72,5 @@ def tiled_plain(q: Tensor, vp: Tensor, table: Tensor, tile: int, step: int, bloc
     index = (rows * vp.shape[2] + cols).reshape(blocks_y * blocks_x * mh * mw)
     windows = vp.reshape(b, hv * vp.shape[2], cv).index_select(1, index).reshape(g, mh * mw * u, cv // u)
     emb = block_embedding(table, tile, step, table_size).to(q.dtype)  # [T T, c, M u]
-    logits = torch.matmul(q.reshape(g, tile * tile, h, c), emb).reshape(g, tile * tile * h, mh * mw * u)
+    logits = torch.matmul(q.reshape(g, h, tile * tile, c).transpose(1, 2), emb).reshape(g, tile * tile * h, mh * mw * u)
     return torch.bmm(logits, windows.to(logits.dtype))

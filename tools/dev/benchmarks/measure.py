@@ -36,13 +36,23 @@ def load_average() -> str:
         return '?'
 
 
+def cpu_model() -> str:
+    """The CPU's model name and family (``lscpu``'s; machines of one kind differ in CPU), from /proc/cpuinfo."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            info = dict(line.split(':', 1) for line in f.read().split('\n\n')[0].splitlines() if ':' in line)
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        return f"{info.get('model name', '?')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')})"
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
 def machine(device: str = 'cpu') -> str:
     """One line naming the device, threads, torch version and the load when called."""
     if device.startswith('cuda'):
         what = torch.cuda.get_device_name()
     else:
-        what = f'{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores, ' \
-               f'{torch.get_num_threads()} threads'
+        what = f'{cpu_model()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} threads'
     return f'{what}, torch {torch.__version__}, load average {load_average()}'
 
 
