@@ -15,7 +15,7 @@ import sys
 LONGEST_FIRST = (
     'test_mmengine_compile_true_on_a_shrunk_table14_config',
     'test_aoti_package_equals_eager_and_never_aborts',
-    'test_quickstart_default_run_detects',
+    'test_quickstart_default_run',
     'test_train_py_torchcompile_flow',
     'test_shortened_quick_run_beats_chance_clearly',
 )
