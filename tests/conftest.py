@@ -15,7 +15,7 @@ import sys
 LONGEST_FIRST = (
     'test_mmengine_compile_true_on_a_shrunk_table14_config',
     'test_aoti_package_equals_eager_and_never_aborts',
-    'test_quickstart_default_run_detects',
+    'test_quickstart_default_run',
     'test_train_py_torchcompile_flow',
     'test_shortened_quick_run_beats_chance_clearly',
 )
@@ -44,9 +44,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """tests/test_timm_suite.py imports timm's whole model test matrix: keep our models' items only. Then order
+    """tests/test_timm_suite.py imports timm's whole model test matrix: keep our models' items only, less the
+    deepest models (as timm's CI) and the FX and TorchScript tests beyond one member of each depth family
+    (tests/_timm_suite_filters.py). Then order
     (a stable sort): the modules of the longest tests first, each starting with its longest test, then the other
     modules with slow tests, the modules of unit tests last."""
+    from _timm_suite_filters import excluded
     from timm_lambda import registered_models
     ours = set(registered_models())
     keep, drop = [], []
@@ -54,7 +57,7 @@ def pytest_collection_modifyitems(config, items):
         if item.module.__name__ == 'test_timm_suite' and item.name != 'test_timm_suite_available':
             callspec = getattr(item, 'callspec', None)
             name = callspec.params.get('model_name') if callspec else None
-            if not name or name.split('.')[0] not in ours:
+            if not name or name.split('.')[0] not in ours or excluded(item.originalname, name.split('.')[0]):
                 drop.append(item)
                 continue
             item.add_marker('timm_suite')

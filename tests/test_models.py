@@ -11,6 +11,8 @@ from timm.models import save_for_hf
 from timm.models.resnet import BasicBlock, Bottleneck
 from torch import nn
 
+from _timm_suite_filters import excluded_models
+from timm_lambda import registered_models
 from timm_lambda._compat import parse_version
 from timm_lambda.layers import AugmentedConv2d, AxialSelfAttention2d, LambdaLayer, LocalSelfAttention2d
 from timm_lambda.paper import LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS
@@ -20,7 +22,8 @@ ALL_NAMES = ([f'lambdaresnet{d}' for d in DEPTHS] + [f'lambdaresnet{d}_c4' for d
              + [f'resnetrs{d}_nose' for d in DEPTHS]
              + ['resnet50_lambda', 'resnet50_lambda_u4', 'mobilenetv2_100_lambda'])
 # Forward and backward of every registered model (finite outputs, a gradient for every parameter) are timm's own
-# model tests, run on our models by tests/test_timm_suite.py.
+# model tests, run on our models by tests/test_timm_suite.py; the deepest models, which it leaves out as timm's CI
+# does (tests/_timm_suite_filters.py), get the same checks here: test_deepest_models_forward_backward.
 
 
 @functools.lru_cache(maxsize=None)
@@ -315,3 +318,26 @@ def test_shared_embeddings_saved_once(tmp_path):
 def test_pretrained_without_weights_fails_clearly():
     with pytest.raises(RuntimeError, match='(?i)no pretrained weights'):
         timm.create_model('lambdaresnet101', pretrained=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', excluded_models(registered_models()))
+def test_deepest_models_forward_backward(name):
+    """timm's test_model_forward and test_model_backward on the models tests/test_timm_suite.py leaves out (as timm's
+    CI leaves out its deepest ResNet-RS models), at 64 px: finite outputs, grad checkpointing changes no output, a
+    gradient for every parameter."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, num_classes=42).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        out = model(x[:1])
+        assert out.shape == (1, 42) and torch.isfinite(out).all()
+        model.set_grad_checkpointing()
+        torch.testing.assert_close(model(x[:1]), out, rtol=1e-4, atol=1e-5)
+    model.set_grad_checkpointing(False)
+    model.train()
+    out = model(x)
+    out.mean().backward()
+    assert out.shape == (2, 42) and torch.isfinite(out).all()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert not missing, missing

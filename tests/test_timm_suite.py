@@ -4,7 +4,11 @@ The file ships in timm's sdist, not its wheel; ``tools/install.sh`` keeps the on
 version in ``$TIMM_LAMBDA_CACHE`` (default ``~/.cache/timm-lambda``) ``/timm-tests/<version>/``. Its test
 functions and fixtures are imported into this module, unchanged, and ``tests/conftest.py`` keeps the items
 whose ``model_name`` is one of ours (marker ``timm_suite``): default cfgs (meta device, dtype changes),
-forward, backward, features, TorchScript, FX, FX + TorchScript. No model of ours is excluded.
+forward, backward, features, TorchScript, FX, FX + TorchScript. As timm's own CI, it leaves the deepest models out
+(ResNet-RS depths 350 and 420; tests/test_models.py runs their forward and backward), and it runs the FX and
+TorchScript tests on one member of each family of models that differ only in depth (lambdaresnet50,
+lambdaresnet50_c4, resnetrs50_nose, aa_resnet34 and aa_resnet50): tests/_timm_suite_filters.py.
+``TIMM_LAMBDA_TIMM_SUITE_ALL=1`` runs every test on every model.
 
     python -m pytest tests/test_timm_suite.py        # the longest part of CI
     python -m pytest tests -m "not timm_suite"       # everything else
