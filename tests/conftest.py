@@ -32,6 +32,12 @@ def pytest_report_header(config):
     return [f"python: {sys.executable}", "versions: " + ", ".join(parts)]
 
 
+def pytest_addoption(parser):
+    parser.addoption('--heavy', action='store_true',
+                     help='also run the tests marked heavy (the model-level torch.compile flows of timm\'s train.py '
+                          'and mmengine: about 10 minutes of one core, cold inductor cache); CI does not')
+
+
 def pytest_configure(config):
     """Under pytest-xdist, share the cores among the workers instead of each worker using all of them."""
     workers = os.environ.get('PYTEST_XDIST_WORKER_COUNT')
@@ -46,7 +52,7 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """tests/test_timm_suite.py imports timm's whole model test matrix: keep our models' items only, less the
     deepest models (as timm's CI) and the FX and TorchScript tests beyond one member of each depth family
-    (tests/_timm_suite_filters.py). Then order
+    (tests/_timm_suite_filters.py). Tests marked ``heavy`` run only with ``--heavy`` or ``-m heavy``. Then order
     (a stable sort): the modules of the longest tests first, each starting with its longest test, then the other
     modules with slow tests, the modules of unit tests last."""
     from _timm_suite_filters import excluded
@@ -62,6 +68,10 @@ def pytest_collection_modifyitems(config, items):
                 continue
             item.add_marker('timm_suite')
             item.add_marker('slow')
+        elif item.get_closest_marker('heavy') and not (config.getoption('heavy')
+                                                        or 'heavy' in (config.getoption('markexpr') or '')):
+            drop.append(item)  # outside CI: run with --heavy or -m heavy
+            continue
         keep.append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

@@ -1,7 +1,9 @@
 """Whole models in the execution modes users run: evaluation under torch.inference_mode() before and between
-training steps, and (slow) torch.compile as timm's ``train.py --torchcompile`` and mmengine's ``compile=True`` use
-it. Each mode at the level of one layer (torch.func per-sample gradients, jacfwd, double backward, autocast, the
-compiled graph): tests/test_position_lambda.py and tests/test_lambda_layer.py."""
+training steps, and torch.compile as timm's ``train.py --torchcompile`` and mmengine's ``compile=True`` use it
+(marked ``heavy``: ~10 minutes of one core from a cold inductor cache, run with ``pytest --heavy``, not in CI; the
+layer under inductor is in CI: tests/test_lambda_layer.py::test_torch_compile_matches_eager). Each mode at the level
+of one layer (torch.func per-sample gradients, jacfwd, double backward, autocast, the compiled graph):
+tests/test_position_lambda.py and tests/test_lambda_layer.py."""
 import pytest
 import timm
 import torch
@@ -55,6 +57,7 @@ def _train_steps(model, steps=3, seed=0):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_train_py_torchcompile_flow():
     """train.py --torchcompile: create_model, torch.compile(model) (inductor), then train: the compiled
     model's losses and parameters track the eager model's over three steps; the lambda layers run their
@@ -73,6 +76,7 @@ def test_train_py_torchcompile_flow():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_mmengine_compile_true_on_a_shrunk_table14_config(tmp_path):
     """MMDetection's Mask R-CNN from the Table 14 config (shrunk: 64 px, one block per stage, batch 2) with
     mmengine's ``compile=True`` (torch.compile of the model's train_step): its first loss (same weights, same
