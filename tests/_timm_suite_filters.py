@@ -31,7 +31,7 @@ def excluded(test_name: str, model_name: str) -> bool:
     """Whether timm's test ``test_name`` leaves our model ``model_name`` out."""
     if os.environ.get('TIMM_LAMBDA_TIMM_SUITE_ALL') == '1':
         return False
-    if any(fnmatch.fnmatch(model_name, f) for f in EXCLUDE_FILTERS):
+    if _deepest(model_name):
         return True
     if test_name not in FX_TS_TESTS:
         return False
@@ -41,6 +41,10 @@ def excluded(test_name: str, model_name: str) -> bool:
     return False
 
 
+def _deepest(model_name: str) -> bool:
+    return any(fnmatch.fnmatch(model_name, f) for f in EXCLUDE_FILTERS)
+
+
 def excluded_models(names) -> list:
     """The models of ``names`` that timm's suite leaves out of every test (:data:`EXCLUDE_FILTERS`)."""
-    return [n for n in names if any(fnmatch.fnmatch(n, f) for f in EXCLUDE_FILTERS)]
+    return [n for n in names if _deepest(n)]

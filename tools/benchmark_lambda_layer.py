@@ -74,7 +74,7 @@ def _candidates(width, stride, impls, device, scope=23, dim_u=1):
     layers = {'conv3x3': nn.Conv2d(width, width, 3, stride, 1, bias=False)}
     for impl in impls:
         layers[impl] = LambdaLayer(width, scope=scope, dim_u=dim_u, stride=stride, impl=impl)
-    return {k: m.to(device).train() for k, m in layers.items()}
+    return {k: m.to(device) for k, m in layers.items()}
 
 
 def measure(width, size, stride, batch, impls, device, dtype, repeats, max_seconds=None, scope=23, dim_u=1,

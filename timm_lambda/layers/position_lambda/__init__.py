@@ -77,11 +77,10 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
             return y
     elif impl == 'dense':
         y = dense(q, v, table, height, width, global_scope, custom_ops)
-    elif impl == 'einsum':
-        y = einsum_form(q, v, table_for_input(table, height, width, global_scope), height, width, not global_scope)
-        y = y.reshape(y.shape[0], y.shape[1] * y.shape[2], height, width)
-    elif impl == 'conv':
-        y = conv_form(q, v, table_for_input(table, height, width, global_scope), height, width)
+    elif impl == 'einsum' or impl == 'conv':
+        cut = table_for_input(table, height, width, global_scope)
+        y = einsum_form(q, v, cut, height, width, not global_scope) if impl == 'einsum' else \
+            conv_form(q, v, cut, height, width)  # [B, h, V, n]
         y = y.reshape(y.shape[0], y.shape[1] * y.shape[2], height, width)
     else:
         raise ValueError("impl must be one of 'auto', 'einsum', 'conv', 'dense', 'tiled', got '" + impl + "'")
