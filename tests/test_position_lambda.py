@@ -2,6 +2,8 @@
 against the float64 per-query reference (tests/reference.py) and the einsum form, at shapes with many query
 blocks and many chunks (the chunk size is shrunk so that a few blocks make many chunks, whole rows and
 parts of rows), stride 1 and 2, local and global scopes, |u| > 1."""
+import shutil
+
 import pytest
 import torch
 from torch import nn
@@ -9,7 +11,7 @@ from torch import nn
 from reference import position_term_reference
 from timm_lambda.layers import LambdaLayer
 from timm_lambda.layers import position_lambda as PL
-from timm_lambda.layers.position_lambda import custom_ops
+from timm_lambda.layers.position_lambda import cpu_kernel, custom_ops
 
 FORMS = ['dense', 'tiled']
 
@@ -22,6 +24,8 @@ CASES = [
     (1, 30, 33, 2, 4, 1, 2, 23, 1, False, 512),     # the default 23x23 scope
     (2, 6, 7, 2, 3, 1, 4, None, 1, False, 64),      # global scope
     (2, 7, 5, 2, 3, 2, 4, None, 2, False, 16),
+    (1, 20, 19, 5, 9, 1, 43, 7, 1, False, 512),     # the CPU kernel's vector paths: 4 + 1 heads, |v| 32 + 8 + 3
+    (2, 13, 14, 4, 3, 2, 24, 5, 2, False, 512),
 ]
 IDS = [f'B{c[0]}_{c[1]}x{c[2]}_u{c[5]}_{"global" if c[7] is None else "scope%d" % c[7]}_s{c[8]}' for c in CASES]
 
@@ -47,13 +51,22 @@ def _call(impl, case, q, v, table):
     return y.reshape(q.shape[0], q.shape[1], v.shape[2], -1)
 
 
-@pytest.mark.parametrize('plain', [False, True], ids=['custom_ops', 'plain_ops'])
-@pytest.mark.parametrize('impl', FORMS)
+# how each form runs: its custom operator (the tiled one by its CPU kernel, or by GEMMs as on other devices and
+# dtypes), or the plain tensor ops of traces and exports
+EXECUTIONS = [('dense', 'custom_ops'), ('dense', 'plain_ops'), ('tiled', 'cpu_kernel'), ('tiled', 'gemm_ops'),
+              ('tiled', 'plain_ops')]
+
+
+@pytest.mark.parametrize('impl,execution', EXECUTIONS, ids=['-'.join(e) for e in EXECUTIONS])
 @pytest.mark.parametrize('case', CASES, ids=IDS)
-def test_forms_equal_the_per_query_reference_with_gradients(case, impl, plain, monkeypatch):
+def test_forms_equal_the_per_query_reference_with_gradients(case, impl, execution, monkeypatch):
     monkeypatch.setattr(custom_ops, 'CPU_CHUNK_ROWS', case[-1])
-    if plain:
+    if execution == 'plain_ops':
         monkeypatch.setattr(PL, 'use_custom_ops', lambda: False)
+    if execution == 'gemm_ops':
+        monkeypatch.setattr(cpu_kernel, 'ENABLED', False)
+    if execution == 'cpu_kernel':
+        require_cpu_kernel()
     q, v, table = (t.requires_grad_() for t in _inputs(case))
     ref = position_term_reference(q, v, table, case[1], case[2], case[8], case[9])
     y = _call(impl, case, q, v, table)
@@ -62,6 +75,41 @@ def test_forms_equal_the_per_query_reference_with_gradients(case, impl, plain, m
     g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=ref.dtype)
     for got, want in zip(torch.autograd.grad(y, (q, v, table), g), torch.autograd.grad(ref, (q, v, table), g)):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def require_cpu_kernel():
+    """Skip where no C++ toolchain can build the CPU kernel (CI has one: there it must build)."""
+    if shutil.which('c++') is None and shutil.which('g++') is None:
+        pytest.skip('no C++ compiler: the tiled operator runs its GEMM path')
+    assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.float64)) is not None, 'the CPU kernel did not build'
+
+
+def test_the_cpu_kernel_serves_float32_and_float64_on_a_cpu_only():
+    require_cpu_kernel()
+    for dtype in (torch.float32, torch.float64):
+        assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=dtype)) is not None
+    for dtype in (torch.bfloat16, torch.float16):
+        assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=dtype)) is None
+    assert cpu_kernel.cpu_kernel(torch.zeros(1, device='meta')) is None
+
+
+@pytest.mark.parametrize('stride', [1, 2])
+def test_cpu_kernel_in_float32_equals_the_gemm_path_in_float64(stride, monkeypatch):
+    """float32 has 16 lanes where float64 has 8: the kernel's float32 vector paths at a LambdaResNet-like shape
+    (23x23 scope, |k| = 16, 5 heads, |v| = 16 + 16 + 8 + 3), outputs and gradients."""
+    require_cpu_kernel()
+    case = (2, 24, 20, 5, 16, 1, 43, 23, stride, False, 512)
+    q, v, table = _inputs(case)
+    g = torch.randn(_call('tiled', case, q, v, table).shape, generator=torch.Generator().manual_seed(3),
+                    dtype=torch.float64)
+    results = []
+    for enabled, dtype in ((True, torch.float32), (False, torch.float64)):
+        monkeypatch.setattr(cpu_kernel, 'ENABLED', enabled)
+        inputs = [t.to(dtype).requires_grad_() for t in (q, v, table)]
+        y = _call('tiled', case, *inputs)
+        results.append([y] + list(torch.autograd.grad(y, inputs, g.to(dtype))))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
 
 
 def test_the_reference_comparison_can_fail():

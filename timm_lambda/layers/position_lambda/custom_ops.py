@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
+from .cpu_kernel import cpu_kernel
 from .execution import warn_once
 from .plain_ops import dense_plain, tiled_plain
 
@@ -201,6 +202,9 @@ class _TiledPlan:
 
 @torch.library.custom_op('timm_lambda::tiled_position_lambdas', mutates_args=())
 def _tiled(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int) -> Tensor:
+    kernel = cpu_kernel(q)
+    if kernel is not None:
+        return kernel.tiled_forward(q, vp, table, step, blocks_y, blocks_x)
     q, vp, table = q.contiguous(), vp.contiguous(), table.contiguous()
     p = _TiledPlan(q, vp, table, step, blocks_y, blocks_x)
     y = vp.new_empty(p.g, p.dv, p.rows)
@@ -218,6 +222,9 @@ def _(q, vp, table, step, blocks_y, blocks_x):
 @torch.library.custom_op('timm_lambda::tiled_position_lambdas_backward', mutates_args=())
 def _tiled_backward(gy: Tensor, q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int,
                     blocks_x: int) -> Tuple[Tensor, Tensor, Tensor]:
+    kernel = cpu_kernel(q)
+    if kernel is not None:
+        return tuple(kernel.tiled_backward(gy, q, vp, table, step, blocks_y, blocks_x))
     q, vp, table, gy = q.contiguous(), vp.contiguous(), table.contiguous(), gy.contiguous()
     p = _TiledPlan(q, vp, table, step, blocks_y, blocks_x)
     gq, gvp = torch.empty_like(q), torch.zeros_like(vp)
@@ -253,13 +260,13 @@ def _tiled_backward(gy: Tensor, q: Tensor, vp: Tensor, table: Tensor, step: int,
 
 
 def _tiled_flops(q, vp, table, step, blocks_y, blocks_x, out_shape=None, backward=False) -> int:
-    """Compact logits ``G T T h c (u K_h K_w)`` and window GEMM ``G (T T h) (M_h M_w u) V`` multiply-adds; the
-    backward: the compact logits again and the gradients of ``q`` and the table (3x), of the windows and of the
-    logits (2x)."""
+    """Multiply-adds of the exact form that the CPU kernel computes (:mod:`.cpu_kernel`): per query of every block,
+    ``h u K_h K_w`` logits of depth ``c`` and as many value rows of depth ``V``; the backward: the logits again and
+    the gradients of ``q`` and the table (3x ``c``), of the values and of the logits (2x ``V``). The GEMM path
+    (other devices and dtypes) does ``M_h M_w / (K_h K_w)`` times the ``V`` part (the whole window per block)."""
     (g, h, t, _, c), (_, u, kh, kw) = q, table
-    compact = g * t * t * h * c * u * kh * kw
-    window = g * t * t * h * (step * (t - 1) + kh) * (step * (t - 1) + kw) * vp[3]
-    return 2 * (3 * compact + 2 * window) if backward else 2 * (compact + window)
+    per_pair = (3 * c + 2 * (vp[3] // u)) if backward else (c + vp[3] // u)
+    return 2 * g * t * t * h * u * kh * kw * per_pair
 
 
 def _tiled_plain_as_op(q: Tensor, vp: Tensor, table: Tensor, *ints) -> Tensor:

@@ -1,0 +1,58 @@
+"""The tiled form's exact CPU kernels (``tiled_cpu.cpp``): built with the machine's C++ compiler on first use.
+
+Each query meets exactly its ``K_h x K_w`` scope (the GEMM path pads it to its block's window, 1.7x the work at a
+23x23 scope) and its logits never leave the cache, so the layer runs near the CPU's multiply-add rate
+(docs/benchmarks.md). float32 and float64 on a CPU; other dtypes and devices, or a machine where the build fails
+(a one-time warning says why), run the GEMM path of :mod:`.custom_ops`. ``TIMM_LAMBDA_CPU_KERNEL=0`` turns it off.
+"""
+import functools
+import hashlib
+import os
+import platform
+import shutil
+from typing import Optional
+
+import torch
+
+from .execution import warn_once
+
+__all__ = ['cpu_kernel']
+
+ENABLED = os.environ.get('TIMM_LAMBDA_CPU_KERNEL', '1') != '0'
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tiled_cpu.cpp')
+
+
+def _machine_tag() -> str:
+    """A build name per CPU and torch (``-march=native`` code must not load on another CPU sharing the cache)."""
+    flags = ''
+    if os.path.exists('/proc/cpuinfo'):
+        with open('/proc/cpuinfo') as f:
+            flags = next((line for line in f if line.startswith(('flags', 'Features'))), '')
+    key = f'{platform.machine()} {flags} {torch.__version__} {open(_SOURCE).read()}'
+    return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+
+@functools.lru_cache(maxsize=None)
+def _build():
+    from torch.utils import cpp_extension
+    try:
+        import ninja  # the pip package (a dependency): torch runs `ninja`, on PATH only in an active venv
+        if shutil.which('ninja') is None:
+            os.environ['PATH'] = ninja.BIN_DIR + os.pathsep + os.environ.get('PATH', '')
+    except ImportError:
+        pass
+    try:
+        return cpp_extension.load(f'timm_lambda_tiled_cpu_{_machine_tag()}', [_SOURCE],
+                                  extra_cflags=['-O3', '-march=native', '-fopenmp'], extra_ldflags=['-fopenmp'])
+    except Exception as e:  # no compiler, no ninja, no OpenMP: the GEMM path
+        warn_once('cpu_kernel', f'the tiled form\'s CPU kernel could not be built ({type(e).__name__}: {e}); the '
+                                'position lambdas run as batched GEMMs instead (correct, about half as fast)')
+        return None
+
+
+@torch.jit.unused
+def cpu_kernel(x: torch.Tensor) -> Optional[object]:
+    """The built kernel module when it serves ``x`` (float32 or float64 on a CPU), else None."""
+    if not ENABLED or x.device.type != 'cpu' or x.dtype not in (torch.float32, torch.float64):
+        return None
+    return _build()

@@ -1,0 +1,282 @@
+// The tiled position lambdas on a CPU, each query against exactly its scope (LambdaNetworks eq. 2, E_nm = R[m - n],
+// section 3.3): forward and backward of timm_lambda::tiled_position_lambdas (custom_ops.py, cpu_kernel.py).
+// q [G, h, T, T, c] query blocks (G = B by bx), vp [B, H', W', u V] padded values (channels last), table R [c, u, K_h,
+// K_w] -> y [G, V, h T T] (rows (h, qy, qx)). Query (qy, qx) of block (b, by, bx) meets
+// vp[b, s (T by + qy) + ky, s (T bx + qx) + kx, u V + j] through R[:, u, ky, kx] (s = step).
+// Per query: its logits L = q R (h x u K_h K_w, kept in the cache), then y = L v; the loops hold a tile of heads x
+// channels in vector registers (GCC/Clang vector extensions: AVX-512, AVX2 or NEON, whatever -march=native has).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+template <typename T> struct Vec {
+  static constexpr int lanes = 64 / sizeof(T);
+  typedef T type __attribute__((vector_size(64)));
+};
+template <typename T> using vec_t = typename Vec<T>::type;
+template <typename T> inline vec_t<T> loadv(const T* p) { vec_t<T> v; std::memcpy(&v, p, sizeof(v)); return v; }
+template <typename T> inline void storev(T* p, vec_t<T> v) { std::memcpy(p, &v, sizeof(v)); }
+#if defined(__AVX512F__)
+#define KEEP_IN_REGISTER(x) __asm__("" : "+v"(x))  // GCC would otherwise reload it from memory for every FMA
+#else
+#define KEEP_IN_REGISTER(x)
+#endif
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// out[m * os + n] (+)= sum_k a[m * as + k] b[k * bs + n], m < MB, n in [n0, n0 + NV lanes)
+template <typename T, int MB, int NV, bool ACC>
+inline void gemm_tile(const T* __restrict a, int64_t as, const T* __restrict b, int64_t bs, int64_t K, int64_t n0,
+                      T* __restrict out, int64_t os) {
+  constexpr int W = Vec<T>::lanes;
+  vec_t<T> acc[MB][NV];
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < NV; ++i) acc[m][i] = ACC ? loadv(out + m * os + n0 + i * W) : vec_t<T>{};
+  for (int64_t k = 0; k < K; ++k) {
+    vec_t<T> bv[NV];
+    for (int i = 0; i < NV; ++i) { bv[i] = loadv(b + k * bs + n0 + i * W); KEEP_IN_REGISTER(bv[i]); }
+    for (int m = 0; m < MB; ++m) { T s = a[m * as + k]; for (int i = 0; i < NV; ++i) acc[m][i] += s * bv[i]; }
+  }
+  for (int m = 0; m < MB; ++m) for (int i = 0; i < NV; ++i) storev(out + m * os + n0 + i * W, acc[m][i]);
+}
+
+// out [M, N] (+)= a [M, K] b [K, N], N a multiple of the lanes
+template <typename T, bool ACC>
+void gemm(const T* a, int64_t as, const T* b, int64_t bs, int64_t M, int64_t K, int64_t N, T* out, int64_t os) {
+  constexpr int W = Vec<T>::lanes;
+  int64_t m = 0;
+  auto cols = [&](auto mb) {
+    constexpr int MB = decltype(mb)::value;
+    int64_t n = 0;
+    for (; n + 4 * W <= N; n += 4 * W) gemm_tile<T, MB, 4, ACC>(a + m * as, as, b, bs, K, n, out + m * os, os);
+    for (; n + 2 * W <= N; n += 2 * W) gemm_tile<T, MB, 2, ACC>(a + m * as, as, b, bs, K, n, out + m * os, os);
+    for (; n < N; n += W) gemm_tile<T, MB, 1, ACC>(a + m * as, as, b, bs, K, n, out + m * os, os);
+  };
+  for (; m + 4 <= M; m += 4) cols(std::integral_constant<int, 4>());
+  for (; m < M; ++m) cols(std::integral_constant<int, 1>());
+}
+
+// y[h * osh + j * osj] = sum_{u, ky, kx} L[h * ls + (u, ky, kx)] v[ky * rs + kx U V + u V + j] for h < MB
+template <typename T, int MB, int NV>
+inline void aggregate_tile(const T* __restrict L, int64_t ls, const T* __restrict v, int64_t U, int64_t KH, int64_t KW,
+                           int64_t rs, int64_t V, int64_t j0, T* __restrict out, int64_t osj, int64_t osh) {
+  constexpr int W = Vec<T>::lanes;
+  vec_t<T> acc[MB][NV];
+  for (int m = 0; m < MB; ++m) for (int i = 0; i < NV; ++i) acc[m][i] = vec_t<T>{};
+  int64_t r = 0;
+  for (int64_t u = 0; u < U; ++u)
+    for (int64_t ky = 0; ky < KH; ++ky)
+      for (int64_t kx = 0; kx < KW; ++kx, ++r) {
+        const T* vx = v + ky * rs + kx * U * V + u * V + j0;
+        vec_t<T> vv[NV];
+        for (int i = 0; i < NV; ++i) { vv[i] = loadv(vx + i * W); KEEP_IN_REGISTER(vv[i]); }
+        for (int m = 0; m < MB; ++m) { T l = L[m * ls + r]; for (int i = 0; i < NV; ++i) acc[m][i] += l * vv[i]; }
+      }
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < NV; ++i)
+      for (int e = 0; e < W; ++e) out[m * osh + (j0 + i * W + e) * osj] = acc[m][i][e];
+}
+
+template <typename T>
+void aggregate(const T* L, int64_t ls, const T* v, int64_t H, int64_t U, int64_t KH, int64_t KW, int64_t rs, int64_t V,
+               T* out, int64_t osj, int64_t osh) {
+  constexpr int W = Vec<T>::lanes;
+  int64_t h = 0;
+  auto cols = [&](auto mb) {
+    constexpr int MB = decltype(mb)::value;
+    int64_t j = 0;
+    const T* Lh = L + h * ls;
+    T* outh = out + h * osh;
+    for (; j + 4 * W <= V; j += 4 * W) aggregate_tile<T, MB, 4>(Lh, ls, v, U, KH, KW, rs, V, j, outh, osj, osh);
+    for (; j + W <= V; j += W) aggregate_tile<T, MB, 1>(Lh, ls, v, U, KH, KW, rs, V, j, outh, osj, osh);
+    for (; j < V; ++j)
+      for (int m = 0; m < MB; ++m) {
+        T acc = 0;
+        int64_t r = 0;
+        for (int64_t u = 0; u < U; ++u)
+          for (int64_t ky = 0; ky < KH; ++ky)
+            for (int64_t kx = 0; kx < KW; ++kx, ++r) acc += L[(h + m) * ls + r] * v[ky * rs + kx * U * V + u * V + j];
+        out[(h + m) * osh + j * osj] = acc;
+      }
+  };
+  for (; h + 4 <= H; h += 4) cols(std::integral_constant<int, 4>());
+  for (; h < H; ++h) cols(std::integral_constant<int, 1>());
+}
+
+// v[(u, ky, kx) position, j] += sum_h L[h * ls + (u, ky, kx)] gy[h * V + j], j in [j0, j0 + NV lanes), h < MB
+template <typename T, int MB, int NV>
+inline void scatter_tile(const T* __restrict L, int64_t ls, const T* __restrict gy, int64_t V, T* __restrict v,
+                         int64_t U,
+                         int64_t KH, int64_t KW, int64_t rs, int64_t j0) {
+  constexpr int W = Vec<T>::lanes;
+  vec_t<T> g[MB][NV];
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < NV; ++i) {
+      g[m][i] = loadv(gy + m * V + j0 + i * W);
+      KEEP_IN_REGISTER(g[m][i]);
+    }
+  int64_t r = 0;
+  for (int64_t u = 0; u < U; ++u)
+    for (int64_t ky = 0; ky < KH; ++ky)
+      for (int64_t kx = 0; kx < KW; ++kx, ++r) {
+        T* dst = v + ky * rs + kx * U * V + u * V + j0;
+        vec_t<T> acc[NV];
+        for (int i = 0; i < NV; ++i) acc[i] = loadv(dst + i * W);
+        for (int m = 0; m < MB; ++m) { T l = L[m * ls + r]; for (int i = 0; i < NV; ++i) acc[i] += l * g[m][i]; }
+        for (int i = 0; i < NV; ++i) storev(dst + i * W, acc[i]);
+      }
+}
+
+template <typename T>
+void scatter(const T* L, int64_t ls, const T* gy, int64_t H, int64_t V, T* v, int64_t U, int64_t KH, int64_t KW,
+             int64_t rs) {
+  constexpr int W = Vec<T>::lanes;
+  int64_t h = 0;
+  auto cols = [&](auto mb) {
+    constexpr int MB = decltype(mb)::value;
+    int64_t j = 0;
+    for (; j + 4 * W <= V; j += 4 * W) scatter_tile<T, MB, 4>(L + h * ls, ls, gy + h * V, V, v, U, KH, KW, rs, j);
+    for (; j + W <= V; j += W) scatter_tile<T, MB, 1>(L + h * ls, ls, gy + h * V, V, v, U, KH, KW, rs, j);
+    for (; j < V; ++j) {
+      int64_t r = 0;
+      for (int64_t u = 0; u < U; ++u)
+        for (int64_t ky = 0; ky < KH; ++ky)
+          for (int64_t kx = 0; kx < KW; ++kx, ++r) {
+            T acc = 0;
+            for (int m = 0; m < MB; ++m) acc += L[(h + m) * ls + r] * gy[(h + m) * V + j];
+            v[ky * rs + kx * U * V + u * V + j] += acc;
+          }
+    }
+  };
+  for (; h + 4 <= H; h += 4) cols(std::integral_constant<int, 4>());
+  for (; h < H; ++h) cols(std::integral_constant<int, 1>());
+}
+
+struct Shape {
+  int64_t G, H, Tt, C, U, KH, KW, B, Hp, Wp, CV, V, Rn, step, by, bx;
+  Shape(const torch::Tensor& q, const torch::Tensor& vp, const torch::Tensor& table, int64_t step_, int64_t by_,
+        int64_t bx_)
+      : G(q.size(0)), H(q.size(1)), Tt(q.size(2)), C(q.size(4)), U(table.size(1)), KH(table.size(2)), KW(table.size(3)),
+        B(vp.size(0)), Hp(vp.size(1)), Wp(vp.size(2)), CV(vp.size(3)), V(vp.size(3) / table.size(1)),
+        Rn(table.size(1) * table.size(2) * table.size(3)), step(step_), by(by_), bx(bx_) {}
+  int64_t image(int64_t g) const { return g / (by * bx); }
+  // offset of query (qy, qx) of block g's first context position in vp, in elements of a row of W' positions
+  int64_t origin_y(int64_t g, int64_t qy) const { return step * (Tt * ((g / bx) % by) + qy); }
+  int64_t origin_x(int64_t g, int64_t qx) const { return step * (Tt * (g % bx) + qx); }
+};
+
+template <typename T>
+torch::Tensor padded_table(const torch::Tensor& table, int64_t C, int64_t Rn, int64_t Rp) {
+  auto r = torch::zeros({C, Rp}, table.options());
+  r.narrow(1, 0, Rn).copy_(table.reshape({C, Rn}));
+  return r;
+}
+
+}  // namespace
+
+torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor vp, torch::Tensor table, int64_t step, int64_t by,
+                            int64_t bx) {
+  q = q.contiguous(); vp = vp.contiguous(); table = table.contiguous();
+  Shape s(q, vp, table, step, by, bx);
+  auto y = torch::empty({s.G, s.V, s.H * s.Tt * s.Tt}, vp.options());
+  AT_DISPATCH_FLOATING_TYPES(vp.scalar_type(), "tiled_forward", [&] {
+    using T = scalar_t;
+    const int64_t Rp = round_up(s.Rn, Vec<T>::lanes), TT = s.Tt * s.Tt;
+    auto R = padded_table<T>(table, s.C, s.Rn, Rp);
+    const T *Rp_ = R.data_ptr<T>(), *qd = q.data_ptr<T>(), *vd = vp.data_ptr<T>();
+    T* yd = y.data_ptr<T>();
+    at::parallel_for(0, s.G * s.Tt, 1, [&](int64_t begin, int64_t end) {
+      std::vector<T> L(s.H * Rp);
+      for (int64_t gq = begin; gq < end; ++gq) {
+        const int64_t g = gq / s.Tt, qy = gq % s.Tt;
+        for (int64_t qx = 0; qx < s.Tt; ++qx) {
+          gemm<T, false>(qd + ((g * s.H * s.Tt + qy) * s.Tt + qx) * s.C, TT * s.C, Rp_, Rp, s.H, s.C, Rp, L.data(), Rp);
+          const T* v = vd + ((s.image(g) * s.Hp + s.origin_y(g, qy)) * s.Wp + s.origin_x(g, qx)) * s.CV;
+          aggregate<T>(L.data(), Rp, v, s.H, s.U, s.KH, s.KW, s.Wp * s.CV, s.V,
+                       yd + g * s.V * s.H * TT + qy * s.Tt + qx, s.H * TT, TT);
+        }
+      }
+    });
+  });
+  return y;
+}
+
+std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, torch::Tensor vp, torch::Tensor table,
+                                          int64_t step, int64_t by, int64_t bx) {
+  gy = gy.contiguous(); q = q.contiguous(); vp = vp.contiguous(); table = table.contiguous();
+  Shape s(q, vp, table, step, by, bx);
+  auto gq = torch::empty_like(q);
+  torch::Tensor gvp, gtable;
+  AT_DISPATCH_FLOATING_TYPES(vp.scalar_type(), "tiled_backward", [&] {
+    using T = scalar_t;
+    constexpr int W = Vec<T>::lanes;
+    const int64_t Rp = round_up(s.Rn, W), Rg = round_up(s.Rn + W, W), Cp = round_up(s.C, W), TT = s.Tt * s.Tt;
+    const int64_t KWp = round_up(s.KW, W);
+    auto R = padded_table<T>(table, s.C, s.Rn, Rp);
+    auto RT = torch::zeros({s.Rn, Cp}, table.options());
+    RT.narrow(1, 0, s.C).copy_(table.reshape({s.C, s.Rn}).t());
+    // channels first, each row padded so that a row's KW-wide run can be read as whole vectors
+    auto vt = torch::zeros({s.B, s.CV, s.Hp, s.Wp + KWp}, vp.options());
+    vt.narrow(3, 0, s.Wp).copy_(vp.permute({0, 3, 1, 2}));
+    const int nthreads = at::get_num_threads();
+    const bool by_image = s.B >= nthreads;  // threads own whole images: no shared value gradient
+    auto gv_parts = torch::zeros({by_image ? 1 : nthreads, s.B, s.Hp, s.Wp, s.CV}, vp.options());
+    auto gr_parts = torch::zeros({nthreads, s.C, Rg}, table.options());
+    const T *Rd = R.data_ptr<T>(), *RTd = RT.data_ptr<T>(), *qd = q.data_ptr<T>(), *vd = vp.data_ptr<T>();
+    const T *vtd = vt.data_ptr<T>(), *gyd = gy.data_ptr<T>();
+    T *gqd = gq.data_ptr<T>(), *gvd = gv_parts.data_ptr<T>(), *grd = gr_parts.data_ptr<T>();
+    const int64_t per_image = s.by * s.bx * s.Tt, rows = s.G * s.Tt;
+    auto body = [&](int64_t begin, int64_t end) {
+      const int tid = at::get_thread_num();
+      T* gv = by_image ? gvd : gvd + tid * s.B * s.Hp * s.Wp * s.CV;
+      T* gr = grd + tid * s.C * Rg;
+      std::vector<T> L(s.H * Rp), gyq(s.H * s.V), gl(s.Tt * s.H * Rg), qt(s.C * s.Tt * s.H), gqq(s.H * Cp);
+      for (int64_t gqr = begin; gqr < end; ++gqr) {
+        const int64_t g = gqr / s.Tt, qy = gqr % s.Tt, b = s.image(g), y0 = s.origin_y(g, qy);
+        for (int64_t qx = 0; qx < s.Tt; ++qx) {
+          const int64_t x0 = s.origin_x(g, qx);
+          const T* qq = qd + ((g * s.H * s.Tt + qy) * s.Tt + qx) * s.C;  // head stride T T c
+          gemm<T, false>(qq, TT * s.C, Rd, Rp, s.H, s.C, Rp, L.data(), Rp);  // the logits again
+          for (int64_t h = 0; h < s.H; ++h)
+            for (int64_t j = 0; j < s.V; ++j)
+              gyq[h * s.V + j] = gyd[(g * s.V + j) * s.H * TT + h * TT + qy * s.Tt + qx];
+          for (int64_t h = 0; h < s.H; ++h)
+            for (int64_t c = 0; c < s.C; ++c) qt[c * s.Tt * s.H + qx * s.H + h] = qq[h * TT * s.C + c];
+          // logit gradients gl[h, (u, ky, kx)] = gy[h, :] . v[ky, kx, u, :]: per (u, ky) a [h, V] x [V, KW] product
+          // with the channels-first values; each writes KWp >= KW columns, the excess overwritten by the next (u, ky)
+          T* glq = gl.data() + qx * s.H * Rg;
+          for (int64_t u = 0; u < s.U; ++u)
+            for (int64_t ky = 0; ky < s.KH; ++ky)
+              gemm<T, false>(gyq.data(), s.V, vtd + ((b * s.CV + u * s.V) * s.Hp + y0 + ky) * (s.Wp + KWp) + x0,
+                             s.Hp * (s.Wp + KWp), s.H, s.V, KWp, glq + (u * s.KH + ky) * s.KW, Rg);
+          // query gradients: gq[h, :] = gl[h, :] R^T
+          gemm<T, false>(glq, Rg, RTd, Cp, s.H, s.Rn, Cp, gqq.data(), Cp);
+          for (int64_t h = 0; h < s.H; ++h)
+            std::memcpy(gqd + ((g * s.H + h) * TT + qy * s.Tt + qx) * s.C, gqq.data() + h * Cp, s.C * sizeof(T));
+          // value gradients: gv[ky, kx, u, :] += sum_h L[h, (u, ky, kx)] gy[h, :]
+          scatter<T>(L.data(), Rp, gyq.data(), s.H, s.V, gv + ((b * s.Hp + y0) * s.Wp + x0) * s.CV, s.U, s.KH, s.KW,
+                     s.Wp * s.CV);
+        }
+        // table gradient: gr[c, :] += sum_{qx, h} q[qx, h, c] gl[qx, h, :]
+        gemm<T, true>(qt.data(), s.Tt * s.H, gl.data(), Rg, s.C, s.Tt * s.H, Rg, gr, Rg);
+      }
+    };
+    if (by_image) {
+      at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) { body(b0 * per_image, b1 * per_image); });
+    } else {
+      at::parallel_for(0, rows, 1, body);
+    }
+    gvp = gv_parts.sum(0);
+    gtable = gr_parts.sum(0).narrow(1, 0, s.Rn).reshape(table.sizes()).contiguous();
+  });
+  return {gq, gvp, gtable};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("tiled_forward", &tiled_forward);
+  m.def("tiled_backward", &tiled_backward);
+}
