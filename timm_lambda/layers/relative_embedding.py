@@ -6,7 +6,6 @@ scope (section 3.4; outside it the embeddings are zero), every offset of the lar
 The table is directly the weight of the lambda convolution (appendix C.1). The functions below turn it into the
 embeddings an ``H x W`` input uses, in shape arithmetic only, so a trace made at one size serves every size.
 """
-import collections
 import functools
 from typing import List, Optional
 
@@ -110,25 +109,20 @@ def dense_embedding(table: torch.Tensor, height: int, width: int, masked: bool =
     return flat.index_select(2, index).reshape(k, u, height * width, height * width)
 
 
-# Gather indices of dense_embedding_cached by (height, width, table size, masked, device), least recently used
-# evicted; none over a 45x45 input (rebuilt per call). Built outside inference mode: a later training step can save it.
-_INDEX_CACHE: 'collections.OrderedDict[tuple, torch.Tensor]' = collections.OrderedDict()
-_INDEX_CACHE_ENTRIES = 16
-_INDEX_CACHE_MAX_ELEMENTS = 1 << 22
+@functools.lru_cache(maxsize=16)
+def _dense_index_cached(height: int, width: int, table_h: int, table_w: int, masked: bool,
+                        device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):  # a later training step may save it for backward
+        return dense_index(height, width, table_h, table_w, masked, device)
 
 
 @torch.jit.unused
 def dense_embedding_cached(table: torch.Tensor, height: int, width: int, masked: bool) -> torch.Tensor:
-    """:func:`dense_embedding` with its index built once per input size: for eager runs."""
-    key = (height, width, table.shape[2], table.shape[3], masked, str(table.device))
-    index = _INDEX_CACHE.pop(key, None)  # pop + set: most recently used last (torch 2.4's dynamo: no move_to_end)
-    if index is None:
-        with torch.inference_mode(False):
-            index = dense_index(height, width, table.shape[2], table.shape[3], masked, table.device)
-    if index.numel() <= _INDEX_CACHE_MAX_ELEMENTS:
-        _INDEX_CACHE[key] = index
-        while len(_INDEX_CACHE) > _INDEX_CACHE_ENTRIES:
-            del _INDEX_CACHE[next(iter(_INDEX_CACHE))]  # the least recently used (torch 2.4's dynamo: no popitem)
+    """:func:`dense_embedding` with its index built once per input size (the last 16 sizes up to 45x45, 2^22
+    entries, kept): for eager runs. Compiled code builds the index in its graph (dynamo ignores an lru_cache)."""
+    index = None
+    if not torch.compiler.is_compiling() and (height * width) ** 2 <= 1 << 22:
+        index = _dense_index_cached(height, width, table.shape[2], table.shape[3], masked, table.device)
     return dense_embedding(table, height, width, masked, index)
 
 
