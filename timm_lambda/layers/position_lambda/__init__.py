@@ -19,26 +19,17 @@ from .execution import size_independent, use_custom_ops, warn_torchscript
 from .layout import dense, tile, tiled
 from .plain_ops import conv_form, einsum_form
 
-__all__ = ['POSITION_IMPLS', 'position_lambdas', 'choose_impl', 'tile_window', 'warn_torchscript']
+__all__ = ['POSITION_IMPLS', 'position_lambdas', 'choose_impl', 'warn_torchscript']
 
 POSITION_IMPLS = ('auto', 'einsum', 'conv', 'dense', 'tiled')
 
 
-def tile_window(table_h: int, table_w: int) -> int:
-    """Context positions of one query block of the tiled form: ``(T + K_h - 1)(T + K_w - 1)``."""
-    return (tile() + table_h - 1) * (tile() + table_w - 1)
-
-
-def choose_impl(impl: str, height: int, width: int, window: int, global_scope: bool) -> str:
-    """The implementation ``impl`` resolves to for an ``height x width`` input (the ``'auto'`` rule).
+def choose_impl(impl: str, height: int, width: int, table_h: int, table_w: int, global_scope: bool) -> str:
+    """The form ``impl`` resolves to for an ``height x width`` input and a ``table_h x table_w`` table (``'auto'``).
 
     Dense computes ``|n|^2`` (query, context) pairs, tiled ``n_pad x window`` (queries padded to whole 8x8 blocks,
-    each against its block's ``window``, :func:`tile_window`) at about a quarter of the cost per pair: dense while
-    ``4 |n|^2 <= n_pad x window``. Measured (docs/results/sweep_scope23.json, sweep_scope7_u4.json, 2 CPU cores):
-    the rule picks the clearly faster form at every size where one is (23x23 scope: dense up to 14 px, tiled
-    from 22 px; 7x7 scope with |u|=4: dense at 5-7 and 9 px, tiled from 12 px; tests/test_lambda_impl_rule.py);
-    at 16-20 px and at 8 and 10 px the two forms are within each other's spread. The rule is the same on every
-    device (no GPU measurement exists yet).
+    each against its block's ``window = (T + K_h - 1)(T + K_w - 1)`` positions) at about a quarter of the cost per
+    pair: dense while ``4 |n|^2 <= n_pad x window``. Its measurements: docs/lambda_layer.md, "The impl='auto' rule".
     """
     if impl != 'auto':
         return impl
@@ -48,7 +39,7 @@ def choose_impl(impl: str, height: int, width: int, window: int, global_scope: b
         return 'tiled'
     t = tile()
     padded = ((height + t - 1) // t) * ((width + t - 1) // t) * t * t
-    return 'dense' if 4 * (height * width) ** 2 <= padded * window else 'tiled'
+    return 'dense' if 4 * (height * width) ** 2 <= padded * (t + table_h - 1) * (t + table_w - 1) else 'tiled'
 
 
 def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, impl: str,
@@ -65,7 +56,7 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
     """
     if global_scope and not torch.jit.is_tracing():
         check_max_size(height, width, (table.shape[-2] + 1) // 2, (table.shape[-1] + 1) // 2)
-    impl = choose_impl(impl, height, width, tile_window(table.shape[-2], table.shape[-1]), global_scope)
+    impl = choose_impl(impl, height, width, table.shape[-2], table.shape[-1], global_scope)
     custom_ops = (impl == 'dense' or impl == 'tiled') and use_custom_ops()
     if impl == 'tiled':
         # plain ops compute the full map and pool it: the pooled contraction's logits matmul (9 |k| deep, on small

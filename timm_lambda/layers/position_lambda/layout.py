@@ -1,11 +1,6 @@
 """The dense and tiled forms around their contractions: ``q [B, h, k, n]``, ``v [B, u, V, n]`` into the operands
 of :mod:`.plain_ops` / :mod:`.custom_ops` (``custom_ops=True``) and the result back to ``[B, h V, H_out, W_out]``
 (a strided view where that saves a copy).
-
-The tiled form works on ``T x T`` query blocks, each against its context window (the block plus a halo of the
-scope radius). A stride-2 layer (3x3 average pooling after it, appendix F.2) is computed at the output resolution:
-pooling is linear, so an output's logits are the sum of its nine inputs' logits, one GEMM of the queries' 3x3
-patches against the nine shifted tables (4x fewer rows than the full map).
 """
 from typing import List, Optional, Tuple
 
@@ -65,10 +60,15 @@ def _block_counts(height: int, width: int, t: int) -> Tuple[int, int]:
 
 def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: int, count_include_pad: bool,
           custom_ops: bool, table_size: Optional[List[int]] = None) -> Tensor:
-    """The tiled form, average-pooled (3x3, stride 2, padding 1) at the output resolution when ``stride == 2``:
-    ``[B, h V, H_out, W_out]``.
-    ``table``: cut to the input (:func:`table_for_input`); ``table_size``: its ``[K_h, K_w]`` as Python ints where
-    they are fixed (a local scope)."""
+    """The tiled form: ``T x T`` query blocks, each against its context window (the block plus a halo of the scope
+    radius), ``[B, h V, H_out, W_out]``. ``table``: cut to the input (:func:`table_for_input`); ``table_size``: its
+    ``[K_h, K_w]`` as Python ints where they are fixed (a local scope).
+
+    ``stride == 2`` (3x3 average pooling, stride 2, padding 1 after the layer, appendix F.2) is computed at the output
+    resolution: pooling is linear, so output ``o``'s logits are the sum of those of inputs ``2 o - 1 .. 2 o + 1``, one
+    GEMM of the queries' 3x3 patches ``(d, k)`` against the nine shifted tables, 4x fewer rows than the full map; the
+    window of the next output starts two input positions further (``step = 2``).
+    """
     b, h, k, n = q.shape
     u, dv = v.shape[1], v.shape[2]
     kh, kw = (table.shape[-2], table.shape[-1]) if table_size is None else (table_size[0], table_size[1])
@@ -83,8 +83,6 @@ def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: 
         qb = qb.reshape(b, h, k, blocks_y, t, blocks_x, t).permute(0, 3, 5, 1, 4, 6, 2)  # [B, by, bx, h, T, T, k]
         pad_y, pad_x = (kh - 1) // 2, (kw - 1) // 2  # values before the first query's window
     else:
-        # output o averages inputs 2 o - 1 .. 2 o + 1: its queries are the 3x3 patch (d, k) of q, its table the
-        # nine shifted tables, and its window starts two input positions further for the next output
         t, step, c, table = tile() // 2, 2, 9 * k, _pooled_table(table)
         ho, wo = (height + 1) // 2, (width + 1) // 2
         blocks_y, blocks_x = _block_counts(ho, wo, t)

@@ -1,8 +1,7 @@
 """The position lambdas in plain tensor ops: the two reference forms and the plain-op execution of the two fast ones.
 
-Shape arithmetic only (no data-dependent Python branches), so TorchScript, ``jit.trace``, the ONNX exporters,
-``torch.export``, ``torch.func`` and higher-order gradients record them; the custom operators (:mod:`.custom_ops`)
-compute the same contractions for eager mode and ``torch.compile``.
+Shape arithmetic only (no data-dependent Python branches), so that every tracer, exporter and transform records them
+(:mod:`.execution` says which execution runs where).
 """
 from typing import List, Optional
 
