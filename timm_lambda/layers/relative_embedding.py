@@ -57,22 +57,19 @@ class RelativePositionEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return f'dim_k={self.dim_k}, dim_u={self.dim_u}, scope={self.scope}, table={tuple(self.weight.shape[2:])}'
 
-    def check_size(self, height: int, width: int) -> None:
-        """Raise a ValueError naming ``max_size`` if a global table cannot cover an ``height x width`` input."""
-        if self.max_size is not None:
-            check_max_size(height, width, self.max_size[0], self.max_size[1])
-
 
 def table_for_input(table: torch.Tensor, height: int, width: int, global_scope: bool) -> torch.Tensor:
     """The offsets of ``table`` an ``height x width`` input uses: ``[k, u, K_h, K_w]`` (odd sizes).
 
-    A local table is used whole (offsets beyond the input meet zero padding). A global table is cut
-    to offsets ``[-(H-1), H-1] x [-(W-1), W-1]`` by an index gather, so an input larger than the table
-    fails with an index error even in a traced or exported graph, never with a silently shorter context.
+    A local table is used whole (offsets beyond the input meet zero padding). A global table is cut to offsets
+    ``[-(H-1), H-1] x [-(W-1), W-1]`` by an index gather: an input larger than the table raises a ValueError naming
+    ``max_size``, or in a traced graph an index error, never a silently shorter context.
     """
     if not global_scope:
         return table
     ch, cw = (table.shape[-2] - 1) // 2, (table.shape[-1] - 1) // 2
+    if not torch.jit.is_tracing():
+        check_max_size(height, width, ch + 1, cw + 1)
     iy = torch.arange(2 * height - 1, device=table.device) + (ch - height + 1)
     ix = torch.arange(2 * width - 1, device=table.device) + (cw - width + 1)
     return table.index_select(2, iy).index_select(3, ix)

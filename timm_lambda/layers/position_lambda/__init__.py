@@ -8,12 +8,10 @@ instead of ``|k| |v|``) and ``'tiled'`` (the same on query blocks, :mod:`.layout
 """
 from typing import List, Optional
 
-import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from torch import Tensor
 
-from ..checks import check_max_size
 from ..relative_embedding import table_for_input
 from .execution import size_independent, use_custom_ops, warn_torchscript
 from .layout import dense, tile, tiled
@@ -54,22 +52,20 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
     ``[R_h, R_w]`` as Python ints: inside ``jit.trace`` a local scope's block embedding is then a constant that
     onnxruntime folds. An FX leaf: its Python size logic runs at call time, not at trace time.
     """
-    if global_scope and not torch.jit.is_tracing():
-        check_max_size(height, width, (table.shape[-2] + 1) // 2, (table.shape[-1] + 1) // 2)
     impl = choose_impl(impl, height, width, table.shape[-2], table.shape[-1], global_scope)
     custom_ops = (impl == 'dense' or impl == 'tiled') and use_custom_ops()
+    cut = table_for_input(table, height, width, global_scope)
     if impl == 'tiled':
         # plain ops compute the full map and pool it: the pooled contraction's logits matmul (9 |k| deep, on small
         # per-query GEMMs) costs more in onnxruntime than the 4x larger full-resolution one plus AveragePool
         at_output = stride == 2 and custom_ops
-        y = tiled(q, v, table_for_input(table, height, width, global_scope), height, width, stride if at_output else 1,
-                  count_include_pad, custom_ops, None if global_scope else table_size)
-        if stride == 1 or at_output:
+        y = tiled(q, v, cut, height, width, stride if at_output else 1, count_include_pad, custom_ops,
+                  None if global_scope else table_size)
+        if at_output:
             return y
     elif impl == 'dense':
-        y = dense(q, v, table, height, width, global_scope, custom_ops)
+        y = dense(q, v, cut, height, width, not global_scope, custom_ops)
     elif impl == 'einsum' or impl == 'conv':
-        cut = table_for_input(table, height, width, global_scope)
         y = einsum_form(q, v, cut, height, width, not global_scope) if impl == 'einsum' else \
             conv_form(q, v, cut, height, width)  # [B, h, V, n]
         y = y.reshape(y.shape[0], y.shape[1] * y.shape[2], height, width)

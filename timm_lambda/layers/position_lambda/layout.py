@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..relative_embedding import dense_embedding, dense_embedding_cached, table_for_input
+from ..relative_embedding import dense_embedding, dense_embedding_cached
 from .custom_ops import dense_op, tiled_op
 from .execution import is_exporting
 from .plain_ops import dense_plain, tiled_plain
@@ -22,19 +22,19 @@ def tile() -> int:
     return 8
 
 
-def dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, global_scope: bool,
-          custom_ops: bool) -> Tensor:
-    """The dense form: ``[B, h V, H, W]``. ``table``: the whole embedding table ``[k, u, R_h, R_w]``."""
+def dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, masked: bool, custom_ops: bool) -> Tensor:
+    """The dense form: ``[B, h V, H, W]``. ``table``: cut to the input (:func:`table_for_input`); ``masked``: a
+    local scope (:func:`dense_embedding`)."""
     b, h, k, n = q.shape
     u, dv = v.shape[1], v.shape[2]
     q_by_position = q.permute(3, 0, 1, 2).reshape(n, b * h, k)
     v_by_position = v.transpose(2, 3).reshape(b, u * n, dv)
     if custom_ops:
-        emb = dense_embedding_cached(table, height, width, not global_scope).permute(2, 0, 1, 3)  # [n, k, u, m]
+        emb = dense_embedding_cached(table, height, width, masked).permute(2, 0, 1, 3)  # [n, k, u, m]
         y = dense_op(q_by_position, v_by_position, emb.reshape(n, k, u * n), h)
     else:
-        emb = dense_embedding(table_for_input(table, height, width, global_scope), height, width, not global_scope)
-        y = dense_plain(q_by_position, v_by_position, emb.permute(2, 0, 1, 3).reshape(n, k, u * n), h)
+        emb = dense_embedding(table, height, width, masked).permute(2, 0, 1, 3)
+        y = dense_plain(q_by_position, v_by_position, emb.reshape(n, k, u * n), h)
     return y.reshape(b, height, width, h * dv).permute(0, 3, 1, 2)
 
 
