@@ -149,9 +149,9 @@ def _block_index_array(tile: int, step: int, table_h: int, table_w: int) -> np.n
 
 @torch.jit.unused
 def _block_index_cached(tile: int, step: int, table_h: int, table_w: int, device: torch.device) -> torch.Tensor:
-    """:func:`block_index` computed once per table size: a constant of ``jit.trace``, ``torch.export`` and ONNX,
-    which onnxruntime folds at load time (in the graph, a ~20 ms gather per layer at 224 px)."""
-    # a tensor made with the trace paused is a constant; private API (torch._C, since torch 1.0): no public one
+    """:func:`block_index` computed once per table size: a constant of ``jit.trace`` (made with the trace paused:
+    private API, torch._C since torch 1.0, no public one), ``torch.export`` and ONNX, which onnxruntime folds at load
+    time (in the graph, a ~20 ms gather per layer at 224 px)."""
     tracing = torch._C._get_tracing_state()
     torch._C._set_tracing_state(None)
     try:
@@ -168,10 +168,8 @@ def block_embedding(table: torch.Tensor, tile: int, step: int = 1,
 
     ``E[(qy, qx), :, (my, mx, u)] = table[:, u, my - step qy, mx - step qx]`` (window coordinates), zero where
     that is outside the table. By translation equivariance (section 3.3) the same matrix serves every block
-    of every input. ``step=2`` places query ``q`` at window position ``2 q``: the pooled tiled form, whose
-    table holds the nine shifted tables of a 3x3 average pool (see :mod:`.position_lambda.layout`).
-    ``table_size``: ``[K_h, K_w]`` as Python ints where the table's size is fixed (a local scope) but its
-    shape would be traced (``jit.trace``): the gather index is then a constant of the trace.
+    of every input. ``table_size``: ``[K_h, K_w]`` as Python ints where the table's size is fixed (a local scope):
+    the gather index is then a constant of traces and exports (:func:`_block_index_cached`).
     """
     c, u = table.shape[0], table.shape[1]
     if table_size is not None and not torch.jit.is_scripting():

@@ -1,10 +1,8 @@
 """Position lambdas applied to the queries: ``y_n^h = (lambda^p_n)^T q_n^h`` (LambdaNetworks eq. 1-2, section 3.3).
 
-``y_n^h = sum_{u, m} (q_n^h . R[m - n, u]) v_{m, u}`` (``E_nm = R[m - n]``, |u| summed, appendix C.4), every form
-(``impl``) ``q [B, h, k, n], v [B, u, V, n] -> [B, h V, H, W]``: ``'einsum'`` (Fig. 3) and ``'conv'`` (section 3.4)
-are references; ``'dense'`` (logits ``q_n . E_nm`` for all pairs, then ``logits v``: ``|h| (|k| + |v|)`` per pair
-instead of ``|k| |v|``) and ``'tiled'`` (the same on query blocks, :mod:`.layout`) are picked by ``'auto'``
-(:func:`choose_impl`). This module dispatches: which form, and which execution (:mod:`.execution`).
+``y_n^h = sum_{u, m} (q_n^h . R[m - n, u]) v_{m, u}`` (``E_nm = R[m - n]``, |u| summed, appendix C.4) in one of the
+forms of :data:`POSITION_IMPLS` (docs/lambda_layer.md compares them). This module dispatches: which form
+(:func:`choose_impl`), and which execution (:mod:`.execution`).
 """
 from typing import List, Optional
 
@@ -13,11 +11,11 @@ from timm.layers import register_notrace_function
 from torch import Tensor
 
 from ..relative_embedding import table_for_input
-from .execution import size_independent, use_custom_ops, warn_torchscript
+from .execution import size_independent, use_custom_ops
 from .layout import dense, tile, tiled
 from .plain_ops import conv_form, einsum_form
 
-__all__ = ['POSITION_IMPLS', 'position_lambdas', 'choose_impl', 'warn_torchscript']
+__all__ = ['POSITION_IMPLS', 'position_lambdas', 'choose_impl']
 
 POSITION_IMPLS = ('auto', 'einsum', 'conv', 'dense', 'tiled')
 
@@ -27,8 +25,7 @@ def choose_impl(impl: str, height: int, width: int, table_h: int, table_w: int, 
 
     Dense computes ``|n|^2`` (query, context) pairs, tiled ``n_pad x window`` (queries padded to whole 8x8 blocks,
     each against its block's ``window = (T + K_h - 1)(T + K_w - 1)`` positions) at about a quarter of the cost per
-    pair: dense while ``4 |n|^2 <= n_pad x window``. Its measurements: docs/lambda_layer.md, "The impl='auto' rule".
-    """
+    pair: dense while ``4 |n|^2 <= n_pad x window`` (measured: docs/lambda_layer.md, "The impl='auto' rule")."""
     if impl != 'auto':
         return impl
     if global_scope:
@@ -44,13 +41,10 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
                      global_scope: bool, stride: int = 1, count_include_pad: bool = False,
                      table_size: Optional[List[int]] = None) -> Tensor:
     """``y_n^h = (lambda^p_n)^T q_n^h`` for every query: ``q [B, h, k, n], v [B, u, V, n] -> [B, h V, H, W]``
-    (possibly a strided view).
-
-    ``table`` is the relative embedding ``[k, u, R_h, R_w]`` (:class:`RelativePositionEmbedding`), ``impl``
-    one of :data:`POSITION_IMPLS`. ``stride=2``: the result average-pooled (3x3, stride 2, padding 1;
-    ``count_include_pad`` as ``nn.AvgPool2d``), ``[B, h V, ceil(H/2), ceil(W/2)]``. ``table_size``: the table's
-    ``[R_h, R_w]`` as Python ints: inside ``jit.trace`` a local scope's block embedding is then a constant that
-    onnxruntime folds. An FX leaf: its Python size logic runs at call time, not at trace time.
+    (possibly a strided view); ``table``: the relative embedding ``[k, u, R_h, R_w]``; ``impl``: one of
+    :data:`POSITION_IMPLS`. ``stride=2``: the result average-pooled (3x3, stride 2, padding 1; ``count_include_pad``
+    as ``nn.AvgPool2d``), ``[B, h V, ceil(H/2), ceil(W/2)]``. ``table_size``: the table's ``[R_h, R_w]`` as Python
+    ints (see :func:`block_embedding`).
     """
     impl = choose_impl(impl, height, width, table.shape[-2], table.shape[-1], global_scope)
     custom_ops = (impl == 'dense' or impl == 'tiled') and use_custom_ops()
@@ -76,6 +70,6 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
     return F.avg_pool2d(y, 3, 2, 1, count_include_pad=count_include_pad)
 
 
-# An FX leaf for timm's feature extraction; modules that call it also declare torch.fx.wrap('position_lambdas')
-# (torch.fx.wrap patches the caller's global name) so that plain torch.fx.symbolic_trace works too.
+# An FX leaf (its Python size logic runs at call time) for timm's feature extraction; modules that call it also declare
+# torch.fx.wrap('position_lambdas') (it patches the caller's global name) so that torch.fx.symbolic_trace works too.
 register_notrace_function(position_lambdas)

@@ -37,7 +37,8 @@ def conv_form(q: Tensor, v: Tensor, table: Tensor, height: int, width: int) -> T
 
 
 def dense_plain(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
-    """The dense form: logits ``a[n, (b, h), m] = q_n^h . E_nm`` for all pairs, then ``y = a v``.
+    """The dense form: logits ``a[n, (b, h), m] = q_n^h . E_nm`` for all pairs, then ``y = a v``: ``|h| (|k| + |v|)``
+    multiply-adds per pair instead of the lambda form's ``|k| |v|``.
 
     ``q [n, B h, k]``, ``v [B, u m, V]``, ``emb [n, k, u m]`` -> ``[B, n h, V]``: two batched GEMMs."""
     n = q.shape[0]
