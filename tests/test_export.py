@@ -2,7 +2,7 @@
 covers every input size at which the network's last stage is at least 2x2, up to 1024 px and beyond (a
 global scope: up to its ``max_size``), and the exported module equals eager mode over that range.
 
-Query-block counts are kept >= 2 inside an export (``position_lambda._block_counts``): a count of 1 used to be
+Query-block counts are kept >= 2 inside an export (``position_lambda.layout.tiled``): a count of 1 used to be
 specialised, and an export at 160 px held only for 129-256 px. A last stage of 1x1 (an input of 32 px or less
 for a /32 network) is still a separate graph: torch.export guards on size-1 dimensions in the reshapes and
 matmuls of the layer (docs/execution_modes.md).

@@ -1,7 +1,6 @@
 """Argument checks shared by the layers and models of this package: each check written once.
 
-Every check raises a ``ValueError`` that names the parameter and the accepted values, so bad input never
-surfaces as a stack trace from deep inside torch. ``to_pair`` builds on timm's ``to_2tuple``.
+Every check raises a ``ValueError`` naming the parameter and the accepted values: bad input never fails deep in torch.
 """
 import operator
 from typing import Sequence, Tuple, Union
@@ -40,17 +39,12 @@ def to_pair(value, name: str, low: int = 1) -> Size2:
 
 def check_scope(scope) -> Union[str, Size2]:
     """A position scope: an odd int >= 1 (or an (h, w) pair of them), or 'global'."""
-    if isinstance(scope, str):
-        if scope != 'global':
-            raise ValueError(f"scope must be an odd int >= 1 (e.g. 23 for 23x23), an (h, w) pair of them, "
-                             f"or 'global', got {scope!r}")
+    if isinstance(scope, str) and scope == 'global':
         return 'global'
-    if scope is None:
-        raise ValueError("scope=None is ambiguous: pass scope='global' (with max_size/img_size) or an odd int "
-                         "such as 23 for a 23x23 local scope")
-    pair = to_pair(scope, 'scope')
-    if any(s % 2 == 0 for s in pair):
-        raise ValueError(f"scope must be odd and >= 1 (e.g. 23 for 23x23) or 'global', got {scope!r}")
+    pair = None if scope is None or isinstance(scope, str) else to_pair(scope, 'scope')
+    if pair is None or any(s % 2 == 0 for s in pair):
+        raise ValueError(f"scope must be an odd int >= 1 (e.g. 23 for 23x23), an (h, w) pair of them, or 'global' "
+                         f"(with max_size or img_size), got {scope!r}")
     return pair
 
 
@@ -100,11 +94,9 @@ def check_input(x: torch.Tensor, channels: int, name: str) -> None:
     if torch.jit.is_tracing():
         return
     if x.dim() != 4 or x.shape[1] != channels:
-        raise ValueError(name + ' expects x of shape [B, ' + str(channels) + ', H, W], got '
-                         + str(list(x.shape)))
+        raise ValueError(f'{name} expects x of shape [B, {channels}, H, W], got {list(x.shape)}')
     if x.shape[2] < 1 or x.shape[3] < 1:
-        raise ValueError(name + ' needs an input of at least 1x1 (H, W >= 1), got ' + str(x.shape[2]) + 'x'
-                         + str(x.shape[3]))
+        raise ValueError(f'{name} needs an input of at least 1x1 (H, W >= 1), got {x.shape[2]}x{x.shape[3]}')
 
 
 def check_max_size(height: int, width: int, max_h: int, max_w: int) -> None:
@@ -115,7 +107,5 @@ def check_max_size(height: int, width: int, max_h: int, max_w: int) -> None:
 
 
 def downsample_pool(stride: int, count_include_pad: bool = False) -> nn.Module:
-    """The downsampling of a stride-2 layer: 3x3 average pooling, stride 2, padding 1 (output ``ceil(H / 2)``
-    like timm's strided 3x3 convs), borders averaged over in-image positions (TF 'SAME') unless
-    ``count_include_pad``; an identity for stride 1."""
+    """The downsampling after a stride-2 layer (appendix F.2; see ``LambdaLayer``'s ``stride``), else an identity."""
     return nn.AvgPool2d(3, 2, padding=1, count_include_pad=count_include_pad) if stride == 2 else nn.Identity()

@@ -8,10 +8,8 @@ which is applied to ``|h|`` queries (equation 2, section 3.2)::
 
     y_n = concat_h(lambda_n^T q_n^h)                                          in R^{|h||v|}
 
-The content lambda ``lambda^c`` is shared by every position; the position lambdas use
-translation-equivariant relative embeddings (section 3.3, :mod:`.relative_embedding`) and are applied
-by one of the implementations of :mod:`.position_lambda` (all over the same parameters). Intra-depth
-``|u|`` (appendix C.4, Fig. 8) adds a dimension to keys, embeddings and values that is summed over.
+The position lambdas: :mod:`.position_lambda`, over the relative embeddings of :mod:`.relative_embedding`.
+Intra-depth ``|u|`` (appendix C.4, Fig. 8) adds a dimension to keys, embeddings and values that is summed over.
 """
 from typing import Callable, List, Optional, Tuple
 
@@ -33,8 +31,8 @@ from .checks import (
     to_int,
 )
 from .dilation import batch_to_space, check_dilation, space_to_batch
-from .position_lambda import POSITION_IMPLS, choose_impl, position_lambdas, tile_window, warn_torchscript
-from .position_lambda.execution import functorch_active
+from .position_lambda import POSITION_IMPLS, choose_impl, position_lambdas
+from .position_lambda.execution import functorch_active, warn_once
 from .relative_embedding import RelativePositionEmbedding
 
 __all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS']
@@ -75,10 +73,8 @@ class LambdaLayer(nn.Module):
             for output_stride 16 or 8): query ``n`` uses the contexts ``m = n + d o`` for the scope's offsets ``o``,
             computed on the ``d x d`` interleaved sub-grids (:mod:`.dilation`) with every ``impl``; the content
             lambda stays global. Needs a local scope and ``stride=1``.
-        pool_count_include_pad: average the stride-2 pooling's border windows over all 9 positions, the
-            zero padding included (PyTorch's ``nn.AvgPool2d(3, 2, 1)`` default), instead of over the
-            in-image positions. Off by default; on for checkpoints trained that way (d-li14/lambda.pytorch).
-            No effect with ``stride=1``.
+        pool_count_include_pad: average the stride-2 pooling's border windows over all 9 positions, zero padding
+            included (``nn.AvgPool2d(3, 2, 1)``'s default), for checkpoints trained that way (d-li14/lambda.pytorch).
         position_bias: a learned bias ``b`` of |k| entries added to every position-lambda entry,
             ``lambda^p_n[k, :] += b_k``, so each output gains ``sum_k q_n^h[k] b_k`` in every value channel
             (the bias of a lambda convolution ``Conv3d(|u|, |k|, (1, r, r), bias=True)``). Off by default
@@ -103,29 +99,12 @@ class LambdaLayer(nn.Module):
     F.2); its ``qkv_bias`` has no counterpart (the paper's projections have none). Our names are Table 1's.
     """
 
-    def __init__(
-            self,
-            dim: int,
-            dim_out: Optional[int] = None,
-            dim_k: int = 16,
-            heads: int = 4,
-            dim_u: int = 1,
-            scope=23,
-            max_size: Optional[Tuple[int, int]] = None,
-            stride: int = 1,
-            content: bool = True,
-            position: bool = True,
-            key_norm: str = 'softmax',
-            qv_norm: bool = True,
-            impl: str = 'auto',
-            pos_embedding: Optional[RelativePositionEmbedding] = None,
-            pool_count_include_pad: bool = False,
-            position_bias: bool = False,
-            dilation: int = 1,
-            norm_layer: Callable[..., nn.Module] = nn.BatchNorm2d,
-            device=None,
-            dtype=None,
-    ):
+    def __init__(self, dim: int, dim_out: Optional[int] = None, dim_k: int = 16, heads: int = 4, dim_u: int = 1,
+                 scope=23, max_size: Optional[Tuple[int, int]] = None, stride: int = 1, content: bool = True,
+                 position: bool = True, key_norm: str = 'softmax', qv_norm: bool = True, impl: str = 'auto',
+                 pos_embedding: Optional[RelativePositionEmbedding] = None, pool_count_include_pad: bool = False,
+                 position_bias: bool = False, dilation: int = 1, norm_layer: Callable[..., nn.Module] = nn.BatchNorm2d,
+                 device=None, dtype=None):
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.dim = to_int(dim, 'dim')
@@ -162,35 +141,24 @@ class LambdaLayer(nn.Module):
         self.norm_q = norm_layer(h * k, **dd) if qv_norm else nn.Identity()
         self.norm_v = norm_layer(v * u, **dd) if qv_norm else nn.Identity()
 
-        self.shared_embedding = False
-        if not self.position:
-            if pos_embedding is not None:
-                raise ValueError('pos_embedding was given but position=False')
-            self.pos_embedding = None
-        elif pos_embedding is not None:
-            if not isinstance(pos_embedding, RelativePositionEmbedding):
-                raise ValueError('pos_embedding must be a RelativePositionEmbedding')
-            if (pos_embedding.dim_k, pos_embedding.dim_u) != (k, u):
-                raise ValueError(f'pos_embedding has |k|={pos_embedding.dim_k}, |u|={pos_embedding.dim_u}; '
-                                 f'the layer needs |k|={k}, |u|={u}')
-            if pos_embedding.scope != scope:
-                raise ValueError(f'pos_embedding has scope={pos_embedding.scope}, the layer scope={scope}')
-            self.pos_embedding = pos_embedding
-            self.shared_embedding = getattr(pos_embedding, '_has_owner', False)
-            pos_embedding._has_owner = True
-            if self.shared_embedding:
+        if pos_embedding is not None:
+            if not (position and isinstance(pos_embedding, RelativePositionEmbedding)
+                    and (pos_embedding.dim_k, pos_embedding.dim_u, pos_embedding.scope) == (k, u, scope)):
+                raise ValueError(f'pos_embedding must be a RelativePositionEmbedding with the layer\'s dim_k={k}, '
+                                 f'dim_u={u}, scope={scope}, and position=True; got {pos_embedding!r}, '
+                                 f'position={position}')
+            if getattr(pos_embedding, '_has_owner', False):  # shared: saved and loaded by its first layer only
                 self._register_state_dict_hook(_drop_shared_embedding)
                 register_load_state_dict_pre_hook(self, _restore_shared_embedding)
-        else:
-            self.pos_embedding = RelativePositionEmbedding(k, u, scope, max_size, **dd)
+            pos_embedding._has_owner = True
+        elif position:
+            pos_embedding = RelativePositionEmbedding(k, u, scope, max_size, **dd)
+        self.pos_embedding = pos_embedding
         self.scope = scope
         self.global_scope = scope == 'global'
         # the table's [R_h, R_w] as Python ints, also inside jit.trace
         self.table_size: List[int] = list(self.pos_embedding.weight.shape[-2:]) if self.position else [1, 1]
-        if position_bias:
-            self.pos_bias = nn.Parameter(torch.empty(k, **dd))
-        else:
-            self.register_parameter('pos_bias', None)
+        self.pos_bias = nn.Parameter(torch.empty(k, **dd)) if position_bias else None
         self.pool = downsample_pool(self.stride, self.pool_count_include_pad)
         self.reset_parameters()
 
@@ -216,8 +184,9 @@ class LambdaLayer(nn.Module):
 
     @torch.jit.unused
     def __prepare_scriptable__(self):
-        if self.position:
-            warn_torchscript()
+        if self.position:  # a scripted model must load without this package's custom operators
+            warn_once('torchscript', 'TorchScript runs the position lambdas as plain tensor ops: inference is fine, '
+                                     'training is slower than in eager mode or under torch.compile')
         return self
 
     @torch.jit.unused
@@ -227,7 +196,7 @@ class LambdaLayer(nn.Module):
             return 'none'
         d = self.dilation  # the position lambdas run on the d x d sub-grids
         height, width = (height + d - 1) // d, (width + d - 1) // d
-        return choose_impl(self.impl, height, width, tile_window(*self.table_size), self.global_scope)
+        return choose_impl(self.impl, height, width, self.table_size[0], self.table_size[1], self.global_scope)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_input(x, self.dim, 'LambdaLayer')
@@ -244,24 +213,18 @@ class LambdaLayer(nn.Module):
         values = reshape_normed(self.norm_v(values), [B, u, v, n])
         out: Optional[torch.Tensor] = None
         ho, wo = (H + self.stride - 1) // self.stride, (W + self.stride - 1) // self.stride
-        # the content lambda and the position bias are linear in the query: a downsampling layer applies them to
-        # the pooled queries (|h||k| channels to pool instead of |h||v|)
-        q_out = q
-        if self.stride == 2 and (self.content or self.pos_bias is not None):
-            q_out = self.pool(q.reshape(B, h * k, H, W)).reshape(B, h, k, ho * wo)
+        shared: Optional[torch.Tensor] = None  # the part of lambda_n that is the same for every n: [B or 1, k, v]
         if self.content:
             keys = normalize_keys(keys.reshape(B, u, k, n), self.key_norm)
-            content_lambda = torch.matmul(keys, values.transpose(2, 3)).sum(1)  # lambda^c [B, k, v], eq. 1
-            out = torch.matmul(content_lambda.transpose(1, 2).unsqueeze(1), q_out)  # [B, h, v, n_out], eq. 2
-        if self.pos_bias is not None:
-            # lambda^p_n[k, :] += b_k for every n: y_n^h gains sum_k q_n^h[k] b_k in every value channel
-            bias = torch.einsum('bhkn,k->bhn', [q_out, self.pos_bias]).unsqueeze(2)
-            out = bias.expand(B, h, v, ho * wo) if out is None else out + bias
-        if out is not None:
-            out = out.reshape(B, h * v, ho, wo)
-        if self.pos_embedding is not None:
-            # position lambdas (average-pooled by the same 3x3 stride-2 pooling when the layer downsamples); a
-            # dilated scope: those of each d x d interleaved sub-grid (space-to-batch)
+            shared = torch.matmul(keys, values.transpose(2, 3)).sum(1)  # lambda^c [B, k, v], eq. 1
+        if self.pos_bias is not None:  # lambda^p_n[k, :] += b_k for every n
+            bias = self.pos_bias.unsqueeze(1).expand(k, v).unsqueeze(0)
+            shared = bias if shared is None else shared + bias
+        if shared is not None:
+            # linear in the query: a downsampling layer applies it to the pooled queries (|h||k| channels, not |h||v|)
+            q_out = q if self.stride == 1 else self.pool(q.reshape(B, h * k, H, W)).reshape(B, h, k, ho * wo)
+            out = torch.matmul(shared.transpose(1, 2).unsqueeze(1), q_out).reshape(B, h * v, ho, wo)  # eq. 2
+        if self.pos_embedding is not None:  # on each d x d interleaved sub-grid of a dilated scope
             d, hs, ws = self.dilation, H, W
             if d > 1:
                 q = space_to_batch(q.reshape(B, h * k, H, W), d)

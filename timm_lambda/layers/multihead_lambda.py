@@ -53,7 +53,6 @@ class MultiHeadLambdaLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_input(x, self.dim, 'MultiHeadLambdaLayer')
         B, _, H, W = x.shape
-        self.pos_embedding.check_size(H, W)
         n, h, k_, v_ = H * W, self.heads, self.dim_k, self.dim_v
         q, k, v = torch.split(self.qkv(x), [h * k_, h * k_, h * v_], dim=1)
         q = reshape_normed(self.norm_q(q), [B, h, k_, n])

@@ -6,7 +6,6 @@ scope (section 3.4; outside it the embeddings are zero), every offset of the lar
 The table is directly the weight of the lambda convolution (appendix C.1). The functions below turn it into the
 embeddings an ``H x W`` input uses, in shape arithmetic only, so a trace made at one size serves every size.
 """
-import collections
 import functools
 from typing import List, Optional
 
@@ -58,22 +57,19 @@ class RelativePositionEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return f'dim_k={self.dim_k}, dim_u={self.dim_u}, scope={self.scope}, table={tuple(self.weight.shape[2:])}'
 
-    def check_size(self, height: int, width: int) -> None:
-        """Raise a ValueError naming ``max_size`` if a global table cannot cover an ``height x width`` input."""
-        if self.max_size is not None:
-            check_max_size(height, width, self.max_size[0], self.max_size[1])
-
 
 def table_for_input(table: torch.Tensor, height: int, width: int, global_scope: bool) -> torch.Tensor:
     """The offsets of ``table`` an ``height x width`` input uses: ``[k, u, K_h, K_w]`` (odd sizes).
 
-    A local table is used whole (offsets beyond the input meet zero padding). A global table is cut
-    to offsets ``[-(H-1), H-1] x [-(W-1), W-1]`` by an index gather, so an input larger than the table
-    fails with an index error even in a traced or exported graph, never with a silently shorter context.
+    A local table is used whole (offsets beyond the input meet zero padding). A global table is cut to offsets
+    ``[-(H-1), H-1] x [-(W-1), W-1]`` by an index gather: an input larger than the table raises a ValueError naming
+    ``max_size``, or in a traced graph an index error, never a silently shorter context.
     """
     if not global_scope:
         return table
     ch, cw = (table.shape[-2] - 1) // 2, (table.shape[-1] - 1) // 2
+    if not torch.jit.is_tracing():
+        check_max_size(height, width, ch + 1, cw + 1)
     iy = torch.arange(2 * height - 1, device=table.device) + (ch - height + 1)
     ix = torch.arange(2 * width - 1, device=table.device) + (cw - width + 1)
     return table.index_select(2, iy).index_select(3, ix)
@@ -110,25 +106,20 @@ def dense_embedding(table: torch.Tensor, height: int, width: int, masked: bool =
     return flat.index_select(2, index).reshape(k, u, height * width, height * width)
 
 
-# Gather indices of dense_embedding_cached by (height, width, table size, masked, device), least recently used
-# evicted; none over a 45x45 input (rebuilt per call). Built outside inference mode: a later training step can save it.
-_INDEX_CACHE: 'collections.OrderedDict[tuple, torch.Tensor]' = collections.OrderedDict()
-_INDEX_CACHE_ENTRIES = 16
-_INDEX_CACHE_MAX_ELEMENTS = 1 << 22
+@functools.lru_cache(maxsize=16)
+def _dense_index_cached(height: int, width: int, table_h: int, table_w: int, masked: bool,
+                        device: torch.device) -> torch.Tensor:
+    with torch.inference_mode(False):  # a later training step may save it for backward
+        return dense_index(height, width, table_h, table_w, masked, device)
 
 
 @torch.jit.unused
 def dense_embedding_cached(table: torch.Tensor, height: int, width: int, masked: bool) -> torch.Tensor:
-    """:func:`dense_embedding` with its index built once per input size: for eager runs."""
-    key = (height, width, table.shape[2], table.shape[3], masked, str(table.device))
-    index = _INDEX_CACHE.pop(key, None)  # pop + set: most recently used last (torch 2.4's dynamo: no move_to_end)
-    if index is None:
-        with torch.inference_mode(False):
-            index = dense_index(height, width, table.shape[2], table.shape[3], masked, table.device)
-    if index.numel() <= _INDEX_CACHE_MAX_ELEMENTS:
-        _INDEX_CACHE[key] = index
-        while len(_INDEX_CACHE) > _INDEX_CACHE_ENTRIES:
-            del _INDEX_CACHE[next(iter(_INDEX_CACHE))]  # the least recently used (torch 2.4's dynamo: no popitem)
+    """:func:`dense_embedding` with its index built once per input size (the last 16 sizes up to 45x45, 2^22
+    entries, kept): for eager runs. Compiled code builds the index in its graph (dynamo ignores an lru_cache)."""
+    index = None
+    if not torch.compiler.is_compiling() and (height * width) ** 2 <= 1 << 22:
+        index = _dense_index_cached(height, width, table.shape[2], table.shape[3], masked, table.device)
     return dense_embedding(table, height, width, masked, index)
 
 
@@ -158,9 +149,9 @@ def _block_index_array(tile: int, step: int, table_h: int, table_w: int) -> np.n
 
 @torch.jit.unused
 def _block_index_cached(tile: int, step: int, table_h: int, table_w: int, device: torch.device) -> torch.Tensor:
-    """:func:`block_index` computed once per table size: a constant of ``jit.trace``, ``torch.export`` and ONNX,
-    which onnxruntime folds at load time (in the graph, a ~20 ms gather per layer at 224 px)."""
-    # a tensor made with the trace paused is a constant; private API (torch._C, since torch 1.0): no public one
+    """:func:`block_index` computed once per table size: a constant of ``jit.trace`` (made with the trace paused:
+    private API, torch._C since torch 1.0, no public one), ``torch.export`` and ONNX, which onnxruntime folds at load
+    time (in the graph, a ~20 ms gather per layer at 224 px)."""
     tracing = torch._C._get_tracing_state()
     torch._C._set_tracing_state(None)
     try:
@@ -177,10 +168,8 @@ def block_embedding(table: torch.Tensor, tile: int, step: int = 1,
 
     ``E[(qy, qx), :, (my, mx, u)] = table[:, u, my - step qy, mx - step qx]`` (window coordinates), zero where
     that is outside the table. By translation equivariance (section 3.3) the same matrix serves every block
-    of every input. ``step=2`` places query ``q`` at window position ``2 q``: the pooled tiled form, whose
-    table holds the nine shifted tables of a 3x3 average pool (see :mod:`.position_lambda.layout`).
-    ``table_size``: ``[K_h, K_w]`` as Python ints where the table's size is fixed (a local scope) but its
-    shape would be traced (``jit.trace``): the gather index is then a constant of the trace.
+    of every input. ``table_size``: ``[K_h, K_w]`` as Python ints where the table's size is fixed (a local scope):
+    the gather index is then a constant of traces and exports (:func:`_block_index_cached`).
     """
     c, u = table.shape[0], table.shape[1]
     if table_size is not None and not torch.jit.is_scripting():

@@ -1,45 +1,31 @@
 """Position lambdas applied to the queries: ``y_n^h = (lambda^p_n)^T q_n^h`` (LambdaNetworks eq. 1-2, section 3.3).
 
-``y_n^h = sum_{u, m} (q_n^h . R[m - n, u]) v_{m, u}`` (``E_nm = R[m - n]``, |u| summed, appendix C.4), every form
-(``impl``) ``q [B, h, k, n], v [B, u, V, n] -> [B, h V, H, W]``: ``'einsum'`` (Fig. 3) and ``'conv'`` (section 3.4)
-are references; ``'dense'`` (logits ``q_n . E_nm`` for all pairs, then ``logits v``: ``|h| (|k| + |v|)`` per pair
-instead of ``|k| |v|``) and ``'tiled'`` (the same on query blocks, :mod:`.layout`) are picked by ``'auto'``
-(:func:`choose_impl`). This module dispatches: which form, and which execution (:mod:`.execution`).
+``y_n^h = sum_{u, m} (q_n^h . R[m - n, u]) v_{m, u}`` (``E_nm = R[m - n]``, |u| summed, appendix C.4) in one of the
+forms of :data:`POSITION_IMPLS` (docs/lambda_layer.md compares them). This module dispatches: which form
+(:func:`choose_impl`), and which execution (:mod:`.execution`).
 """
 from typing import List, Optional
 
-import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from torch import Tensor
 
-from ..checks import check_max_size
 from ..relative_embedding import table_for_input
-from .execution import size_independent, use_custom_ops, warn_torchscript
+from .execution import size_independent, use_custom_ops
 from .layout import dense, tile, tiled
 from .plain_ops import conv_form, einsum_form
 
-__all__ = ['POSITION_IMPLS', 'position_lambdas', 'choose_impl', 'tile_window', 'warn_torchscript']
+__all__ = ['POSITION_IMPLS', 'position_lambdas', 'choose_impl']
 
 POSITION_IMPLS = ('auto', 'einsum', 'conv', 'dense', 'tiled')
 
 
-def tile_window(table_h: int, table_w: int) -> int:
-    """Context positions of one query block of the tiled form: ``(T + K_h - 1)(T + K_w - 1)``."""
-    return (tile() + table_h - 1) * (tile() + table_w - 1)
-
-
-def choose_impl(impl: str, height: int, width: int, window: int, global_scope: bool) -> str:
-    """The implementation ``impl`` resolves to for an ``height x width`` input (the ``'auto'`` rule).
+def choose_impl(impl: str, height: int, width: int, table_h: int, table_w: int, global_scope: bool) -> str:
+    """The form ``impl`` resolves to for an ``height x width`` input and a ``table_h x table_w`` table (``'auto'``).
 
     Dense computes ``|n|^2`` (query, context) pairs, tiled ``n_pad x window`` (queries padded to whole 8x8 blocks,
-    each against its block's ``window``, :func:`tile_window`) at about a quarter of the cost per pair: dense while
-    ``4 |n|^2 <= n_pad x window``. Measured (docs/results/sweep_scope23.json, sweep_scope7_u4.json, 2 CPU cores):
-    the rule picks the clearly faster form at every size where one is (23x23 scope: dense up to 14 px, tiled
-    from 22 px; 7x7 scope with |u|=4: dense at 5-7 and 9 px, tiled from 12 px; tests/test_lambda_impl_rule.py);
-    at 16-20 px and at 8 and 10 px the two forms are within each other's spread. The rule is the same on every
-    device (no GPU measurement exists yet).
-    """
+    each against its block's ``window = (T + K_h - 1)(T + K_w - 1)`` positions) at about a quarter of the cost per
+    pair: dense while ``4 |n|^2 <= n_pad x window`` (measured: docs/lambda_layer.md, "The impl='auto' rule")."""
     if impl != 'auto':
         return impl
     if global_scope:
@@ -48,37 +34,32 @@ def choose_impl(impl: str, height: int, width: int, window: int, global_scope: b
         return 'tiled'
     t = tile()
     padded = ((height + t - 1) // t) * ((width + t - 1) // t) * t * t
-    return 'dense' if 4 * (height * width) ** 2 <= padded * window else 'tiled'
+    return 'dense' if 4 * (height * width) ** 2 <= padded * (t + table_h - 1) * (t + table_w - 1) else 'tiled'
 
 
 def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, impl: str,
                      global_scope: bool, stride: int = 1, count_include_pad: bool = False,
                      table_size: Optional[List[int]] = None) -> Tensor:
     """``y_n^h = (lambda^p_n)^T q_n^h`` for every query: ``q [B, h, k, n], v [B, u, V, n] -> [B, h V, H, W]``
-    (possibly a strided view).
-
-    ``table`` is the relative embedding ``[k, u, R_h, R_w]`` (:class:`RelativePositionEmbedding`), ``impl``
-    one of :data:`POSITION_IMPLS`. ``stride=2``: the result average-pooled (3x3, stride 2, padding 1;
-    ``count_include_pad`` as ``nn.AvgPool2d``), ``[B, h V, ceil(H/2), ceil(W/2)]``. ``table_size``: the table's
-    ``[R_h, R_w]`` as Python ints: inside ``jit.trace`` a local scope's block embedding is then a constant that
-    onnxruntime folds. An FX leaf: its Python size logic runs at call time, not at trace time.
+    (possibly a strided view); ``table``: the relative embedding ``[k, u, R_h, R_w]``; ``impl``: one of
+    :data:`POSITION_IMPLS`. ``stride=2``: the result average-pooled (3x3, stride 2, padding 1; ``count_include_pad``
+    as ``nn.AvgPool2d``), ``[B, h V, ceil(H/2), ceil(W/2)]``. ``table_size``: the table's ``[R_h, R_w]`` as Python
+    ints (see :func:`block_embedding`).
     """
-    if global_scope and not torch.jit.is_tracing():
-        check_max_size(height, width, (table.shape[-2] + 1) // 2, (table.shape[-1] + 1) // 2)
-    impl = choose_impl(impl, height, width, tile_window(table.shape[-2], table.shape[-1]), global_scope)
+    impl = choose_impl(impl, height, width, table.shape[-2], table.shape[-1], global_scope)
     custom_ops = (impl == 'dense' or impl == 'tiled') and use_custom_ops()
+    cut = table_for_input(table, height, width, global_scope)
     if impl == 'tiled':
         # plain ops compute the full map and pool it: the pooled contraction's logits matmul (9 |k| deep, on small
         # per-query GEMMs) costs more in onnxruntime than the 4x larger full-resolution one plus AveragePool
         at_output = stride == 2 and custom_ops
-        y = tiled(q, v, table_for_input(table, height, width, global_scope), height, width, stride if at_output else 1,
-                  count_include_pad, custom_ops, None if global_scope else table_size)
-        if stride == 1 or at_output:
+        y = tiled(q, v, cut, height, width, stride if at_output else 1, count_include_pad, custom_ops,
+                  None if global_scope else table_size)
+        if at_output:
             return y
     elif impl == 'dense':
-        y = dense(q, v, table, height, width, global_scope, custom_ops)
+        y = dense(q, v, cut, height, width, not global_scope, custom_ops)
     elif impl == 'einsum' or impl == 'conv':
-        cut = table_for_input(table, height, width, global_scope)
         y = einsum_form(q, v, cut, height, width, not global_scope) if impl == 'einsum' else \
             conv_form(q, v, cut, height, width)  # [B, h, V, n]
         y = y.reshape(y.shape[0], y.shape[1] * y.shape[2], height, width)
@@ -89,6 +70,6 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
     return F.avg_pool2d(y, 3, 2, 1, count_include_pad=count_include_pad)
 
 
-# An FX leaf for timm's feature extraction; modules that call it also declare torch.fx.wrap('position_lambdas')
-# (torch.fx.wrap patches the caller's global name) so that plain torch.fx.symbolic_trace works too.
+# An FX leaf (its Python size logic runs at call time) for timm's feature extraction; modules that call it also declare
+# torch.fx.wrap('position_lambdas') (it patches the caller's global name) so that torch.fx.symbolic_trace works too.
 register_notrace_function(position_lambdas)

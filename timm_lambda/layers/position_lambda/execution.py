@@ -1,17 +1,11 @@
-"""Which execution runs the position lambdas, and the one-time warnings about it (docs/execution_modes.md).
-
-The custom operators (:mod:`.custom_ops`) run in eager mode and under ``torch.compile``. Whatever records a graph
-of plain tensor ops (TorchScript, ``jit.trace``, the ONNX exporters, ``torch.export``) and ``torch.func``
-transforms (the operators have no batching rules) run the plain-op forms (:mod:`.plain_ops`); so does a
-higher-order gradient (the operators' backward differentiates the plain-op form when ``create_graph=True``).
-"""
+"""Which execution runs the position lambdas, and the one-time warnings about it (docs/execution_modes.md)."""
 import warnings
 
 import torch
 
 from ..._compat import DYNAMO_FOLDS_FUNCTORCH_FLAG
 
-__all__ = ['use_custom_ops', 'size_independent', 'is_exporting', 'warn_once', 'warn_torchscript']
+__all__ = ['use_custom_ops', 'size_independent', 'is_exporting', 'warn_once']
 
 
 @torch.jit.ignore
@@ -40,7 +34,8 @@ def size_independent() -> bool:
 
 
 def use_custom_ops() -> bool:
-    """True where the custom operators run: eager mode and torch.compile, outside torch.func transforms."""
+    """True where the custom operators run: eager mode and torch.compile. TorchScript, graph recorders (jit.trace,
+    the ONNX exporters, torch.export) and torch.func transforms (no batching rules) run the plain-op forms."""
     if torch.jit.is_scripting() or size_independent():
         return False
     if functorch_active():
@@ -59,10 +54,3 @@ def warn_once(key: str, message: str) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
         warnings.warn(f'timm_lambda: {message} (docs/execution_modes.md)', RuntimeWarning, stacklevel=3)
-
-
-def warn_torchscript() -> None:
-    """Called when a layer is scripted (``__prepare_scriptable__``): TorchScript runs the plain-op forms."""
-    warn_once('torchscript', 'TorchScript runs the position lambdas as plain tensor ops (a scripted model must load '
-                             'without this package\'s custom operators): inference is fine, training is slower '
-                             'than in eager mode or under torch.compile')

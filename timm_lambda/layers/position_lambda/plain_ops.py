@@ -1,8 +1,7 @@
 """The position lambdas in plain tensor ops: the two reference forms and the plain-op execution of the two fast ones.
 
-Shape arithmetic only (no data-dependent Python branches), so TorchScript, ``jit.trace``, the ONNX exporters,
-``torch.export``, ``torch.func`` and higher-order gradients record them; the custom operators (:mod:`.custom_ops`)
-compute the same contractions for eager mode and ``torch.compile``.
+Shape arithmetic only (no data-dependent Python branches), so that every tracer, exporter and transform records them
+(:mod:`.execution` says which execution runs where).
 """
 from typing import List, Optional
 
@@ -38,7 +37,8 @@ def conv_form(q: Tensor, v: Tensor, table: Tensor, height: int, width: int) -> T
 
 
 def dense_plain(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
-    """The dense form: logits ``a[n, (b, h), m] = q_n^h . E_nm`` for all pairs, then ``y = a v``.
+    """The dense form: logits ``a[n, (b, h), m] = q_n^h . E_nm`` for all pairs, then ``y = a v``: ``|h| (|k| + |v|)``
+    multiply-adds per pair instead of the lambda form's ``|k| |v|``.
 
     ``q [n, B h, k]``, ``v [B, u m, V]``, ``emb [n, k, u m]`` -> ``[B, n h, V]``: two batched GEMMs."""
     n = q.shape[0]
