@@ -5,11 +5,10 @@ The expectations are read from docs/results/sweep_*.json, written by the command
 interleaved rounds, min / median / max per size. At every measured size where one form is clearly faster,
 ``'auto'`` must choose it. Clearly faster: its median round is faster than the other form's fastest round
 (at least 3 of its 5 rounds beat all 5 of the other's). The margin comes from the data's spread: the rounds of
-one form spread by 4-82% of its median (25% typically; dense at 16 px: 11.9-20.4 ms around 14.8), so a few
-percent between medians (18 px, 23x23 scope: tiled 7% lower, ranges overlapping) does not say which form is
-faster. In the committed sweeps the criterion splits the sizes where the slower median is 1.31-20x the faster
-one (17 sizes) from those where it is 1.03-1.20x (5 sizes: 16, 18, 20 px at 23x23; 8, 10 px at 7x7): any fixed
-margin between 20% and 30% would select the same sizes.
+one form spread by 14-67% of its median (one outlier round of 32 ms for tiled at 8 px, 7x7 scope), so a few
+percent between medians does not say which form is faster. In the committed sweeps (2026-11-24, the tiled form's
+CPU kernel) 19 sizes are decided, the slower median 1.05-31x the faster; 3 are not (14 px at 23x23, where
+dense's rounds spread over 10.4-17.0 ms; 7 and 9 px at 7x7).
 """
 import importlib.util
 import json

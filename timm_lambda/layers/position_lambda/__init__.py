@@ -23,9 +23,10 @@ POSITION_IMPLS = ('auto', 'einsum', 'conv', 'dense', 'tiled')
 def choose_impl(impl: str, height: int, width: int, table_h: int, table_w: int, global_scope: bool) -> str:
     """The form ``impl`` resolves to for an ``height x width`` input and a ``table_h x table_w`` table (``'auto'``).
 
-    Dense computes ``|n|^2`` (query, context) pairs, tiled ``n_pad x window`` (queries padded to whole 8x8 blocks,
-    each against its block's ``window = (T + K_h - 1)(T + K_w - 1)`` positions) at about a quarter of the cost per
-    pair: dense while ``4 |n|^2 <= n_pad x window`` (measured: docs/lambda_layer.md, "The impl='auto' rule")."""
+    Dense computes ``|n|^2`` (query, context) pairs, tiled ``n_pad x K_h K_w`` (queries padded to whole 8x8 blocks,
+    each against its scope: the CPU kernel) at about a quarter of the cost per pair plus a per-query overhead worth
+    64 pairs: dense while ``4 |n|^2 <= n_pad (K_h K_w + 64)`` (measured: docs/lambda_layer.md, "The impl='auto'
+    rule")."""
     if impl != 'auto':
         return impl
     if global_scope:
@@ -34,7 +35,7 @@ def choose_impl(impl: str, height: int, width: int, table_h: int, table_w: int, 
         return 'tiled'
     t = tile()
     padded = ((height + t - 1) // t) * ((width + t - 1) // t) * t * t
-    return 'dense' if 4 * (height * width) ** 2 <= padded * (t + table_h - 1) * (t + table_w - 1) else 'tiled'
+    return 'dense' if 4 * (height * width) ** 2 <= padded * (table_h * table_w + 64) else 'tiled'
 
 
 def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, impl: str,
