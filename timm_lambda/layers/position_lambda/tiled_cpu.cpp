@@ -207,7 +207,7 @@ torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor vp, torch::Tensor tab
 
 std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, torch::Tensor vp, torch::Tensor table,
                                           int64_t step, int64_t by, int64_t bx) {
-  gy = gy.contiguous(); q = q.contiguous(); vp = vp.contiguous(); table = table.contiguous();
+  gy = gy.contiguous(); q = q.contiguous(); table = table.contiguous();  // vp: read once, into vt below
   Shape s(q, vp, table, step, by, bx);
   auto gq = torch::empty_like(q);
   torch::Tensor gvp, gtable;
@@ -226,7 +226,7 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
     const bool by_image = s.B >= nthreads;  // threads own whole images: no shared value gradient
     auto gv_parts = torch::zeros({by_image ? 1 : nthreads, s.B, s.Hp, s.Wp, s.CV}, vp.options());
     auto gr_parts = torch::zeros({nthreads, s.C, Rg}, table.options());
-    const T *Rd = R.data_ptr<T>(), *RTd = RT.data_ptr<T>(), *qd = q.data_ptr<T>(), *vd = vp.data_ptr<T>();
+    const T *Rd = R.data_ptr<T>(), *RTd = RT.data_ptr<T>(), *qd = q.data_ptr<T>();
     const T *vtd = vt.data_ptr<T>(), *gyd = gy.data_ptr<T>();
     T *gqd = gq.data_ptr<T>(), *gvd = gv_parts.data_ptr<T>(), *grd = gr_parts.data_ptr<T>();
     const int64_t per_image = s.by * s.bx * s.Tt, rows = s.G * s.Tt;
