@@ -60,6 +60,57 @@ void gemm(const T* a, int64_t as, const T* b, int64_t bs, int64_t M, int64_t K, 
   for (; m < M; ++m) cols(std::integral_constant<int, 1>());
 }
 
+// Two rows of the logit gradients at once: out[m, r KW + n] = sum_k a[m * as + k] b[r * brs + k * bs + n] for
+// r in {0, 1}, n < NV lanes (row 0 stored first: its excess columns are row 1's first ones)
+template <typename T, int MB, int NV>
+inline void row_pair_tile(const T* __restrict a, int64_t as, const T* __restrict b, int64_t brs, int64_t bs, int64_t K,
+                          T* __restrict out, int64_t KW, int64_t os) {
+  constexpr int W = Vec<T>::lanes;
+  vec_t<T> acc[MB][2][NV];
+  for (int m = 0; m < MB; ++m) for (int r = 0; r < 2; ++r) for (int i = 0; i < NV; ++i) acc[m][r][i] = vec_t<T>{};
+  for (int64_t k = 0; k < K; ++k) {
+    vec_t<T> bv[2][NV];
+    for (int r = 0; r < 2; ++r)
+      for (int i = 0; i < NV; ++i) {
+        bv[r][i] = loadv(b + r * brs + k * bs + i * W);
+        KEEP_IN_REGISTER(bv[r][i]);
+      }
+    for (int m = 0; m < MB; ++m) {
+      T s = a[m * as + k];
+      for (int r = 0; r < 2; ++r) for (int i = 0; i < NV; ++i) acc[m][r][i] += s * bv[r][i];
+    }
+  }
+  for (int m = 0; m < MB; ++m) for (int r = 0; r < 2; ++r) for (int i = 0; i < NV; ++i)
+    storev(out + m * os + r * KW + i * W, acc[m][r][i]);
+}
+
+// gl[h, (ky, kx)] = sum_j gy[h, j] v[j, ky, kx] for ky < KH, kx < KW: rows in pairs where a row is 1 or 2 vectors
+// (scopes up to 2 x lanes wide), else one GEMM per row; v: channel stride bs, row stride brs, KWp columns readable
+template <typename T>
+void logit_grads(const T* gy, int64_t H, int64_t V, const T* v, int64_t brs, int64_t bs, int64_t KH, int64_t KW,
+                 int64_t KWp, T* out, int64_t os) {
+  constexpr int W = Vec<T>::lanes;
+  int64_t ky = 0;
+  if (KWp <= 2 * W) {
+    for (; ky + 2 <= KH; ky += 2) {
+      int64_t h = 0;
+      auto pair = [&](auto mb, auto nv) {
+        row_pair_tile<T, decltype(mb)::value, decltype(nv)::value>(gy + h * V, V, v + ky * brs, brs, bs, V,
+                                                                   out + h * os + ky * KW, KW, os);
+      };
+      for (; h + 4 <= H; h += 4) {
+        if (KWp == W) pair(std::integral_constant<int, 4>(), std::integral_constant<int, 1>());
+        else pair(std::integral_constant<int, 4>(), std::integral_constant<int, 2>());
+      }
+      for (; h < H; ++h) {
+        if (KWp == W) pair(std::integral_constant<int, 1>(), std::integral_constant<int, 1>());
+        else pair(std::integral_constant<int, 1>(), std::integral_constant<int, 2>());
+      }
+    }
+  }
+  for (; ky < KH; ++ky) gemm<T, false>(gy, V, v + ky * brs, bs, H, V, KWp, out + ky * KW, os);
+}
+
 // y[h * osh + j * osj] = sum_{u, ky, kx} L[h * ls + (u, ky, kx)] v[ky * rs + kx U V + u V + j] for h < MB
 template <typename T, int MB, int NV>
 inline void aggregate_tile(const T* __restrict L, int64_t ls, const T* __restrict v, int64_t U, int64_t KH, int64_t KW,
@@ -250,9 +301,8 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
           // with the channels-first values; each writes KWp >= KW columns, the excess overwritten by the next (u, ky)
           T* glq = gl.data() + qx * s.H * Rg;
           for (int64_t u = 0; u < s.U; ++u)
-            for (int64_t ky = 0; ky < s.KH; ++ky)
-              gemm<T, false>(gyq.data(), s.V, vtd + ((b * s.CV + u * s.V) * s.Hp + y0 + ky) * (s.Wp + KWp) + x0,
-                             s.Hp * (s.Wp + KWp), s.H, s.V, KWp, glq + (u * s.KH + ky) * s.KW, Rg);
+            logit_grads<T>(gyq.data(), s.H, s.V, vtd + ((b * s.CV + u * s.V) * s.Hp + y0) * (s.Wp + KWp) + x0,
+                           s.Wp + KWp, s.Hp * (s.Wp + KWp), s.KH, s.KW, KWp, glq + u * s.KH * s.KW, Rg);
           // query gradients: gq[h, :] = gl[h, :] R^T
           gemm<T, false>(glq, Rg, RTd, Cp, s.H, s.Rn, Cp, gqq.data(), Cp);
           for (int64_t h = 0; h < s.H; ++h)
