@@ -242,7 +242,7 @@ def _operator_inputs(impl, dtype=torch.float64):
     if impl == 'tiled':  # 3 x 2 blocks of 2x2 queries, |h| = 3, c = 5, |u| = 2, |v| = 3, 5x5 table, step 2
         q = torch.randn(6, 3, 2, 2, 5, generator=g, dtype=dtype).transpose(2, 3)
         return (custom_ops._tiled, q, torch.randn(1, 12, 19, 6, generator=g, dtype=dtype),
-                torch.randn(5, 2, 5, 5, generator=g, dtype=dtype), 2, 2, 3)
+                torch.randn(5, 2, 5, 5, generator=g, dtype=dtype), 2, 2, 3, 7, 13)  # a 7 x 13 image
     v = torch.randn(3, 8, 4, generator=g, dtype=dtype).transpose(0, 1).contiguous().transpose(0, 1)
     return (custom_ops._dense, torch.randn(4, 6, 3, generator=g, dtype=dtype), v,
             torch.randn(4, 3, 8, generator=g, dtype=dtype), 2)

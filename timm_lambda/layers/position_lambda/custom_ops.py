@@ -125,7 +125,8 @@ def dense_op(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
 
 # ----------------------------------------------------------------------------------------------------------
 # tiled: q [G, h, T, T, c], vp [B, H', W', u V], table [c, u, K_h, K_w] -> y [G, V, h T T] (tiled_plain's result
-# transposed, rows (h, qy, qx): a block's output positions contiguous per channel)
+# transposed, rows (h, qy, qx): a block's output positions contiguous per channel). The image (height x width) sits
+# in vp at rows and columns from (K_h - 1) // 2, (K_w - 1) // 2, zero around it (the CPU kernel skips the zeros).
 
 
 def _windows(vp: Tensor, b: int, by: int, rows: int, bx: int, cols: int, shift: int, mh: int, mw: int,
@@ -201,10 +202,11 @@ class _TiledPlan:
 
 
 @torch.library.custom_op('timm_lambda::tiled_position_lambdas', mutates_args=())
-def _tiled(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int) -> Tensor:
+def _tiled(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int, height: int,
+           width: int) -> Tensor:
     kernel = cpu_kernel(q)
     if kernel is not None:
-        return kernel.tiled_forward(q, vp, table, step, blocks_y, blocks_x)
+        return kernel.tiled_forward(q, vp, table, step, blocks_y, blocks_x, height, width)
     q, vp, table = q.contiguous(), vp.contiguous(), table.contiguous()
     p = _TiledPlan(q, vp, table, step, blocks_y, blocks_x)
     y = vp.new_empty(p.g, p.dv, p.rows)
@@ -215,16 +217,16 @@ def _tiled(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, block
 
 
 @_tiled.register_fake
-def _(q, vp, table, step, blocks_y, blocks_x):
+def _(q, vp, table, step, blocks_y, blocks_x, height, width):
     return vp.new_empty(q.shape[0], vp.shape[3] // table.shape[1], q.shape[1] * q.shape[2] * q.shape[3])
 
 
 @torch.library.custom_op('timm_lambda::tiled_position_lambdas_backward', mutates_args=())
 def _tiled_backward(gy: Tensor, q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int,
-                    blocks_x: int) -> Tuple[Tensor, Tensor, Tensor]:
+                    blocks_x: int, height: int, width: int) -> Tuple[Tensor, Tensor, Tensor]:
     kernel = cpu_kernel(q)
     if kernel is not None:
-        return tuple(kernel.tiled_backward(gy, q, vp, table, step, blocks_y, blocks_x))
+        return tuple(kernel.tiled_backward(gy, q, vp, table, step, blocks_y, blocks_x, height, width))
     q, vp, table, gy = q.contiguous(), vp.contiguous(), table.contiguous(), gy.contiguous()
     p = _TiledPlan(q, vp, table, step, blocks_y, blocks_x)
     gq, gvp = torch.empty_like(q), torch.zeros_like(vp)
@@ -259,14 +261,22 @@ def _tiled_backward(gy: Tensor, q: Tensor, vp: Tensor, table: Tensor, step: int,
     return gq, gvp, grm.to(table.dtype).view_as(table)
 
 
-def _tiled_flops(q, vp, table, step, blocks_y, blocks_x, out_shape=None, backward=False) -> int:
+def _in_image(size: int, blocks: int, t: int, step: int, k: int) -> int:
+    """Scope offsets along one axis that meet the image, summed over the queries of every block."""
+    lo = (k - 1) // 2
+    return sum(max(0, min(k, lo + size - step * q) - max(0, lo - step * q)) for q in range(blocks * t))
+
+
+def _tiled_flops(q, vp, table, step, blocks_y, blocks_x, height, width, out_shape=None, backward=False) -> int:
     """Multiply-adds of the exact form that the CPU kernel computes (:mod:`.cpu_kernel`): per query of every block,
-    ``h u K_h K_w`` logits of depth ``c`` and as many value rows of depth ``V``; the backward: the logits again and
-    the gradients of ``q`` and the table (3x ``c``), of the values and of the logits (2x ``V``). The GEMM path
-    (other devices and dtypes) does ``M_h M_w / (K_h K_w)`` times the ``V`` part (the whole window per block)."""
-    (g, h, t, _, c), (_, u, kh, kw) = q, table
-    per_pair = (3 * c + 2 * (vp[3] // u)) if backward else (c + vp[3] // u)
-    return 2 * g * t * t * h * u * kh * kw * per_pair
+    ``h u K_h K_w`` logits of depth ``c``, and a value row of depth ``V`` per scope offset that meets the image; the
+    backward: the logits again and the gradients of ``q`` and the table (3x ``c``), of the values and of the logits
+    (2x ``V``). The GEMM path (other devices and dtypes) does the ``V`` part for whole windows, ``M_h M_w`` offsets
+    per query."""
+    (g, h, t, _, c), (b, _, _, cv), (_, u, kh, kw) = q, vp, table
+    logits = g * t * t * h * u * kh * kw * c
+    values = b * h * u * (cv // u) * _in_image(height, blocks_y, t, step, kh) * _in_image(width, blocks_x, t, step, kw)
+    return 2 * ((3 * logits + 2 * values) if backward else (logits + values))
 
 
 def _tiled_plain_as_op(q: Tensor, vp: Tensor, table: Tensor, *ints) -> Tensor:
@@ -276,10 +286,12 @@ def _tiled_plain_as_op(q: Tensor, vp: Tensor, table: Tensor, *ints) -> Tensor:
     return y.reshape(g, t * t, h, y.shape[2]).permute(0, 3, 2, 1).reshape(g, y.shape[2], h * t * t)
 
 
-_register(_tiled, _tiled_backward, _tiled_plain_as_op, lambda q, ints: ints, _tiled_flops)
+_register(_tiled, _tiled_backward, _tiled_plain_as_op, lambda q, ints: ints[:3], _tiled_flops)
 
 
 @torch.jit.unused
-def tiled_op(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int) -> Tensor:
-    """:func:`.plain_ops.tiled_plain` by the custom operator (the tile is ``q``'s block side)."""
-    return _tiled(q, vp.to(q.dtype), table.to(q.dtype), step, blocks_y, blocks_x)
+def tiled_op(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int, height: int,
+             width: int) -> Tensor:
+    """:func:`.plain_ops.tiled_plain` by the custom operator (the tile is ``q``'s block side; the image
+    ``height x width`` in ``vp`` as the comment above says)."""
+    return _tiled(q, vp.to(q.dtype), table.to(q.dtype), step, blocks_y, blocks_x, height, width)

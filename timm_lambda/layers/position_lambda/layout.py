@@ -89,7 +89,7 @@ def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: 
     vp = vp.permute(0, 2, 3, 1)  # channels last: a window's rows (my, mx, u) are whole channel vectors
     oy, ox = torch.arange(ho, device=q.device), torch.arange(wo, device=q.device)  # also the stride-2 border counts
     if custom_ops:  # back to the output positions: one permute of whole block rows (T contiguous values)
-        y = tiled_op(qb, vp, table, step, blocks_y, blocks_x)  # [G, V, h T T]
+        y = tiled_op(qb, vp, table, step, blocks_y, blocks_x, height, width)  # [G, V, h T T]
         y = y.reshape(b, blocks_y, blocks_x, dv, h, t, t).permute(0, 4, 3, 1, 5, 2, 6)
         y = y.reshape(b, h * dv, blocks_y * t, blocks_x * t)[:, :, :ho, :wo]
     else:  # one gather of whole rows (a permute would make torch.export guard on 'one block')

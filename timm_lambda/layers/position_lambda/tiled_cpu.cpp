@@ -2,11 +2,14 @@
 // section 3.3): forward and backward of timm_lambda::tiled_position_lambdas (custom_ops.py, cpu_kernel.py).
 // q [G, h, T, T, c] query blocks (G = B by bx), vp [B, H', W', u V] padded values (channels last), table R [c, u, K_h,
 // K_w] -> y [G, V, h T T] (rows (h, qy, qx)). Query (qy, qx) of block (b, by, bx) meets
-// vp[b, s (T by + qy) + ky, s (T bx + qx) + kx, u V + j] through R[:, u, ky, kx] (s = step).
+// vp[b, s (T by + qy) + ky, s (T bx + qx) + kx, u V + j] through R[:, u, ky, kx] (s = step). The image occupies vp's
+// rows [(K_h - 1) / 2, + height) and columns [(K_w - 1) / 2, + width); the padding around it counts as zero (offsets
+// that meet it are skipped).
 // Per query: its logits L = q R (h x u K_h K_w, kept in the cache), then y = L v; the loops hold a tile of heads x
 // channels in vector registers (GCC/Clang vector extensions: AVX-512, AVX2 or NEON, whatever -march=native has).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -44,20 +47,21 @@ inline void gemm_tile(const T* __restrict a, int64_t as, const T* __restrict b, 
   for (int m = 0; m < MB; ++m) for (int i = 0; i < NV; ++i) storev(out + m * os + n0 + i * W, acc[m][i]);
 }
 
-// out [M, N] (+)= a [M, K] b [K, N], N a multiple of the lanes
+// out [M, N] (+)= a [M, K] b [K, N], N a multiple of the lanes; column tiles outer, so that a tile of b is read from
+// the cache by every row block
 template <typename T, bool ACC>
 void gemm(const T* a, int64_t as, const T* b, int64_t bs, int64_t M, int64_t K, int64_t N, T* out, int64_t os) {
   constexpr int W = Vec<T>::lanes;
-  int64_t m = 0;
-  auto cols = [&](auto mb) {
-    constexpr int MB = decltype(mb)::value;
-    int64_t n = 0;
-    for (; n + 4 * W <= N; n += 4 * W) gemm_tile<T, MB, 4, ACC>(a + m * as, as, b, bs, K, n, out + m * os, os);
-    for (; n + 2 * W <= N; n += 2 * W) gemm_tile<T, MB, 2, ACC>(a + m * as, as, b, bs, K, n, out + m * os, os);
-    for (; n < N; n += W) gemm_tile<T, MB, 1, ACC>(a + m * as, as, b, bs, K, n, out + m * os, os);
+  auto tile = [&](int64_t n, auto nv) {
+    constexpr int NV = decltype(nv)::value;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) gemm_tile<T, 4, NV, ACC>(a + m * as, as, b, bs, K, n, out + m * os, os);
+    for (; m < M; ++m) gemm_tile<T, 1, NV, ACC>(a + m * as, as, b, bs, K, n, out + m * os, os);
   };
-  for (; m + 4 <= M; m += 4) cols(std::integral_constant<int, 4>());
-  for (; m < M; ++m) cols(std::integral_constant<int, 1>());
+  int64_t n = 0;
+  for (; n + 4 * W <= N; n += 4 * W) tile(n, std::integral_constant<int, 4>());
+  for (; n + 2 * W <= N; n += 2 * W) tile(n, std::integral_constant<int, 2>());
+  for (; n < N; n += W) tile(n, std::integral_constant<int, 1>());
 }
 
 // Two rows of the logit gradients at once: out[m, r KW + n] = sum_k a[m * as + k] b[r * brs + k * bs + n] for
@@ -84,15 +88,17 @@ inline void row_pair_tile(const T* __restrict a, int64_t as, const T* __restrict
     storev(out + m * os + r * KW + i * W, acc[m][r][i]);
 }
 
-// gl[h, (ky, kx)] = sum_j gy[h, j] v[j, ky, kx] for ky < KH, kx < KW: rows in pairs where a row is 1 or 2 vectors
-// (scopes up to 2 x lanes wide), else one GEMM per row; v: channel stride bs, row stride brs, KWp columns readable
+// gl[h, (ky, kx)] = sum_j gy[h, j] v[j, ky, kx] for ky in [ky0, ky1), kx < KW (the other rows 0): rows in pairs where a
+// row is 1 or 2 vectors (scopes up to 2 x lanes wide), else one GEMM per row; v: channel stride bs, row stride brs,
+// KWp columns readable. Each row writes KWp >= KW columns: the excess is overwritten by the next row.
 template <typename T>
 void logit_grads(const T* gy, int64_t H, int64_t V, const T* v, int64_t brs, int64_t bs, int64_t KH, int64_t KW,
-                 int64_t KWp, T* out, int64_t os) {
+                 int64_t KWp, int64_t ky0, int64_t ky1, T* out, int64_t os) {
   constexpr int W = Vec<T>::lanes;
-  int64_t ky = 0;
+  for (int64_t h = 0; h < H; ++h) std::memset(out + h * os, 0, ky0 * KW * sizeof(T));
+  int64_t ky = ky0;
   if (KWp <= 2 * W) {
-    for (; ky + 2 <= KH; ky += 2) {
+    for (; ky + 2 <= ky1; ky += 2) {
       int64_t h = 0;
       auto pair = [&](auto mb, auto nv) {
         row_pair_tile<T, decltype(mb)::value, decltype(nv)::value>(gy + h * V, V, v + ky * brs, brs, bs, V,
@@ -108,20 +114,26 @@ void logit_grads(const T* gy, int64_t H, int64_t V, const T* v, int64_t brs, int
       }
     }
   }
-  for (; ky < KH; ++ky) gemm<T, false>(gy, V, v + ky * brs, bs, H, V, KWp, out + ky * KW, os);
+  for (; ky < ky1; ++ky) gemm<T, false>(gy, V, v + ky * brs, bs, H, V, KWp, out + ky * KW, os);
+  for (int64_t h = 0; h < H; ++h) std::memset(out + h * os + ky1 * KW, 0, (KH - ky1) * KW * sizeof(T));
 }
+
+// The scope offsets (ky, kx) of one query that meet the image (rows [y0, y1), columns [x0, x1) of the K_h x K_w
+// table): the others meet zero padding and are skipped
+struct Scope {
+  int64_t KH, KW, y0, y1, x0, x1;
+};
 
 // y[h * osh + j * osj] = sum_{u, ky, kx} L[h * ls + (u, ky, kx)] v[ky * rs + kx U V + u V + j] for h < MB
 template <typename T, int MB, int NV>
-inline void aggregate_tile(const T* __restrict L, int64_t ls, const T* __restrict v, int64_t U, int64_t KH, int64_t KW,
+inline void aggregate_tile(const T* __restrict L, int64_t ls, const T* __restrict v, int64_t U, const Scope& sc,
                            int64_t rs, int64_t V, int64_t j0, T* __restrict out, int64_t osj, int64_t osh) {
   constexpr int W = Vec<T>::lanes;
   vec_t<T> acc[MB][NV];
   for (int m = 0; m < MB; ++m) for (int i = 0; i < NV; ++i) acc[m][i] = vec_t<T>{};
-  int64_t r = 0;
   for (int64_t u = 0; u < U; ++u)
-    for (int64_t ky = 0; ky < KH; ++ky)
-      for (int64_t kx = 0; kx < KW; ++kx, ++r) {
+    for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
+      for (int64_t kx = sc.x0, r = (u * sc.KH + ky) * sc.KW + sc.x0; kx < sc.x1; ++kx, ++r) {
         const T* vx = v + ky * rs + kx * U * V + u * V + j0;
         vec_t<T> vv[NV];
         for (int i = 0; i < NV; ++i) { vv[i] = loadv(vx + i * W); KEEP_IN_REGISTER(vv[i]); }
@@ -133,7 +145,7 @@ inline void aggregate_tile(const T* __restrict L, int64_t ls, const T* __restric
 }
 
 template <typename T>
-void aggregate(const T* L, int64_t ls, const T* v, int64_t H, int64_t U, int64_t KH, int64_t KW, int64_t rs, int64_t V,
+void aggregate(const T* L, int64_t ls, const T* v, int64_t H, int64_t U, const Scope& sc, int64_t rs, int64_t V,
                T* out, int64_t osj, int64_t osh) {
   constexpr int W = Vec<T>::lanes;
   int64_t h = 0;
@@ -142,15 +154,15 @@ void aggregate(const T* L, int64_t ls, const T* v, int64_t H, int64_t U, int64_t
     int64_t j = 0;
     const T* Lh = L + h * ls;
     T* outh = out + h * osh;
-    for (; j + 4 * W <= V; j += 4 * W) aggregate_tile<T, MB, 4>(Lh, ls, v, U, KH, KW, rs, V, j, outh, osj, osh);
-    for (; j + W <= V; j += W) aggregate_tile<T, MB, 1>(Lh, ls, v, U, KH, KW, rs, V, j, outh, osj, osh);
+    for (; j + 4 * W <= V; j += 4 * W) aggregate_tile<T, MB, 4>(Lh, ls, v, U, sc, rs, V, j, outh, osj, osh);
+    for (; j + W <= V; j += W) aggregate_tile<T, MB, 1>(Lh, ls, v, U, sc, rs, V, j, outh, osj, osh);
     for (; j < V; ++j)
       for (int m = 0; m < MB; ++m) {
         T acc = 0;
-        int64_t r = 0;
         for (int64_t u = 0; u < U; ++u)
-          for (int64_t ky = 0; ky < KH; ++ky)
-            for (int64_t kx = 0; kx < KW; ++kx, ++r) acc += L[(h + m) * ls + r] * v[ky * rs + kx * U * V + u * V + j];
+          for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
+            for (int64_t kx = sc.x0; kx < sc.x1; ++kx)
+              acc += L[(h + m) * ls + (u * sc.KH + ky) * sc.KW + kx] * v[ky * rs + kx * U * V + u * V + j];
         out[(h + m) * osh + j * osj] = acc;
       }
   };
@@ -161,8 +173,7 @@ void aggregate(const T* L, int64_t ls, const T* v, int64_t H, int64_t U, int64_t
 // v[(u, ky, kx) position, j] += sum_h L[h * ls + (u, ky, kx)] gy[h * V + j], j in [j0, j0 + NV lanes), h < MB
 template <typename T, int MB, int NV>
 inline void scatter_tile(const T* __restrict L, int64_t ls, const T* __restrict gy, int64_t V, T* __restrict v,
-                         int64_t U,
-                         int64_t KH, int64_t KW, int64_t rs, int64_t j0) {
+                         int64_t U, const Scope& sc, int64_t rs, int64_t j0) {
   constexpr int W = Vec<T>::lanes;
   vec_t<T> g[MB][NV];
   for (int m = 0; m < MB; ++m)
@@ -170,10 +181,9 @@ inline void scatter_tile(const T* __restrict L, int64_t ls, const T* __restrict 
       g[m][i] = loadv(gy + m * V + j0 + i * W);
       KEEP_IN_REGISTER(g[m][i]);
     }
-  int64_t r = 0;
   for (int64_t u = 0; u < U; ++u)
-    for (int64_t ky = 0; ky < KH; ++ky)
-      for (int64_t kx = 0; kx < KW; ++kx, ++r) {
+    for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
+      for (int64_t kx = sc.x0, r = (u * sc.KH + ky) * sc.KW + sc.x0; kx < sc.x1; ++kx, ++r) {
         T* dst = v + ky * rs + kx * U * V + u * V + j0;
         vec_t<T> acc[NV];
         for (int i = 0; i < NV; ++i) acc[i] = loadv(dst + i * W);
@@ -183,41 +193,54 @@ inline void scatter_tile(const T* __restrict L, int64_t ls, const T* __restrict 
 }
 
 template <typename T>
-void scatter(const T* L, int64_t ls, const T* gy, int64_t H, int64_t V, T* v, int64_t U, int64_t KH, int64_t KW,
-             int64_t rs) {
+void scatter(const T* L, int64_t ls, const T* gy, int64_t H, int64_t V, T* v, int64_t U, const Scope& sc, int64_t rs) {
   constexpr int W = Vec<T>::lanes;
   int64_t h = 0;
   auto cols = [&](auto mb) {
     constexpr int MB = decltype(mb)::value;
     int64_t j = 0;
-    for (; j + 4 * W <= V; j += 4 * W) scatter_tile<T, MB, 4>(L + h * ls, ls, gy + h * V, V, v, U, KH, KW, rs, j);
-    for (; j + W <= V; j += W) scatter_tile<T, MB, 1>(L + h * ls, ls, gy + h * V, V, v, U, KH, KW, rs, j);
-    for (; j < V; ++j) {
-      int64_t r = 0;
+    for (; j + 4 * W <= V; j += 4 * W) scatter_tile<T, MB, 4>(L + h * ls, ls, gy + h * V, V, v, U, sc, rs, j);
+    for (; j + W <= V; j += W) scatter_tile<T, MB, 1>(L + h * ls, ls, gy + h * V, V, v, U, sc, rs, j);
+    for (; j < V; ++j)
       for (int64_t u = 0; u < U; ++u)
-        for (int64_t ky = 0; ky < KH; ++ky)
-          for (int64_t kx = 0; kx < KW; ++kx, ++r) {
+        for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
+          for (int64_t kx = sc.x0; kx < sc.x1; ++kx) {
             T acc = 0;
-            for (int m = 0; m < MB; ++m) acc += L[(h + m) * ls + r] * gy[(h + m) * V + j];
+            for (int m = 0; m < MB; ++m) acc += L[(h + m) * ls + (u * sc.KH + ky) * sc.KW + kx] * gy[(h + m) * V + j];
             v[ky * rs + kx * U * V + u * V + j] += acc;
           }
-    }
   };
   for (; h + 4 <= H; h += 4) cols(std::integral_constant<int, 4>());
   for (; h < H; ++h) cols(std::integral_constant<int, 1>());
 }
 
 struct Shape {
-  int64_t G, H, Tt, C, U, KH, KW, B, Hp, Wp, CV, V, Rn, step, by, bx;
+  int64_t G, H, Tt, C, U, KH, KW, B, Hp, Wp, CV, V, Rn, step, by, bx, height, width, y_lo, x_lo;
   Shape(const torch::Tensor& q, const torch::Tensor& vp, const torch::Tensor& table, int64_t step_, int64_t by_,
-        int64_t bx_)
+        int64_t bx_, int64_t height_, int64_t width_)
       : G(q.size(0)), H(q.size(1)), Tt(q.size(2)), C(q.size(4)), U(table.size(1)), KH(table.size(2)), KW(table.size(3)),
         B(vp.size(0)), Hp(vp.size(1)), Wp(vp.size(2)), CV(vp.size(3)), V(vp.size(3) / table.size(1)),
-        Rn(table.size(1) * table.size(2) * table.size(3)), step(step_), by(by_), bx(bx_) {}
+        Rn(table.size(1) * table.size(2) * table.size(3)), step(step_), by(by_), bx(bx_), height(height_),
+        width(width_), y_lo((KH - 1) / 2), x_lo((KW - 1) / 2) {
+    TORCH_CHECK(y_lo + height <= Hp && x_lo + width <= Wp, "tiled_position_lambdas: the image (", height, "x", width,
+                ") does not fit the padded values (", Hp, "x", Wp, ")");
+  }
   int64_t image(int64_t g) const { return g / (by * bx); }
   // offset of query (qy, qx) of block g's first context position in vp, in elements of a row of W' positions
   int64_t origin_y(int64_t g, int64_t qy) const { return step * (Tt * ((g / bx) % by) + qy); }
   int64_t origin_x(int64_t g, int64_t qx) const { return step * (Tt * (g % bx) + qx); }
+  // L[h, qx, :] = q[g, h, qy, qx, :] R for a block row (per head one GEMM of its T queries: R read once per tile)
+  template <typename T>
+  void row_logits(const T* q, int64_t g, int64_t qy, const T* R, int64_t Rp, T* L) const {
+    for (int64_t h = 0; h < H; ++h)
+      gemm<T, false>(q + ((g * H + h) * Tt + qy) * Tt * C, C, R, Rp, Tt, C, Rp, L + h * Tt * Rp, Rp);
+  }
+  // the offsets of a query whose context starts at (y, x) that meet the image: vp's rows [y_lo, y_lo + height)
+  Scope scope(int64_t y, int64_t x) const {
+    auto clip = [](int64_t a, int64_t k) { return std::min(std::max(a, int64_t(0)), k); };
+    const int64_t y0 = clip(y_lo - y, KH), x0 = clip(x_lo - x, KW);
+    return {KH, KW, y0, std::max(y0, clip(y_lo + height - y, KH)), x0, std::max(x0, clip(x_lo + width - x, KW))};
+  }
 };
 
 template <typename T>
@@ -230,9 +253,9 @@ torch::Tensor padded_table(const torch::Tensor& table, int64_t C, int64_t Rn, in
 }  // namespace
 
 torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor vp, torch::Tensor table, int64_t step, int64_t by,
-                            int64_t bx) {
+                            int64_t bx, int64_t height, int64_t width) {
   q = q.contiguous(); vp = vp.contiguous(); table = table.contiguous();
-  Shape s(q, vp, table, step, by, bx);
+  Shape s(q, vp, table, step, by, bx, height, width);
   auto y = torch::empty({s.G, s.V, s.H * s.Tt * s.Tt}, vp.options());
   AT_DISPATCH_FLOATING_TYPES(vp.scalar_type(), "tiled_forward", [&] {
     using T = scalar_t;
@@ -241,13 +264,14 @@ torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor vp, torch::Tensor tab
     const T *Rp_ = R.data_ptr<T>(), *qd = q.data_ptr<T>(), *vd = vp.data_ptr<T>();
     T* yd = y.data_ptr<T>();
     at::parallel_for(0, s.G * s.Tt, 1, [&](int64_t begin, int64_t end) {
-      std::vector<T> L(s.H * Rp);
+      std::vector<T> L(s.H * s.Tt * Rp);  // [h, qx, Rp]: a block row's logits
       for (int64_t gq = begin; gq < end; ++gq) {
         const int64_t g = gq / s.Tt, qy = gq % s.Tt;
+        s.row_logits(qd, g, qy, Rp_, Rp, L.data());
         for (int64_t qx = 0; qx < s.Tt; ++qx) {
-          gemm<T, false>(qd + ((g * s.H * s.Tt + qy) * s.Tt + qx) * s.C, TT * s.C, Rp_, Rp, s.H, s.C, Rp, L.data(), Rp);
-          const T* v = vd + ((s.image(g) * s.Hp + s.origin_y(g, qy)) * s.Wp + s.origin_x(g, qx)) * s.CV;
-          aggregate<T>(L.data(), Rp, v, s.H, s.U, s.KH, s.KW, s.Wp * s.CV, s.V,
+          const int64_t y0 = s.origin_y(g, qy), x0 = s.origin_x(g, qx);
+          const T* v = vd + ((s.image(g) * s.Hp + y0) * s.Wp + x0) * s.CV;
+          aggregate<T>(L.data() + qx * Rp, s.Tt * Rp, v, s.H, s.U, s.scope(y0, x0), s.Wp * s.CV, s.V,
                        yd + g * s.V * s.H * TT + qy * s.Tt + qx, s.H * TT, TT);
         }
       }
@@ -257,9 +281,9 @@ torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor vp, torch::Tensor tab
 }
 
 std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, torch::Tensor vp, torch::Tensor table,
-                                          int64_t step, int64_t by, int64_t bx) {
+                                          int64_t step, int64_t by, int64_t bx, int64_t height, int64_t width) {
   gy = gy.contiguous(); q = q.contiguous(); table = table.contiguous();  // vp: read once, into vt below
-  Shape s(q, vp, table, step, by, bx);
+  Shape s(q, vp, table, step, by, bx, height, width);
   auto gq = torch::empty_like(q);
   torch::Tensor gvp, gtable;
   AT_DISPATCH_FLOATING_TYPES(vp.scalar_type(), "tiled_backward", [&] {
@@ -270,9 +294,11 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
     auto R = padded_table<T>(table, s.C, s.Rn, Rp);
     auto RT = torch::zeros({s.Rn, Cp}, table.options());
     RT.narrow(1, 0, s.C).copy_(table.reshape({s.C, s.Rn}).t());
-    // channels first, each row padded so that a row's KW-wide run can be read as whole vectors
+    // the image's values channels first, zero around them, each row padded so that a row's KW-wide run can be read
+    // as whole vectors
     auto vt = torch::zeros({s.B, s.CV, s.Hp, s.Wp + KWp}, vp.options());
-    vt.narrow(3, 0, s.Wp).copy_(vp.permute({0, 3, 1, 2}));
+    vt.narrow(2, s.y_lo, height).narrow(3, s.x_lo, width).copy_(
+        vp.permute({0, 3, 1, 2}).narrow(2, s.y_lo, height).narrow(3, s.x_lo, width));
     const int nthreads = at::get_num_threads();
     const bool by_image = s.B >= nthreads;  // threads own whole images: no shared value gradient
     auto gv_parts = torch::zeros({by_image ? 1 : nthreads, s.B, s.Hp, s.Wp, s.CV}, vp.options());
@@ -285,32 +311,35 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
       const int tid = at::get_thread_num();
       T* gv = by_image ? gvd : gvd + tid * s.B * s.Hp * s.Wp * s.CV;
       T* gr = grd + tid * s.C * Rg;
-      std::vector<T> L(s.H * Rp), gyq(s.H * s.V), gl(s.Tt * s.H * Rg), qt(s.C * s.Tt * s.H), gqq(s.H * Cp);
+      std::vector<T> L(s.H * s.Tt * Rp), gyq(s.H * s.V), gl(s.Tt * s.H * Rg), qt(s.C * s.Tt * s.H);
+      std::vector<T> gqq(s.Tt * s.H * Cp);
       for (int64_t gqr = begin; gqr < end; ++gqr) {
         const int64_t g = gqr / s.Tt, qy = gqr % s.Tt, b = s.image(g), y0 = s.origin_y(g, qy);
+        s.row_logits(qd, g, qy, Rd, Rp, L.data());  // the logits again, [h, qx, Rp]
         for (int64_t qx = 0; qx < s.Tt; ++qx) {
           const int64_t x0 = s.origin_x(g, qx);
+          const Scope sc = s.scope(y0, x0);
           const T* qq = qd + ((g * s.H * s.Tt + qy) * s.Tt + qx) * s.C;  // head stride T T c
-          gemm<T, false>(qq, TT * s.C, Rd, Rp, s.H, s.C, Rp, L.data(), Rp);  // the logits again
           for (int64_t h = 0; h < s.H; ++h)
             for (int64_t j = 0; j < s.V; ++j)
               gyq[h * s.V + j] = gyd[(g * s.V + j) * s.H * TT + h * TT + qy * s.Tt + qx];
           for (int64_t h = 0; h < s.H; ++h)
             for (int64_t c = 0; c < s.C; ++c) qt[c * s.Tt * s.H + qx * s.H + h] = qq[h * TT * s.C + c];
-          // logit gradients gl[h, (u, ky, kx)] = gy[h, :] . v[ky, kx, u, :]: per (u, ky) a [h, V] x [V, KW] product
-          // with the channels-first values; each writes KWp >= KW columns, the excess overwritten by the next (u, ky)
+          // logit gradients gl[h, (u, ky, kx)] = gy[h, :] . v[ky, kx, u, :] (0 outside the image)
           T* glq = gl.data() + qx * s.H * Rg;
           for (int64_t u = 0; u < s.U; ++u)
             logit_grads<T>(gyq.data(), s.H, s.V, vtd + ((b * s.CV + u * s.V) * s.Hp + y0) * (s.Wp + KWp) + x0,
-                           s.Wp + KWp, s.Hp * (s.Wp + KWp), s.KH, s.KW, KWp, glq + u * s.KH * s.KW, Rg);
-          // query gradients: gq[h, :] = gl[h, :] R^T
-          gemm<T, false>(glq, Rg, RTd, Cp, s.H, s.Rn, Cp, gqq.data(), Cp);
-          for (int64_t h = 0; h < s.H; ++h)
-            std::memcpy(gqd + ((g * s.H + h) * TT + qy * s.Tt + qx) * s.C, gqq.data() + h * Cp, s.C * sizeof(T));
+                           s.Wp + KWp, s.Hp * (s.Wp + KWp), s.KH, s.KW, KWp, sc.y0, sc.y1, glq + u * s.KH * s.KW, Rg);
           // value gradients: gv[ky, kx, u, :] += sum_h L[h, (u, ky, kx)] gy[h, :]
-          scatter<T>(L.data(), Rp, gyq.data(), s.H, s.V, gv + ((b * s.Hp + y0) * s.Wp + x0) * s.CV, s.U, s.KH, s.KW,
-                     s.Wp * s.CV);
+          scatter<T>(L.data() + qx * Rp, s.Tt * Rp, gyq.data(), s.H, s.V, gv + ((b * s.Hp + y0) * s.Wp + x0) * s.CV,
+                     s.U, sc, s.Wp * s.CV);
         }
+        // query gradients of the row: gq[(qx, h), :] = gl[(qx, h), :] R^T
+        gemm<T, false>(gl.data(), Rg, RTd, Cp, s.Tt * s.H, s.Rn, Cp, gqq.data(), Cp);
+        for (int64_t qx = 0; qx < s.Tt; ++qx)
+          for (int64_t h = 0; h < s.H; ++h)
+            std::memcpy(gqd + ((g * s.H + h) * TT + qy * s.Tt + qx) * s.C, gqq.data() + (qx * s.H + h) * Cp,
+                        s.C * sizeof(T));
         // table gradient: gr[c, :] += sum_{qx, h} q[qx, h, c] gl[qx, h, :]
         gemm<T, true>(qt.data(), s.Tt * s.H, gl.data(), Rg, s.C, s.Tt * s.H, Rg, gr, Rg);
       }
