@@ -5,10 +5,9 @@ The expectations are read from docs/results/sweep_*.json, written by the command
 interleaved rounds, min / median / max per size. At every measured size where one form is clearly faster,
 ``'auto'`` must choose it. Clearly faster: its median round is faster than the other form's fastest round
 (at least 3 of its 5 rounds beat all 5 of the other's). The margin comes from the data's spread: the rounds of
-one form spread by 14-67% of its median (one outlier round of 32 ms for tiled at 8 px, 7x7 scope), so a few
+one form spread by 6-194% of its median (outlier rounds of the tiled form at 24 px, 23x23 scope: 13-50 ms), so a few
 percent between medians does not say which form is faster. In the committed sweeps (2026-11-24, the tiled form's
-CPU kernel) 19 sizes are decided, the slower median 1.05-31x the faster; 3 are not (14 px at 23x23, where
-dense's rounds spread over 10.4-17.0 ms; 7 and 9 px at 7x7).
+CPU kernel) 20 sizes are decided, the slower median 1.04-32x the faster; 2 are not (6 and 7 px at 7x7).
 """
 import importlib.util
 import json

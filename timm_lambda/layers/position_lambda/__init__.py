@@ -25,7 +25,7 @@ def choose_impl(impl: str, height: int, width: int, table_h: int, table_w: int, 
 
     Dense computes ``|n|^2`` (query, context) pairs, tiled ``n_pad x K_h K_w`` (queries padded to whole 8x8 blocks,
     each against its scope: the CPU kernel) at about a quarter of the cost per pair plus a per-query overhead worth
-    64 pairs: dense while ``4 |n|^2 <= n_pad (K_h K_w + 64)`` (measured: docs/lambda_layer.md, "The impl='auto'
+    32 pairs: dense while ``4 |n|^2 <= n_pad (K_h K_w + 32)`` (measured: docs/lambda_layer.md, "The impl='auto'
     rule")."""
     if impl != 'auto':
         return impl
@@ -35,7 +35,7 @@ def choose_impl(impl: str, height: int, width: int, table_h: int, table_w: int, 
         return 'tiled'
     t = tile()
     padded = ((height + t - 1) // t) * ((width + t - 1) // t) * t * t
-    return 'dense' if 4 * (height * width) ** 2 <= padded * (table_h * table_w + 64) else 'tiled'
+    return 'dense' if 4 * (height * width) ** 2 <= padded * (table_h * table_w + 32) else 'tiled'
 
 
 def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, impl: str,
