@@ -1,11 +1,13 @@
-"""torch.export with a dynamic batch and ``Dim.AUTO`` height and width, from one example size: the graph's range
-covers every input size at which the network's last stage is at least 2x2, up to 1024 px and beyond (a
-global scope: up to its ``max_size``), and the exported module equals eager mode over that range.
+"""torch.export with a dynamic batch and ``Dim.AUTO`` height and width, from one example size.
+
+Default export: the graph covers every input size at which the network's last stage is at least 2x2, up to 1024 px
+and beyond (a global scope: up to its ``max_size``); a 1x1 last stage fails a guard that torch.export puts on
+size-1 dimensions, in timm's own convolutions as in timm's ResNets. Exported under torch's
+``backed_size_oblivious`` the same graph covers every size down to 1 px and batch 1: the layer has no op left that
+guards on a size of 1 (local scope, no dilation). Both against eager mode (docs/execution_modes.md).
 
 Query-block counts are kept >= 2 inside an export (``position_lambda.layout.tiled``): a count of 1 used to be
-specialised, and an export at 160 px held only for 129-256 px. A last stage of 1x1 (an input of 32 px or less
-for a /32 network) is still a separate graph: torch.export guards on size-1 dimensions in the reshapes and
-matmuls of the layer (docs/execution_modes.md).
+specialised, and an export at 160 px held only for 129-256 px.
 """
 import math
 import warnings
@@ -20,8 +22,9 @@ from timm_lambda.layers import LambdaLayer
 AUTO = ({0: Dim.AUTO, 2: Dim.AUTO, 3: Dim.AUTO},)
 
 
-def _export(module, x):
-    with warnings.catch_warnings():
+def _export(module, x, size_oblivious=False):
+    """``size_oblivious``: torch's ``backed_size_oblivious`` (sizes in [0, inf), no guards on sizes of 1)."""
+    with warnings.catch_warnings(), torch.fx.experimental._config.patch(backed_size_oblivious=size_oblivious):
         warnings.simplefilter('ignore')
         return torch.export.export(module.eval(), (x,), dynamic_shapes=AUTO)
 
@@ -58,27 +61,53 @@ def test_layer_exported_at_one_query_block_serves_every_size(stride):
             module(torch.randn(1, 16, 2, 2))
 
 
-# (model, example size, lowest size with a last stage of at least 2x2, sizes to compare)
+@pytest.mark.parametrize('kwargs', [{}, {'stride': 2}, {'dim_u': 2, 'key_norm': 'l2'},
+                                    {'stride': 2, 'pool_count_include_pad': True, 'position_bias': True}])
+def test_layer_exported_size_oblivious_serves_every_size_down_to_one(kwargs):
+    """With torch's ``backed_size_oblivious`` one export serves every size and batch, 1x1 included: no op of the
+    layer guards on a size of 1 (docs/execution_modes.md)."""
+    torch.manual_seed(0)
+    layer = LambdaLayer(16, dim_k=4, heads=2, **{'scope': 5, **kwargs}).double().eval()
+    ep = _export(layer, torch.randn(2, 16, 6, 5, dtype=torch.float64), size_oblivious=True)
+    module = ep.module()
+    for b, hw in [(1, (1, 1)), (3, (1, 7)), (1, (2, 2)), (2, (5, 1)), (1, (3, 4)), (2, (12, 10)), (1, (9, 7))]:
+        x = torch.randn(b, 16, *hw, dtype=torch.float64)
+        with torch.no_grad():
+            assert _rel(module(x), layer(x)) < 1e-10, (b, hw)
+
+
+# (model, example size, lowest size with a last stage of at least 2x2, sizes with a last stage of 1x1 in some axis,
+#  sizes over the range)
 MODELS = [
-    ('lambdaresnet50', 160, 33, [(33, 33), (100, 150), (224, 224), (320, 256), (512, 512)]),
-    ('mobilenetv2_100_lambda', 160, 33, [(33, 40), (96, 64), (224, 224), (1024, 1024)]),
-    ('resnet26_lambda_cifar', 32, 9, [(9, 9), (32, 32), (48, 40), (100, 150)]),
+    ('lambdaresnet50', 160, 33, [(32, 32), (17, 40), (2, 2)],
+     [(33, 33), (100, 150), (224, 224), (320, 256), (512, 512)]),
+    ('mobilenetv2_100_lambda', 160, 33, [(32, 32), (40, 17), (1, 1)], [(33, 40), (96, 64), (224, 224), (1024, 1024)]),
+    ('resnet26_lambda_cifar', 32, 9, [(8, 8), (17, 5), (1, 1)], [(9, 9), (32, 32), (48, 40), (100, 150)]),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name,example,lowest,sizes', MODELS, ids=[m[0] for m in MODELS])
-def test_model_export_from_one_size_covers_every_size(name, example, lowest, sizes):
+@pytest.mark.parametrize('size_oblivious', [False, True], ids=['default', 'size_oblivious'])
+@pytest.mark.parametrize('name,example,lowest,small,sizes', MODELS, ids=[m[0] for m in MODELS])
+def test_model_export_from_one_size_covers_every_size(name, example, lowest, small, sizes, size_oblivious):
+    """Default export: every size whose last stage is at least 2x2 (a 1x1 last stage fails a guard of timm's own
+    convolutions, as for timm's ResNets). With ``backed_size_oblivious``: every size, 1x1 included. Float64 and
+    ``zero_init_last=False``, so that every lambda branch reaches the output and is compared tightly."""
     torch.manual_seed(0)
-    model = timm.create_model(name, num_classes=10).eval()
-    ep = _export(model, torch.randn(2, 3, example, example))
-    for low, high in _range(ep):
-        assert low <= lowest and high is None, _range(ep)
+    kwargs = {} if name.startswith('mobilenet') else {'zero_init_last': False}
+    model = timm.create_model(name, num_classes=10, **kwargs).double().eval()
+    ep = _export(model, torch.randn(2, 3, example, example, dtype=torch.float64), size_oblivious)
     module = ep.module()
-    for hw in sizes:
-        x = torch.randn(1, 3, *hw)
+    if not size_oblivious:
+        for low, high in _range(ep):
+            assert low <= lowest and high is None, _range(ep)
+        for hw in small:
+            with pytest.raises(AssertionError, match='Guard failed'):
+                module(torch.randn(1, 3, *hw, dtype=torch.float64))
+    for hw in sizes + (small if size_oblivious else []):
+        x = torch.randn(1, 3, *hw, dtype=torch.float64)
         with torch.no_grad():
-            assert _rel(module(x), model(x)) < 1e-4, hw
+            assert _rel(module(x), model(x)) < 1e-10, hw
 
 
 def test_global_scope_export_is_bounded_by_max_size():

@@ -203,7 +203,8 @@ class LambdaLayer(nn.Module):
         B, _, H, W = x.shape
         n = H * W
         k, u, v, h = self.dim_k, self.dim_u, self.dim_v, self.heads
-        q, keys, values = torch.split(self.qkv(x), [h * k, k * u, v * u], dim=1)
+        qkv = self.qkv(x)
+        q, values = qkv[:, :h * k], qkv[:, h * k + k * u:]
         if not torch.jit.is_scripting() and functorch_active():
             # torch <= 2.13: torch.func.vmap of group_norm fails on a channel slice ("Expected X.is_contiguous"),
             # and .contiguous() is no copy there (the slice is contiguous per sample)
@@ -215,8 +216,14 @@ class LambdaLayer(nn.Module):
         ho, wo = (H + self.stride - 1) // self.stride, (W + self.stride - 1) // self.stride
         shared: Optional[torch.Tensor] = None  # the part of lambda_n that is the same for every n: [B or 1, k, v]
         if self.content:
-            keys = normalize_keys(keys.reshape(B, u, k, n), self.key_norm)
-            shared = torch.matmul(keys, values.transpose(2, 3)).sum(1)  # lambda^c [B, k, v], eq. 1
+            # a view of the flattened projection: a reshape of the 4-D channel slice makes torch.export guard on
+            # sizes of 1 (batch, height, width) even with backed_size_oblivious (docs/execution_modes.md)
+            keys = normalize_keys(qkv.flatten(2).narrow(1, h * k, k * u).unflatten(1, [u, k]), self.key_norm)
+            # lambda^c [B, k, v] (eq. 1) by one bmm per |u| (torch.matmul's 4-D decomposition reshapes the
+            # transposed values: torch.export would guard on H W != 1)
+            shared = torch.bmm(keys[:, 0], values[:, 0].transpose(1, 2))
+            for i in range(1, u):
+                shared = shared + torch.bmm(keys[:, i], values[:, i].transpose(1, 2))
         if self.pos_bias is not None:  # lambda^p_n[k, :] += b_k for every n
             bias = self.pos_bias.unsqueeze(1).expand(k, v).unsqueeze(0)
             shared = bias if shared is None else shared + bias

@@ -96,8 +96,8 @@ def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: 
         y = tiled_plain(qb, vp, table, t, step, blocks_y, blocks_x, None if table_size is None else [kh, kw])
         row = (((oy // t) * blocks_x)[:, None] * (t * t) + (oy % t)[:, None] * t
                + ((ox // t) * (t * t) + ox % t)[None, :])
-        y = y.reshape(b, blocks_y * blocks_x * t * t, h * dv).index_select(1, row.reshape(ho * wo))
-        y = y.permute(0, 2, 1).reshape(b, h * dv, ho, wo)
+        # indexed by the 2-D row map: a reshape to [.., ho, wo] would make torch.export guard on ho * wo != 1
+        y = y.reshape(b, blocks_y * blocks_x * t * t, h * dv)[:, row].permute(0, 3, 1, 2)
     if stride == 2:
         if count_include_pad:
             y = y / 9
