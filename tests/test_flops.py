@@ -8,8 +8,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import timm_lambda.layers.position_lambda as position_lambda
+from _layer_helpers import CUSTOM_OP_FLOPS
 from dev.docs import forward_macs
 from timm_lambda.layers import LambdaLayer
+
+pytestmark = CUSTOM_OP_FLOPS
 
 
 def _counts(module, x):

@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from _layer_helpers import perturb_for_eval
+from _layer_helpers import CUSTOM_OP_FLOPS, perturb_for_eval
 from reference import lambda_layer_reference
 from timm_lambda.layers import LambdaLayer, RelativePositionEmbedding
 
@@ -383,6 +383,7 @@ def _macs_by_hand(layer, B, H, W, impl):
         _position_macs(layer, B, H, W, impl))
 
 
+@CUSTOM_OP_FLOPS
 @pytest.mark.parametrize('impl', IMPLS)
 @pytest.mark.parametrize('kw,size', [(dict(scope=5, dim_u=2), (13, 10)), (dict(scope=7, stride=2), (19, 17)),
                                      (dict(scope='global', max_size=(9, 9)), (9, 7))], ids=['u2', 'stride2', 'global'])
@@ -404,6 +405,7 @@ def test_flop_counter_counts_every_form(impl, kw, size):
         assert ops[f'timm_lambda.{impl}_position_lambdas_backward'] == 2 * (3 * first + 2 * second)
 
 
+@CUSTOM_OP_FLOPS
 def test_flop_count_of_the_issue_example():
     """LambdaLayer(256) at 64x64 (|k|=16, |h|=4, |v|=64, 23x23 scope, the tiled form): 0.77 GMACs, of which the
     position lambdas are 0.60 G (FlopCounterMode saw 0.17 G before their operators had FLOP formulas; the GEMM
