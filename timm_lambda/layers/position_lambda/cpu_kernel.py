@@ -23,13 +23,13 @@ _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tiled_cpu.cp
 
 
 def _machine_tag() -> str:
-    """A build name per CPU and torch (``-march=native`` code must not load on another CPU sharing the cache)."""
+    """A build name per CPU and torch (``-march=native`` code must not load on another CPU sharing the cache; torch
+    itself rebuilds when the source or the flags change, not for another CPU or torch)."""
     flags = ''
     if os.path.exists('/proc/cpuinfo'):
         with open('/proc/cpuinfo') as f:
             flags = next((line for line in f if line.startswith(('flags', 'Features'))), '')
-    key = f'{platform.machine()} {flags} {torch.__version__} {open(_SOURCE).read()}'
-    return hashlib.sha1(key.encode()).hexdigest()[:12]
+    return hashlib.sha1(f'{platform.machine()} {flags} {torch.__version__}'.encode()).hexdigest()[:12]
 
 
 @functools.lru_cache(maxsize=None)

@@ -243,7 +243,6 @@ struct Shape {
   }
 };
 
-template <typename T>
 torch::Tensor padded_table(const torch::Tensor& table, int64_t C, int64_t Rn, int64_t Rp) {
   auto r = torch::zeros({C, Rp}, table.options());
   r.narrow(1, 0, Rn).copy_(table.reshape({C, Rn}));
@@ -260,7 +259,7 @@ torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor vp, torch::Tensor tab
   AT_DISPATCH_FLOATING_TYPES(vp.scalar_type(), "tiled_forward", [&] {
     using T = scalar_t;
     const int64_t Rp = round_up(s.Rn, Vec<T>::lanes), TT = s.Tt * s.Tt;
-    auto R = padded_table<T>(table, s.C, s.Rn, Rp);
+    auto R = padded_table(table, s.C, s.Rn, Rp);
     const T *Rp_ = R.data_ptr<T>(), *qd = q.data_ptr<T>(), *vd = vp.data_ptr<T>();
     T* yd = y.data_ptr<T>();
     at::parallel_for(0, s.G * s.Tt, 1, [&](int64_t begin, int64_t end) {
@@ -291,7 +290,7 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
     constexpr int W = Vec<T>::lanes;
     const int64_t Rp = round_up(s.Rn, W), Rg = round_up(s.Rn + W, W), Cp = round_up(s.C, W), TT = s.Tt * s.Tt;
     const int64_t KWp = round_up(s.KW, W);
-    auto R = padded_table<T>(table, s.C, s.Rn, Rp);
+    auto R = padded_table(table, s.C, s.Rn, Rp);
     auto RT = torch::zeros({s.Rn, Cp}, table.options());
     RT.narrow(1, 0, s.C).copy_(table.reshape({s.C, s.Rn}).t());
     // the image's values channels first, zero around them, each row padded so that a row's KW-wide run can be read
