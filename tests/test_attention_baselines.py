@@ -174,9 +174,10 @@ def test_local_attention_serves_any_size_and_global_refuses_larger_inputs():
 @pytest.mark.parametrize('name', ATTENTION_MODELS)
 def test_mmdet_backbone(name):
     """timm_lambda_mmdet.TimmLambdaResNet(model_name=...): c2..c5 at strides 4..32 (one block per stage)."""
+    import _det  # noqa: F401  (skips without the [det] extra; before any mmdet import)
+    # isort: split
     from mmdet.registry import MODELS
 
-    import _det  # noqa: F401  (skips without the [det] extra)
     import timm_lambda_mmdet  # noqa: F401  (registers TimmLambdaResNet)
     backbone = MODELS.build(dict(type='TimmLambdaResNet', model_name=name, norm_cfg=dict(type='BN'),
                                  model_kwargs=dict(layers=(1, 1, 1, 1)))).train()

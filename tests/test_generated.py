@@ -5,13 +5,16 @@ from pathlib import Path
 
 import pytest
 
+from _layer_helpers import CUSTOM_OP_FLOPS
 from dev.docs import DOC_BLOCKS, generated_files, render_blocks
 
 REPO = Path(__file__).resolve().parents[1]
 GENERATED = generated_files(REPO)
 
 
-@pytest.mark.parametrize('path', sorted(GENERATED))
+# README's model table counts GMACs with FlopCounterMode, which needs torch >= 2.5 for the position lambdas
+@pytest.mark.parametrize('path', [pytest.param(p, marks=CUSTOM_OP_FLOPS) if p == 'README.md' else p
+                                  for p in sorted(GENERATED)])
 def test_committed_file_equals_generated(path):
     assert (REPO / path).read_text() == GENERATED[path], f'{path} is stale: run python tools/generate.py'
 
