@@ -9,7 +9,6 @@ guards on a size of 1 (local scope, no dilation). Both against eager mode (docs/
 Query-block counts are kept >= 2 inside an export (``position_lambda.layout.tiled``): a count of 1 used to be
 specialised, and an export at 160 px held only for 129-256 px.
 """
-import contextlib
 import math
 import warnings
 
@@ -18,22 +17,19 @@ import timm
 import torch
 from torch.export import Dim
 
+from timm_lambda._compat import parse_version
 from timm_lambda.layers import LambdaLayer
 
-if not hasattr(Dim, 'AUTO'):  # docs/install.md: dynamic-size export needs torch >= 2.5
-    pytest.skip('torch.export.Dim.AUTO (torch >= 2.5) is what these tests export with', allow_module_level=True)
+if parse_version(torch.__version__) < (2, 13):  # docs/install.md, "What differs on older versions"
+    pytest.skip('one export for every size needs torch >= 2.13: torch.export before it guards on size parities '
+                '(2.9.1, 2.12.1), specialises ranges (2.6.0), fails on Dim.AUTO (2.5.1) or lacks it (2.4)',
+                allow_module_level=True)
 AUTO = ({0: Dim.AUTO, 2: Dim.AUTO, 3: Dim.AUTO},)
-# torch's backed_size_oblivious mode (not in torch 2.6.0; present in 2.14.1)
-HAS_SIZE_OBLIVIOUS = hasattr(torch.fx.experimental._config, 'backed_size_oblivious')
 
 
 def _export(module, x, size_oblivious=False):
     """``size_oblivious``: torch's ``backed_size_oblivious`` (sizes in [0, inf), no guards on sizes of 1)."""
-    if size_oblivious and not HAS_SIZE_OBLIVIOUS:
-        pytest.skip(f'torch {torch.__version__} has no backed_size_oblivious mode')
-    mode = (torch.fx.experimental._config.patch(backed_size_oblivious=size_oblivious) if HAS_SIZE_OBLIVIOUS
-            else contextlib.nullcontext())
-    with warnings.catch_warnings(), mode:
+    with warnings.catch_warnings(), torch.fx.experimental._config.patch(backed_size_oblivious=size_oblivious):
         warnings.simplefilter('ignore')
         return torch.export.export(module.eval(), (x,), dynamic_shapes=AUTO)
 

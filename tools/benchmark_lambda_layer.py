@@ -2,7 +2,8 @@
 """Lambda layer training step (forward + backward, input needing grad) against the 3x3 convolution it replaces.
 
 Default: the three detection shapes of a LambdaResNet backbone at 1024x1024 (c4 lambda layers at 64x64 with
-256 channels, the stride-2 first c5 layer at 64x64 with 512, the other c5 layers at 32x32 with 512), batch 1,
+256 channels, the stride-2 first c5 layer at 64x64 with 512, the other c5 layers at 32x32 with 512; ``--image-size``
+for another input size), batch 1,
 ``impl='auto'``; prints time, multiply-add rate (GMAC/s: ``torch.utils.flop_counter``'s count, custom operators
 included, over the median time), peak memory and the ratio to the convolution per shape and in total, for a training
 step (``--mode train``, the default) or eval-mode inference (``--mode eval``).
@@ -16,6 +17,7 @@ settings and results: the files in docs/results/ are these commands' output.
     python tools/benchmark_lambda_layer.py --repeats 7 --json docs/results/lambda_layer.json   # ~1 min, 2 cores
     python tools/benchmark_lambda_layer.py --repeats 7 --mode eval --json docs/results/lambda_layer_eval.json
     python tools/benchmark_lambda_layer.py --impls auto conv einsum
+    python tools/benchmark_lambda_layer.py --image-size 512 --json docs/results/lambda_layer_512.json  # c4 at 32x32
     python tools/benchmark_lambda_layer.py --sweep --json docs/results/sweep_scope23.json
     python tools/benchmark_lambda_layer.py --sweep --scope 7 --dim-u 4 --sizes 5 6 7 8 9 10 12 14 16 20 \
         --json docs/results/sweep_scope7_u4.json
@@ -42,7 +44,12 @@ from torch import nn
 from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
 from timm_lambda.layers import LambdaLayer
 
-DETECTION_SHAPES = [(256, 64, 1), (512, 64, 2), (512, 32, 1)]  # width, input side, stride
+
+def backbone_shapes(image_size: int = 1024):
+    """(width, input side, stride) of a LambdaResNet-101's lambda layers at ``image_size``: c4 (stride 16), the
+    stride-2 first c5 block, the other c5 blocks (stride 32)."""
+    c4, c5 = -(-image_size // 16), -(-image_size // 32)
+    return [(256, c4, 1), (512, c4, 2), (512, c5, 1)]
 
 
 def _step(layer, x, dtype, mode='train'):
@@ -107,7 +114,7 @@ def _impls_at(size, impls_max={'einsum': 32, 'conv': 64, 'dense': 48, 'tiled': 2
 def memory_table(args):
     """``--memory-only``: peak MiB of each candidate's training step at the table's or the sweep's shapes."""
     shapes = [(args.width, s, 1, _impls_at(s)) for s in args.sizes] if args.sweep else \
-        [(w, s, stride, args.impls) for w, s, stride in DETECTION_SHAPES]
+        [(w, s, stride, args.impls) for w, s, stride in backbone_shapes(args.image_size)]
     print(f'# peak memory of a training step (MiB), batch {args.batch}, {args.dtype}, {machine(args.device)}')
     results = []
     for width, size, stride, impls in shapes:
@@ -147,7 +154,7 @@ def detection_table(args):
                                                    for k in ['conv3x3'] + args.impls) + ' |')
     print('|---|' + '---|' * (1 + len(args.impls)))
     totals, results = {}, []
-    for width, size, stride in DETECTION_SHAPES:
+    for width, size, stride in backbone_shapes(args.image_size):
         rows = measure(width, size, stride, args.batch, args.impls, args.device, args.dtype, args.repeats,
                        mode=args.mode, rates=True)
         conv = rows['conv3x3']['ms']
@@ -221,6 +228,9 @@ def _plot(results, args, machine_line=None):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--impls', nargs='+', default=['auto'], help='lambda implementations for the default table')
+    p.add_argument('--image-size', type=int, default=1024,
+                   help='the table: the lambda-layer shapes of a LambdaResNet at this input size (default 1024, the '
+                        'detection setting; 512: those of the c4/c5 comparison of benchmark_models.py c4)')
     p.add_argument('--batch', type=int, default=None, help='default: 1 (table), 2 (sweep)')
     p.add_argument('--repeats', type=int, default=5)
     p.add_argument('--mode', default='train', choices=['train', 'eval'],
