@@ -62,18 +62,30 @@ def test_layer_exported_at_one_query_block_serves_every_size(stride):
 
 
 @pytest.mark.parametrize('kwargs', [{}, {'stride': 2}, {'dim_u': 2, 'key_norm': 'l2'},
-                                    {'stride': 2, 'pool_count_include_pad': True, 'position_bias': True}])
+                                    {'stride': 2, 'pool_count_include_pad': True, 'position_bias': True},
+                                    {'dilation': 2}, {'dilation': 3, 'dim_u': 2, 'scope': 3},
+                                    {'scope': 'global', 'max_size': (12, 10)},
+                                    {'scope': 'global', 'max_size': (12, 10), 'dim_u': 2, 'position_bias': True}],
+                         ids=['local', 'stride2', 'u2_l2', 'stride2_pad_bias', 'dilation2', 'dilation3_u2',
+                              'global', 'global_u2_bias'])
 def test_layer_exported_size_oblivious_serves_every_size_down_to_one(kwargs):
     """With torch's ``backed_size_oblivious`` one export serves every size and batch, 1x1 included: no op of the
-    layer guards on a size of 1 (docs/execution_modes.md)."""
+    layer guards on a size of 1, dilated and global scopes included (sizes not multiples of the dilation, sub-grids
+    of one position); a global scope's graph is bounded by its ``max_size`` (docs/execution_modes.md)."""
     torch.manual_seed(0)
     layer = LambdaLayer(16, dim_k=4, heads=2, **{'scope': 5, **kwargs}).double().eval()
     ep = _export(layer, torch.randn(2, 16, 6, 5, dtype=torch.float64), size_oblivious=True)
+    bounded = kwargs.get('scope') == 'global'
+    assert _range(ep) == ([(0, 12), (0, 10)] if bounded else [(0, None), (0, None)])
     module = ep.module()
-    for b, hw in [(1, (1, 1)), (3, (1, 7)), (1, (2, 2)), (2, (5, 1)), (1, (3, 4)), (2, (12, 10)), (1, (9, 7))]:
+    for b, hw in [(1, (1, 1)), (3, (1, 7)), (1, (2, 2)), (2, (5, 1)), (1, (3, 4)), (2, (12, 10)), (1, (9, 7)),
+                  (1, (11, 2))]:
         x = torch.randn(b, 16, *hw, dtype=torch.float64)
         with torch.no_grad():
             assert _rel(module(x), layer(x)) < 1e-10, (b, hw)
+    if bounded:  # larger than max_size: the graph's guard, as eager mode's ValueError
+        with pytest.raises(AssertionError, match='Guard failed'):
+            module(torch.randn(1, 16, 13, 10, dtype=torch.float64))
 
 
 # (model, example size, lowest size with a last stage of at least 2x2, sizes with a last stage of 1x1 in some axis,
@@ -108,6 +120,37 @@ def test_model_export_from_one_size_covers_every_size(name, example, lowest, sma
         x = torch.randn(1, 3, *hw, dtype=torch.float64)
         with torch.no_grad():
             assert _rel(module(x), model(x)) < 1e-10, hw
+
+
+# small members of the registered families (timm's ResNet ``channels``), with every lambda branch live: a dilated
+# LambdaResNet (output_stride=8: c4 and c5 at /8, lambda layers of dilation 1, 2, 2, 4) and the global-scope model
+# (tables for 64x64 inputs, lambda layers at /4 to /32, every size bounded by img_size)
+SMALL = dict(layers=(1, 1, 2, 2), channels=(16, 32, 64, 128), stem_width=16, zero_init_last=False, num_classes=10)
+SMALL_MODELS = [
+    ('lambdaresnet50', dict(SMALL, lambda_blocks=(None, None, 'all', 'all'), output_stride=8), 64, None,
+     [(1, 1), (2, 3), (8, 8), (33, 40), (64, 96), (100, 150), (512, 512)]),
+    ('resnet50_lambda_global32', dict(SMALL, layers=(1, 1, 1, 1), img_size=64), 32, 64,
+     [(1, 1), (2, 3), (5, 7), (17, 40), (63, 1), (64, 64)]),
+]
+
+
+@pytest.mark.parametrize('name,kwargs,example,max_size,sizes', SMALL_MODELS, ids=['dilated', 'global'])
+def test_small_model_exported_size_oblivious_serves_every_size(name, kwargs, example, max_size, sizes):
+    """Dilated and global-scope networks exported once under ``backed_size_oblivious``: equal to eager mode
+    (float64) from 1 px to 512 px (a global scope: to its ``max_size``, larger refused), batch 1 included."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, **kwargs).double().eval()
+    assert any(m.dilation > 1 for m in model.modules() if isinstance(m, LambdaLayer)) == (max_size is None)
+    ep = _export(model, torch.randn(2, 3, example, example, dtype=torch.float64), size_oblivious=True)
+    assert _range(ep) == [(0, max_size)] * 2
+    module = ep.module()
+    for b, hw in [(b, hw) for hw in sizes for b in ((1, 2) if hw[0] * hw[1] < 64 * 64 else (1,))]:
+        x = torch.randn(b, 3, *hw, dtype=torch.float64)
+        with torch.no_grad():
+            assert _rel(module(x), model(x)) < 1e-10, (b, hw)
+    if max_size is not None:
+        with pytest.raises(AssertionError, match='Guard failed'):
+            module(torch.randn(1, 3, max_size + 1, max_size, dtype=torch.float64))
 
 
 def test_global_scope_export_is_bounded_by_max_size():
