@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
+from .position_lambda.execution import contiguous
+
 __all__ = ['space_to_batch', 'batch_to_space', 'check_dilation']
 
 
@@ -35,8 +37,8 @@ def space_to_batch(x: torch.Tensor, dilation: int) -> torch.Tensor:
     d = dilation
     hs, ws = (H + d - 1) // d, (W + d - 1) // d
     x = F.pad(x, [0, ws * d - W, 0, hs * d - H])
-    x = x.reshape(B, C, hs, d, ws, d).permute(0, 3, 5, 1, 2, 4)
-    return x.reshape(B * d * d, C, hs, ws)
+    x = contiguous(x.view(B, C, hs, d, ws, d).permute(0, 3, 5, 1, 2, 4))
+    return x.view(B * d * d, C, hs, ws)
 
 
 def batch_to_space(y: torch.Tensor, dilation: int, height: int, width: int) -> torch.Tensor:
@@ -44,8 +46,8 @@ def batch_to_space(y: torch.Tensor, dilation: int, height: int, width: int) -> t
     d = dilation
     Bdd, C, hs, ws = y.shape
     B = Bdd // (d * d)
-    y = y.reshape(B, d, d, C, hs, ws).permute(0, 3, 4, 1, 5, 2).reshape(B, C, hs * d, ws * d)
-    return y[:, :, :height, :width]
+    y = contiguous(y.view(B, d, d, C, hs, ws).permute(0, 3, 4, 1, 5, 2)).view(B, C, hs * d, ws * d)
+    return y.narrow(2, 0, height).narrow(3, 0, width)
 
 
 # FX leaves for timm's feature extraction; the modules that call them also declare torch.fx.wrap(name)

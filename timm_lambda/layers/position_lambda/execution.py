@@ -5,7 +5,7 @@ import torch
 
 from ..._compat import DYNAMO_FOLDS_FUNCTORCH_FLAG
 
-__all__ = ['use_custom_ops', 'size_independent', 'is_exporting', 'warn_once']
+__all__ = ['use_custom_ops', 'size_independent', 'is_exporting', 'contiguous', 'warn_once']
 
 
 @torch.jit.ignore
@@ -26,6 +26,16 @@ def functorch_active() -> bool:
     if not DYNAMO_FOLDS_FUNCTORCH_FLAG and torch.compiler.is_compiling():
         return False
     return bool(torch._C._are_functorch_transforms_active())
+
+
+def contiguous(x: torch.Tensor) -> torch.Tensor:
+    """``x.contiguous()``, and a copy in every case inside ``torch.export``: ``contiguous()`` first asks whether
+    ``x`` already is, and torch.export answers that for a permuted view with a guard on a size of 1 (``Ne(s0*s1,
+    1)`` for ``H W``; torch 2.14, also under ``backed_size_oblivious``), which a copy never asks. Eager mode and the
+    other tracers: ``contiguous()`` (no copy of a contiguous tensor)."""
+    if not torch.jit.is_scripting() and is_exporting():
+        return x.clone(memory_format=torch.contiguous_format)
+    return x.contiguous()
 
 
 def size_independent() -> bool:

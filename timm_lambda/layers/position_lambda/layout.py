@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..relative_embedding import dense_embedding, dense_embedding_cached
 from .custom_ops import dense_op, tiled_op
-from .execution import is_exporting
+from .execution import contiguous, is_exporting
 from .plain_ops import dense_plain, tiled_plain
 
 __all__ = ['tile', 'dense', 'tiled']
@@ -27,14 +27,14 @@ def dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, masked: 
     local scope (:func:`dense_embedding`)."""
     b, h, k, n = q.shape
     u, dv = v.shape[1], v.shape[2]
-    q_by_position = q.permute(3, 0, 1, 2).reshape(n, b * h, k)
-    v_by_position = v.transpose(2, 3).reshape(b, u * n, dv)
     if custom_ops:
         emb = dense_embedding_cached(table, height, width, masked).permute(2, 0, 1, 3)  # [n, k, u, m]
-        y = dense_op(q_by_position, v_by_position, emb.reshape(n, k, u * n), h)
-    else:
+        y = dense_op(q.permute(3, 0, 1, 2).reshape(n, b * h, k), v.transpose(2, 3).reshape(b, u * n, dv),
+                     emb.reshape(n, k, u * n), h)
+    else:  # the same by copies and views: a reshape of a permuted view makes torch.export guard on n != 1, B != 1
         emb = dense_embedding(table, height, width, masked).permute(2, 0, 1, 3)
-        y = dense_plain(q_by_position, v_by_position, emb.reshape(n, k, u * n), h)
+        y = dense_plain(contiguous(q.permute(3, 0, 1, 2)).view(n, b * h, k),
+                        contiguous(v.transpose(2, 3)).view(b, u * n, dv), contiguous(emb).view(n, k, u * n), h)
     return y.reshape(b, height, width, h * dv).permute(0, 3, 1, 2)
 
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..relative_embedding import block_embedding, dense_embedding
+from .execution import contiguous
 
 __all__ = ['einsum_form', 'conv_form', 'dense_plain', 'tiled_plain']
 
@@ -43,7 +44,7 @@ def dense_plain(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
     ``q [n, B h, k]``, ``v [B, u m, V]``, ``emb [n, k, u m]`` -> ``[B, n h, V]``: two batched GEMMs."""
     n = q.shape[0]
     b, m = v.shape[0], v.shape[1]
-    logits = torch.bmm(q, emb.to(q.dtype)).reshape(n, b, heads, m).transpose(0, 1).reshape(b, n * heads, m)
+    logits = contiguous(torch.bmm(q, emb.to(q.dtype)).view(n, b, heads, m).transpose(0, 1)).view(b, n * heads, m)
     return torch.bmm(logits, v.to(logits.dtype))
 
 
