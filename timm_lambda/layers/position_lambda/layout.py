@@ -32,6 +32,7 @@ def dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, masked: 
         y = dense_op(q.permute(3, 0, 1, 2).reshape(n, b * h, k), v.transpose(2, 3).reshape(b, u * n, dv),
                      emb.reshape(n, k, u * n), h)
     else:  # the same by copies and views: a reshape of a permuted view makes torch.export guard on n != 1, B != 1
+        # (the operator above keeps reshape: its backward saves these views, not copies)
         emb = dense_embedding(table, height, width, masked).permute(2, 0, 1, 3)
         y = dense_plain(contiguous(q.permute(3, 0, 1, 2)).view(n, b * h, k),
                         contiguous(v.transpose(2, 3)).view(b, u * n, dv), contiguous(emb).view(n, k, u * n), h)
