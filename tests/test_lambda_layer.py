@@ -359,13 +359,12 @@ def _position_macs(layer, B, H, W, impl):
         return B * k * v * n * u * th * tw, B * h * k * v * n
     if impl == 'dense':  # logits q_n . E_nm, then logits x values: |h|(|k| + |v|) per (n, m) pair and |u|
         return B * h * n * u * n * k, B * h * n * u * n * v
-    # tiled: T x T query blocks (padded queries included), each query against its own K_h x K_w scope (the CPU
-    # kernel's arithmetic): logits |k| (pooled: 9|k| deep against the 3x3-shifted tables, K + 2 wide) per offset,
-    # output |v| per offset that meets the image (a stride-2 output o's window starts at input row 2 o - 1 - K // 2)
-    t, step, c = (8, 1, k) if layer.stride == 1 else (4, 2, 9 * k)
+    # tiled: each query against its own K_h x K_w scope (the CPU kernel's arithmetic): logits |k| (pooled: 9|k| deep
+    # against the 3x3-shifted tables, K + 2 wide) per offset, output |v| per offset that meets the image (a stride-2
+    # output o's window starts at input row 2 o - 1 - K // 2)
+    step, c = (1, k) if layer.stride == 1 else (2, 9 * k)
     th, tw = th + 2 * (step - 1), tw + 2 * (step - 1)
-    ho, wo = -(-H // layer.stride), -(-W // layer.stride)
-    queries_y, queries_x = -(-ho // t) * t, -(-wo // t) * t
+    queries_y, queries_x = -(-H // layer.stride), -(-W // layer.stride)
     rows = B * queries_y * queries_x * h
 
     def meeting(size, queries, k):  # (query, offset) pairs along one axis whose input position is in the image

@@ -242,10 +242,10 @@ def test_index_cache_is_bounded():
 def _operator_inputs(impl, dtype=torch.float64):
     """Inputs of the custom operator of ``impl``, as test_opcheck_operators's (non-contiguous where it matters)."""
     g = torch.Generator().manual_seed(0)
-    if impl == 'tiled':  # 3 x 2 blocks of 2x2 queries, |h| = 3, c = 5, |u| = 2, |v| = 3, 5x5 table, step 2
-        q = torch.randn(6, 3, 2, 2, 5, generator=g, dtype=dtype).transpose(2, 3)
-        return (custom_ops._tiled, q, torch.randn(1, 12, 19, 6, generator=g, dtype=dtype),
-                torch.randn(5, 2, 5, 5, generator=g, dtype=dtype), 2, 2, 3, 7, 13)  # a 7 x 13 image
+    if impl == 'tiled':  # |h| = 3, c = 5, |u| = 2, |v| = 3, 5x5 table, step 2: a 7 x 13 image, 4 x 7 outputs
+        q = torch.randn(2, 3, 5, 7, 4, generator=g, dtype=dtype).transpose(3, 4)
+        return (custom_ops._tiled, q, torch.randn(2, 6, 7, 13, generator=g, dtype=dtype).transpose(2, 3)
+                .contiguous().transpose(2, 3), torch.randn(5, 2, 5, 5, generator=g, dtype=dtype), 2)
     v = torch.randn(3, 8, 4, generator=g, dtype=dtype).transpose(0, 1).contiguous().transpose(0, 1)
     return (custom_ops._dense, torch.randn(4, 6, 3, generator=g, dtype=dtype), v,
             torch.randn(4, 3, 8, generator=g, dtype=dtype), 2)

@@ -10,14 +10,15 @@ windows, each a strided view of the padded values.
 from typing import List, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from .cpu_kernel import cpu_kernel
 from .execution import warn_once
-from .plain_ops import dense_plain, tiled_plain
+from .plain_ops import dense_plain, tiled_plain, to_blocks
 
-__all__ = ['dense_op', 'tiled_op', 'CPU_CHUNK_ROWS', 'DEVICE_CHUNK_ELEMENTS']
+__all__ = ['dense_op', 'tiled_op', 'CPU_CHUNK_ROWS', 'DEVICE_CHUNK_ELEMENTS', 'GEMM_TILE']
 
 CPU_CHUNK_ROWS = 512  # logit rows (queries x heads) of one chunk on a CPU: cache-sized (no committed measurement)
 DEVICE_CHUNK_ELEMENTS = 1 << 26  # logits of one chunk elsewhere (256 MiB in float32): one chunk per layer
@@ -124,9 +125,12 @@ def dense_op(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# tiled: q [G, h, T, T, c], vp [B, H', W', u V], table [c, u, K_h, K_w] -> y [G, V, h T T] (tiled_plain's result
-# transposed, rows (h, qy, qx): a block's output positions contiguous per channel). The image (height x width) sits
-# in vp at rows and columns from (K_h - 1) // 2, (K_w - 1) // 2, zero around it (the CPU kernel skips the zeros).
+# tiled: q [B, h, c, Ho, Wo], v [B, u V, H, W], table [c, u, K_h, K_w] -> y [B, h V, Ho, Wo]: the layer's own layouts
+# (query (oy, ox) meets the values from (step oy - (K_h - 1) // 2, step ox - (K_w - 1) // 2) on, zero outside the
+# image). The CPU kernel reads and writes them directly; the GEMM path below works on the query blocks and padded
+# windows of :func:`.plain_ops.to_blocks` (blocks of GEMM_TILE // step queries a side).
+
+GEMM_TILE = 8
 
 
 def _windows(vp: Tensor, b: int, by: int, rows: int, bx: int, cols: int, shift: int, mh: int, mw: int,
@@ -201,35 +205,49 @@ class _TiledPlan:
         return g0, n, logits, windows.view(n, self.mh * self.mw * self.u, self.dv)
 
 
+def _gemm_blocks(q: Tensor, v: Tensor, table: Tensor, step: int):
+    """The GEMM path's operands: query blocks, padded channels-last values (contiguous) and the block counts."""
+    t = GEMM_TILE // step
+    blocks_y, blocks_x = -(-q.shape[3] // t), -(-q.shape[4] // t)
+    qb, vp = to_blocks(q, v, table.shape[-2], table.shape[-1], t, step, blocks_y, blocks_x)
+    return qb.contiguous(), vp.contiguous(), blocks_y, blocks_x
+
+
 @torch.library.custom_op('timm_lambda::tiled_position_lambdas', mutates_args=())
-def _tiled(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int, height: int,
-           width: int) -> Tensor:
+def _tiled(q: Tensor, v: Tensor, table: Tensor, step: int) -> Tensor:
     kernel = cpu_kernel(q)
     if kernel is not None:
-        return kernel.tiled_forward(q, vp, table, step, blocks_y, blocks_x, height, width)
-    q, vp, table = q.contiguous(), vp.contiguous(), table.contiguous()
-    p = _TiledPlan(q, vp, table, step, blocks_y, blocks_x)
+        return kernel.tiled_forward(q, v, table, step)
+    b, h, _, ho, wo = q.shape
+    qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table.contiguous(), step)
+    p = _TiledPlan(qb, vp, table.contiguous(), step, blocks_y, blocks_x)
     y = vp.new_empty(p.g, p.dv, p.rows)
     for chunk in p.chunks:
-        g0, n, logits, windows = p.block_logits(q, vp, chunk)
+        g0, n, logits, windows = p.block_logits(qb, vp, chunk)
         torch.bmm(windows.transpose(1, 2), logits.transpose(1, 2), out=y[g0:g0 + n])
-    return y
+    t = p.t  # [G, V, (h, qy, qx)] -> [B, h V, Ho, Wo]
+    y = y.view(b, blocks_y, blocks_x, p.dv, h, t, t).permute(0, 4, 3, 1, 5, 2, 6)
+    return y.reshape(b, h * p.dv, blocks_y * t, blocks_x * t)[:, :, :ho, :wo].contiguous()
 
 
 @_tiled.register_fake
-def _(q, vp, table, step, blocks_y, blocks_x, height, width):
-    return vp.new_empty(q.shape[0], vp.shape[3] // table.shape[1], q.shape[1] * q.shape[2] * q.shape[3])
+def _(q, v, table, step):
+    return v.new_empty(q.shape[0], q.shape[1] * (v.shape[1] // table.shape[1]), q.shape[3], q.shape[4])
 
 
 @torch.library.custom_op('timm_lambda::tiled_position_lambdas_backward', mutates_args=())
-def _tiled_backward(gy: Tensor, q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int,
-                    blocks_x: int, height: int, width: int) -> Tuple[Tensor, Tensor, Tensor]:
+def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int) -> Tuple[Tensor, Tensor, Tensor]:
     kernel = cpu_kernel(q)
     if kernel is not None:
-        return tuple(kernel.tiled_backward(gy, q, vp, table, step, blocks_y, blocks_x, height, width))
-    q, vp, table, gy = q.contiguous(), vp.contiguous(), table.contiguous(), gy.contiguous()
-    p = _TiledPlan(q, vp, table, step, blocks_y, blocks_x)
-    gq, gvp = torch.empty_like(q), torch.zeros_like(vp)
+        return tuple(kernel.tiled_backward(gy, q, v, table, step))
+    b, h, c, ho, wo = q.shape
+    table = table.contiguous()
+    qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table, step)
+    p = _TiledPlan(qb, vp, table, step, blocks_y, blocks_x)
+    t = p.t
+    gy = F.pad(gy.view(b, h, p.dv, ho, wo), [0, blocks_x * t - wo, 0, blocks_y * t - ho])
+    gy = gy.view(b, h, p.dv, blocks_y, t, blocks_x, t).permute(0, 3, 5, 2, 1, 4, 6).reshape(p.g, p.dv, p.rows)
+    gq, gvp = torch.empty_like(qb), torch.zeros_like(vp)
     grm = torch.zeros(p.rm.shape, dtype=torch.promote_types(p.rm.dtype, torch.float32), device=p.rm.device)
     n_max = p.logits.shape[0]
     gwindows = vp.new_empty(n_max, p.mh * p.mw * p.u, p.dv)
@@ -237,8 +255,8 @@ def _tiled_backward(gy: Tensor, q: Tensor, vp: Tensor, table: Tensor, step: int,
     gcompact = vp.new_empty(n_max * p.rows, p.u * p.kh * p.kw)
     phases = -(-p.mw // (step * p.t))  # windows of blocks this many columns apart do not overlap
     for chunk in p.chunks:
-        b, by, nr, bx, nc = chunk
-        g0, n, logits, windows = p.block_logits(q, vp, chunk)
+        bi, by, nr, bx, nc = chunk
+        g0, n, logits, windows = p.block_logits(qb, vp, chunk)
         gyc = gy[g0:g0 + n].transpose(1, 2)  # [n, rows, V]
         gw = gwindows[:n]
         torch.bmm(logits.transpose(1, 2), gyc, out=gw)
@@ -246,52 +264,59 @@ def _tiled_backward(gy: Tensor, q: Tensor, vp: Tensor, table: Tensor, step: int,
         for r in range(nr):  # overlap-add into the padded values: one non-overlapping set of windows at a time
             for phase in range(min(phases, nc)):
                 count = len(range(phase, nc, phases))
-                _windows(gvp, b, by + r, 1, bx + phase, count, step * p.t, p.mh, p.mw, phases).add_(
+                _windows(gvp, bi, by + r, 1, bx + phase, count, step * p.t, p.mh, p.mw, phases).add_(
                     gw[r:r + 1, phase::phases])
         gl = glogits[:n]
         torch.bmm(gyc, windows.transpose(1, 2), out=gl)
         gc = gcompact[:n * p.rows]
         gc.view(n, p.h, p.t, p.t, p.u, p.kh, p.kw).copy_(_band(gl, p.t, p.h, p.u, p.kh, p.kw, p.mw, step))
         torch.mm(gc, p.rm.t(), out=gq[g0:g0 + n].view(n * p.rows, p.c))
-        qc = q[g0:g0 + n].view(n * p.rows, p.c)
+        qc = qb[g0:g0 + n].view(n * p.rows, p.c)
         if grm.dtype == gc.dtype:
             grm.addmm_(qc.t(), gc)
         else:  # accumulate a low-precision table gradient in float32
             grm.add_(torch.mm(qc.t(), gc))
-    return gq, gvp, grm.to(table.dtype).view_as(table)
+    # back to the operator's layouts
+    gq = gq.view(b, blocks_y, blocks_x, h, t, t, c).permute(0, 3, 6, 1, 4, 2, 5).reshape(b, h, c, blocks_y * t,
+                                                                                        blocks_x * t)
+    pad_y, pad_x = (p.kh - 1) // 2, (p.kw - 1) // 2
+    gv = gvp[:, pad_y:pad_y + v.shape[2], pad_x:pad_x + v.shape[3]].permute(0, 3, 1, 2)
+    return gq[..., :ho, :wo].contiguous(), gv.contiguous(), grm.to(table.dtype).view_as(table)
 
 
-def _in_image(size: int, blocks: int, t: int, step: int, k: int) -> int:
-    """Scope offsets along one axis that meet the image, summed over the queries of every block."""
+def _in_image(size: int, queries: int, step: int, k: int) -> int:
+    """Scope offsets along one axis that meet the image, summed over the queries."""
     lo = (k - 1) // 2
-    return sum(max(0, min(k, lo + size - step * q) - max(0, lo - step * q)) for q in range(blocks * t))
+    return sum(max(0, min(k, lo + size - step * q) - max(0, lo - step * q)) for q in range(queries))
 
 
-def _tiled_flops(q, vp, table, step, blocks_y, blocks_x, height, width, out_shape=None, backward=False) -> int:
-    """Multiply-adds of the exact form that the CPU kernel computes (:mod:`.cpu_kernel`): per query of every block,
-    ``h u K_h K_w`` logits of depth ``c``, and a value row of depth ``V`` per scope offset that meets the image; the
-    backward: the logits again and the gradients of ``q`` and the table (3x ``c``), of the values and of the logits
-    (2x ``V``). The GEMM path (other devices and dtypes) does the ``V`` part for whole windows, ``M_h M_w`` offsets
-    per query."""
-    (g, h, t, _, c), (b, _, _, cv), (_, u, kh, kw) = q, vp, table
-    logits = g * t * t * h * u * kh * kw * c
-    values = b * h * u * (cv // u) * _in_image(height, blocks_y, t, step, kh) * _in_image(width, blocks_x, t, step, kw)
+def _tiled_flops(q, v, table, step, out_shape=None, backward=False) -> int:
+    """Multiply-adds of the exact form that the CPU kernel computes (:mod:`.cpu_kernel`): per query ``h u K_h K_w``
+    logits of depth ``c``, and a value row of depth ``V`` per scope offset that meets the image; the backward: the
+    logits again and the gradients of ``q`` and the table (3x ``c``), of the values and of the logits (2x ``V``).
+    The GEMM path (other devices and dtypes) does the ``V`` part for whole windows, ``M_h M_w`` offsets per query."""
+    (b, h, c, ho, wo), (_, cv, height, width), (_, u, kh, kw) = q, v, table
+    logits = b * ho * wo * h * u * kh * kw * c
+    values = b * h * cv * _in_image(height, ho, step, kh) * _in_image(width, wo, step, kw)
     return 2 * ((3 * logits + 2 * values) if backward else (logits + values))
 
 
-def _tiled_plain_as_op(q: Tensor, vp: Tensor, table: Tensor, *ints) -> Tensor:
-    """:func:`.plain_ops.tiled_plain` in the operator's output layout ``[G, V, h T T]``."""
-    g, h, t = q.shape[0], q.shape[1], q.shape[2]
-    y = tiled_plain(q, vp, table, t, *ints)
-    return y.reshape(g, t * t, h, y.shape[2]).permute(0, 3, 2, 1).reshape(g, y.shape[2], h * t * t)
+def _tiled_plain_as_op(q: Tensor, v: Tensor, table: Tensor, step: int) -> Tensor:
+    """:func:`.plain_ops.tiled_plain` in the operator's layouts."""
+    b, h, _, ho, wo = q.shape
+    t = GEMM_TILE // step
+    blocks_y, blocks_x = -(-ho // t), -(-wo // t)
+    y = tiled_plain(*to_blocks(q, v, table.shape[-2], table.shape[-1], t, step, blocks_y, blocks_x), table, t, step,
+                    blocks_y, blocks_x)  # [G, (qy, qx, h), V]
+    y = y.reshape(b, blocks_y, blocks_x, t, t, h, y.shape[2]).permute(0, 5, 6, 1, 3, 2, 4)
+    return y.reshape(b, h * y.shape[2], blocks_y * t, blocks_x * t)[:, :, :ho, :wo]
 
 
-_register(_tiled, _tiled_backward, _tiled_plain_as_op, lambda q, ints: ints[:3], _tiled_flops)
+_register(_tiled, _tiled_backward, _tiled_plain_as_op, lambda q, ints: ints, _tiled_flops)
 
 
 @torch.jit.unused
-def tiled_op(q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int, height: int,
-             width: int) -> Tensor:
-    """:func:`.plain_ops.tiled_plain` by the custom operator (the tile is ``q``'s block side; the image
-    ``height x width`` in ``vp`` as the comment above says)."""
-    return _tiled(q, vp.to(q.dtype), table.to(q.dtype), step, blocks_y, blocks_x, height, width)
+def tiled_op(q: Tensor, v: Tensor, table: Tensor, step: int) -> Tensor:
+    """:func:`.plain_ops.tiled_plain` by the custom operator, in the layer's layouts: ``q [B, h, c, Ho, Wo]``,
+    ``v [B, u V, H, W]``, ``table [c, u, K_h, K_w]`` -> ``[B, h V, Ho, Wo]`` (see the comment above ``_tiled``)."""
+    return _tiled(q, v.to(q.dtype), table.to(q.dtype), step)

@@ -3,7 +3,7 @@
 Shape arithmetic only (no data-dependent Python branches), so that every tracer, exporter and transform records them
 (:mod:`.execution` says which execution runs where).
 """
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +12,7 @@ from torch import Tensor
 from ..relative_embedding import block_embedding, dense_embedding
 from .execution import contiguous
 
-__all__ = ['einsum_form', 'conv_form', 'dense_plain', 'tiled_plain']
+__all__ = ['einsum_form', 'conv_form', 'dense_plain', 'tiled_plain', 'to_blocks']
 
 
 def einsum_form(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, masked: bool) -> Tensor:
@@ -75,3 +75,21 @@ def tiled_plain(q: Tensor, vp: Tensor, table: Tensor, tile: int, step: int, bloc
     emb = block_embedding(table, tile, step, table_size).to(q.dtype)  # [T T, c, M u]
     logits = torch.matmul(q.reshape(g, h, tile * tile, c).transpose(1, 2), emb).reshape(g, tile * tile * h, mh * mw * u)
     return torch.bmm(logits, windows.to(logits.dtype))
+
+
+def to_blocks(q: Tensor, v: Tensor, kh: int, kw: int, tile: int, step: int, blocks_y: int,
+              blocks_x: int) -> Tuple[Tensor, Tensor]:
+    """The layer's maps as :func:`tiled_plain`'s operands: ``q [B, h, c, Ho, Wo]`` into ``blocks_y x blocks_x``
+    query blocks ``[G, h, T, T, c]`` (zero queries past the map), ``v [B, u V, H, W]`` into the padded values
+    ``[B, H', W', u V]`` (a channels-last view) that hold every block's window, the image from row ``(K_h - 1) // 2``
+    and column ``(K_w - 1) // 2``. Pads on the contiguous maps, then one permute each (a pad of a permuted tensor
+    makes torch.export guard on sizes of 1 and specialise the input size)."""
+    b, h, c, ho, wo = q.shape
+    height, width = v.shape[2], v.shape[3]
+    qb = F.pad(q, [0, blocks_x * tile - wo, 0, blocks_y * tile - ho])
+    qb = qb.reshape(b, h, c, blocks_y, tile, blocks_x, tile).permute(0, 3, 5, 1, 4, 6, 2)  # [B, by, bx, h, T, T, c]
+    pad_y, pad_x = (kh - 1) // 2, (kw - 1) // 2  # values before the first query's window
+    mh, mw = step * (tile - 1) + kh, step * (tile - 1) + kw
+    vp = F.pad(v, [pad_x, step * tile * (blocks_x - 1) + mw - width - pad_x,
+                   pad_y, step * tile * (blocks_y - 1) + mh - height - pad_y])
+    return qb.reshape(b * blocks_y * blocks_x, h, tile, tile, c), vp.permute(0, 2, 3, 1)

@@ -1,10 +1,9 @@
 // The tiled position lambdas on a CPU, each query against exactly its scope (LambdaNetworks eq. 2, E_nm = R[m - n],
 // section 3.3): forward and backward of timm_lambda::tiled_position_lambdas (custom_ops.py, cpu_kernel.py).
-// q [G, h, T, T, c] query blocks (G = B by bx), vp [B, H', W', u V] padded values (channels last), table R [c, u, K_h,
-// K_w] -> y [G, V, h T T] (rows (h, qy, qx)). Query (qy, qx) of block (b, by, bx) meets
-// vp[b, s (T by + qy) + ky, s (T bx + qx) + kx, u V + j] through R[:, u, ky, kx] (s = step). The image occupies vp's
-// rows [(K_h - 1) / 2, + height) and columns [(K_w - 1) / 2, + width); the padding around it counts as zero (offsets
-// that meet it are skipped).
+// q [B, h, c, Ho, Wo] queries, v [B, u V, H, W] values, table R [c, u, K_h, K_w] -> y [B, h V, Ho, Wo], the layouts
+// of the layer's own maps (no blocking, padding or permute around the operator). Query (oy, ox) meets
+// v[b, u V + j, s oy + ky - (K_h - 1) / 2, s ox + kx - (K_w - 1) / 2] through R[:, u, ky, kx] (s = step); offsets
+// that fall outside the image count as zero and are skipped.
 // Per query: its logits L = q R (h x u K_h K_w, kept in the cache), then y = L v; the loops hold a tile of heads x
 // channels in vector registers (GCC/Clang vector extensions: AVX-512, AVX2 or NEON, whatever -march=native has).
 #include <torch/extension.h>
@@ -31,10 +30,10 @@ template <typename T> inline void storev(T* p, vec_t<T> v) { std::memcpy(p, &v, 
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// out[m * os + n] (+)= sum_k a[m * as + k] b[k * bs + n], m < MB, n in [n0, n0 + NV lanes)
+// out[m * os + n] (+)= sum_k a[m * as + k * ak] b[k * bs + n], m < MB, n in [n0, n0 + NV lanes)
 template <typename T, int MB, int NV, bool ACC>
-inline void gemm_tile(const T* __restrict a, int64_t as, const T* __restrict b, int64_t bs, int64_t K, int64_t n0,
-                      T* __restrict out, int64_t os) {
+inline void gemm_tile(const T* __restrict a, int64_t as, int64_t ak, const T* __restrict b, int64_t bs, int64_t K,
+                      int64_t n0, T* __restrict out, int64_t os) {
   constexpr int W = Vec<T>::lanes;
   vec_t<T> acc[MB][NV];
   for (int m = 0; m < MB; ++m)
@@ -42,21 +41,22 @@ inline void gemm_tile(const T* __restrict a, int64_t as, const T* __restrict b, 
   for (int64_t k = 0; k < K; ++k) {
     vec_t<T> bv[NV];
     for (int i = 0; i < NV; ++i) { bv[i] = loadv(b + k * bs + n0 + i * W); KEEP_IN_REGISTER(bv[i]); }
-    for (int m = 0; m < MB; ++m) { T s = a[m * as + k]; for (int i = 0; i < NV; ++i) acc[m][i] += s * bv[i]; }
+    for (int m = 0; m < MB; ++m) { T s = a[m * as + k * ak]; for (int i = 0; i < NV; ++i) acc[m][i] += s * bv[i]; }
   }
   for (int m = 0; m < MB; ++m) for (int i = 0; i < NV; ++i) storev(out + m * os + n0 + i * W, acc[m][i]);
 }
 
-// out [M, N] (+)= a [M, K] b [K, N], N a multiple of the lanes; column tiles outer, so that a tile of b is read from
-// the cache by every row block
+// out [M, N] (+)= a [M, K] (strides as, ak) b [K, N], N a multiple of the lanes; column tiles outer, so that a tile
+// of b is read from the cache by every row block
 template <typename T, bool ACC>
-void gemm(const T* a, int64_t as, const T* b, int64_t bs, int64_t M, int64_t K, int64_t N, T* out, int64_t os) {
+void gemm(const T* a, int64_t as, int64_t ak, const T* b, int64_t bs, int64_t M, int64_t K, int64_t N, T* out,
+          int64_t os) {
   constexpr int W = Vec<T>::lanes;
   auto tile = [&](int64_t n, auto nv) {
     constexpr int NV = decltype(nv)::value;
     int64_t m = 0;
-    for (; m + 4 <= M; m += 4) gemm_tile<T, 4, NV, ACC>(a + m * as, as, b, bs, K, n, out + m * os, os);
-    for (; m < M; ++m) gemm_tile<T, 1, NV, ACC>(a + m * as, as, b, bs, K, n, out + m * os, os);
+    for (; m + 4 <= M; m += 4) gemm_tile<T, 4, NV, ACC>(a + m * as, as, ak, b, bs, K, n, out + m * os, os);
+    for (; m < M; ++m) gemm_tile<T, 1, NV, ACC>(a + m * as, as, ak, b, bs, K, n, out + m * os, os);
   };
   int64_t n = 0;
   for (; n + 4 * W <= N; n += 4 * W) tile(n, std::integral_constant<int, 4>());
@@ -114,7 +114,7 @@ void logit_grads(const T* gy, int64_t H, int64_t V, const T* v, int64_t brs, int
       }
     }
   }
-  for (; ky < ky1; ++ky) gemm<T, false>(gy, V, v + ky * brs, bs, H, V, KWp, out + ky * KW, os);
+  for (; ky < ky1; ++ky) gemm<T, false>(gy, V, 1, v + ky * brs, bs, H, V, KWp, out + ky * KW, os);
   for (int64_t h = 0; h < H; ++h) std::memset(out + h * os + ky1 * KW, 0, (KH - ky1) * KW * sizeof(T));
 }
 
@@ -124,17 +124,19 @@ struct Scope {
   int64_t KH, KW, y0, y1, x0, x1;
 };
 
-// y[h * osh + j * osj] = sum_{u, ky, kx} L[h * ls + (u, ky, kx)] v[ky * rs + kx U V + u V + j] for h < MB
+// y[h * osh + j * osj] = sum_{u, ky, kx} L[h * ls + (u, ky, kx)] v[vo + ky * rs + kx U V + u V + j] for h < MB (vo:
+// the scope's origin, possibly before v's first element; every offset read lies in the image)
 template <typename T, int MB, int NV>
-inline void aggregate_tile(const T* __restrict L, int64_t ls, const T* __restrict v, int64_t U, const Scope& sc,
-                           int64_t rs, int64_t V, int64_t j0, T* __restrict out, int64_t osj, int64_t osh) {
+inline void aggregate_tile(const T* __restrict L, int64_t ls, const T* __restrict v, int64_t vo, int64_t U,
+                           const Scope& sc, int64_t rs, int64_t V, int64_t j0, T* __restrict out, int64_t osj,
+                           int64_t osh) {
   constexpr int W = Vec<T>::lanes;
   vec_t<T> acc[MB][NV];
   for (int m = 0; m < MB; ++m) for (int i = 0; i < NV; ++i) acc[m][i] = vec_t<T>{};
   for (int64_t u = 0; u < U; ++u)
     for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
       for (int64_t kx = sc.x0, r = (u * sc.KH + ky) * sc.KW + sc.x0; kx < sc.x1; ++kx, ++r) {
-        const T* vx = v + ky * rs + kx * U * V + u * V + j0;
+        const T* vx = v + (vo + ky * rs + kx * U * V + u * V + j0);
         vec_t<T> vv[NV];
         for (int i = 0; i < NV; ++i) { vv[i] = loadv(vx + i * W); KEEP_IN_REGISTER(vv[i]); }
         for (int m = 0; m < MB; ++m) { T l = L[m * ls + r]; for (int i = 0; i < NV; ++i) acc[m][i] += l * vv[i]; }
@@ -145,8 +147,8 @@ inline void aggregate_tile(const T* __restrict L, int64_t ls, const T* __restric
 }
 
 template <typename T>
-void aggregate(const T* L, int64_t ls, const T* v, int64_t H, int64_t U, const Scope& sc, int64_t rs, int64_t V,
-               T* out, int64_t osj, int64_t osh) {
+void aggregate(const T* L, int64_t ls, const T* v, int64_t vo, int64_t H, int64_t U, const Scope& sc, int64_t rs,
+               int64_t V, T* out, int64_t osj, int64_t osh) {
   constexpr int W = Vec<T>::lanes;
   int64_t h = 0;
   auto cols = [&](auto mb) {
@@ -154,15 +156,15 @@ void aggregate(const T* L, int64_t ls, const T* v, int64_t H, int64_t U, const S
     int64_t j = 0;
     const T* Lh = L + h * ls;
     T* outh = out + h * osh;
-    for (; j + 4 * W <= V; j += 4 * W) aggregate_tile<T, MB, 4>(Lh, ls, v, U, sc, rs, V, j, outh, osj, osh);
-    for (; j + W <= V; j += W) aggregate_tile<T, MB, 1>(Lh, ls, v, U, sc, rs, V, j, outh, osj, osh);
+    for (; j + 4 * W <= V; j += 4 * W) aggregate_tile<T, MB, 4>(Lh, ls, v, vo, U, sc, rs, V, j, outh, osj, osh);
+    for (; j + W <= V; j += W) aggregate_tile<T, MB, 1>(Lh, ls, v, vo, U, sc, rs, V, j, outh, osj, osh);
     for (; j < V; ++j)
       for (int m = 0; m < MB; ++m) {
         T acc = 0;
         for (int64_t u = 0; u < U; ++u)
           for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
             for (int64_t kx = sc.x0; kx < sc.x1; ++kx)
-              acc += L[(h + m) * ls + (u * sc.KH + ky) * sc.KW + kx] * v[ky * rs + kx * U * V + u * V + j];
+              acc += L[(h + m) * ls + (u * sc.KH + ky) * sc.KW + kx] * v[vo + ky * rs + kx * U * V + u * V + j];
         out[(h + m) * osh + j * osj] = acc;
       }
   };
@@ -214,28 +216,37 @@ void scatter(const T* L, int64_t ls, const T* gy, int64_t H, int64_t V, T* v, in
   for (; h < H; ++h) cols(std::integral_constant<int, 1>());
 }
 
+// Queries q [B, h, c, Ho, Wo], values v [B, u V, H, W], table R [c, u, K_h, K_w]; query (oy, ox) meets the values
+// from (s oy - (K_h - 1) / 2, s ox - (K_w - 1) / 2) on (s = step). The kernels walk the queries in runs of up to Tt
+// along a row (one logits GEMM per head and run).
 struct Shape {
-  int64_t G, H, Tt, C, U, KH, KW, B, Hp, Wp, CV, V, Rn, step, by, bx, height, width, y_lo, x_lo;
-  Shape(const torch::Tensor& q, const torch::Tensor& vp, const torch::Tensor& table, int64_t step_, int64_t by_,
-        int64_t bx_, int64_t height_, int64_t width_)
-      : G(q.size(0)), H(q.size(1)), Tt(q.size(2)), C(q.size(4)), U(table.size(1)), KH(table.size(2)), KW(table.size(3)),
-        B(vp.size(0)), Hp(vp.size(1)), Wp(vp.size(2)), CV(vp.size(3)), V(vp.size(3) / table.size(1)),
-        Rn(table.size(1) * table.size(2) * table.size(3)), step(step_), by(by_), bx(bx_), height(height_),
-        width(width_), y_lo((KH - 1) / 2), x_lo((KW - 1) / 2) {
-    TORCH_CHECK(y_lo + height <= Hp && x_lo + width <= Wp, "tiled_position_lambdas: the image (", height, "x", width,
-                ") does not fit the padded values (", Hp, "x", Wp, ")");
+  static constexpr int64_t Tt = 8;
+  int64_t B, H, C, Ho, Wo, U, KH, KW, CV, V, Rn, step, height, width, y_lo, x_lo, runs;
+  Shape(const torch::Tensor& q, const torch::Tensor& v, const torch::Tensor& table, int64_t step_)
+      : B(q.size(0)), H(q.size(1)), C(q.size(2)), Ho(q.size(3)), Wo(q.size(4)), U(table.size(1)), KH(table.size(2)),
+        KW(table.size(3)), CV(v.size(1)), V(v.size(1) / table.size(1)),
+        Rn(table.size(1) * table.size(2) * table.size(3)), step(step_), height(v.size(2)), width(v.size(3)),
+        y_lo((KH - 1) / 2), x_lo((KW - 1) / 2), runs((Wo + Tt - 1) / Tt) {
+    TORCH_CHECK(v.size(0) == B && table.size(0) == C && CV == U * V, "tiled_position_lambdas: q ", q.sizes(),
+                ", v ", v.sizes(), " and table ", table.sizes(), " do not match");
   }
-  int64_t image(int64_t g) const { return g / (by * bx); }
-  // offset of query (qy, qx) of block g's first context position in vp, in elements of a row of W' positions
-  int64_t origin_y(int64_t g, int64_t qy) const { return step * (Tt * ((g / bx) % by) + qy); }
-  int64_t origin_x(int64_t g, int64_t qx) const { return step * (Tt * (g % bx) + qx); }
-  // L[h, qx, :] = q[g, h, qy, qx, :] R for a block row (per head one GEMM of its T queries: R read once per tile)
+  int64_t plane() const { return Ho * Wo; }
+  // qp[h, qx, :] = q[b, h, :, oy, ox0 + qx] for the nq queries of a run (contiguous rows of the map in, so that the
+  // logits GEMM reads no map-sized strides)
   template <typename T>
-  void row_logits(const T* q, int64_t g, int64_t qy, const T* R, int64_t Rp, T* L) const {
+  void pack_queries(const T* q, int64_t b, int64_t oy, int64_t ox0, int64_t nq, T* qp) const {
     for (int64_t h = 0; h < H; ++h)
-      gemm<T, false>(q + ((g * H + h) * Tt + qy) * Tt * C, C, R, Rp, Tt, C, Rp, L + h * Tt * Rp, Rp);
+      for (int64_t c = 0; c < C; ++c) {
+        const T* src = q + ((b * H + h) * C + c) * plane() + oy * Wo + ox0;
+        for (int64_t qx = 0; qx < nq; ++qx) qp[(h * Tt + qx) * C + c] = src[qx];
+      }
   }
-  // the offsets of a query whose context starts at (y, x) that meet the image: vp's rows [y_lo, y_lo + height)
+  // L[h, qx, :] = qp[h, qx, :] R (per head one GEMM: R read once per tile)
+  template <typename T>
+  void run_logits(const T* qp, int64_t nq, const T* R, int64_t Rp, T* L) const {
+    for (int64_t h = 0; h < H; ++h) gemm<T, false>(qp + h * Tt * C, C, 1, R, Rp, nq, C, Rp, L + h * Tt * Rp, Rp);
+  }
+  // the offsets that meet the image of a query whose scope starts at (y - y_lo, x - x_lo)
   Scope scope(int64_t y, int64_t x) const {
     auto clip = [](int64_t a, int64_t k) { return std::min(std::max(a, int64_t(0)), k); };
     const int64_t y0 = clip(y_lo - y, KH), x0 = clip(x_lo - x, KW);
@@ -251,107 +262,117 @@ torch::Tensor padded_table(const torch::Tensor& table, int64_t C, int64_t Rn, in
 
 }  // namespace
 
-torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor vp, torch::Tensor table, int64_t step, int64_t by,
-                            int64_t bx, int64_t height, int64_t width) {
-  q = q.contiguous(); vp = vp.contiguous(); table = table.contiguous();
-  Shape s(q, vp, table, step, by, bx, height, width);
-  auto y = torch::empty({s.G, s.V, s.H * s.Tt * s.Tt}, vp.options());
-  AT_DISPATCH_FLOATING_TYPES(vp.scalar_type(), "tiled_forward", [&] {
+// q [B, h, c, Ho, Wo], v [B, u V, H, W], table [c, u, K_h, K_w] -> y [B, h V, Ho, Wo]
+torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor v, torch::Tensor table, int64_t step) {
+  q = q.contiguous(); table = table.contiguous();
+  Shape s(q, v, table, step);
+  auto vl = v.permute({0, 2, 3, 1}).contiguous();  // channels last: a scope's rows are whole channel vectors
+  auto y = torch::empty({s.B, s.H * s.V, s.Ho, s.Wo}, v.options());
+  AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "tiled_forward", [&] {
     using T = scalar_t;
-    const int64_t Rp = round_up(s.Rn, Vec<T>::lanes), TT = s.Tt * s.Tt;
+    const int64_t Rp = round_up(s.Rn, Vec<T>::lanes), P = s.plane(), rs = s.width * s.CV;
     auto R = padded_table(table, s.C, s.Rn, Rp);
-    const T *Rp_ = R.data_ptr<T>(), *qd = q.data_ptr<T>(), *vd = vp.data_ptr<T>();
+    const T *Rp_ = R.data_ptr<T>(), *qd = q.data_ptr<T>(), *vd = vl.data_ptr<T>();
     T* yd = y.data_ptr<T>();
-    at::parallel_for(0, s.G * s.Tt, 1, [&](int64_t begin, int64_t end) {
-      std::vector<T> L(s.H * s.Tt * Rp);  // [h, qx, Rp]: a block row's logits
-      for (int64_t gq = begin; gq < end; ++gq) {
-        const int64_t g = gq / s.Tt, qy = gq % s.Tt;
-        s.row_logits(qd, g, qy, Rp_, Rp, L.data());
-        for (int64_t qx = 0; qx < s.Tt; ++qx) {
-          const int64_t y0 = s.origin_y(g, qy), x0 = s.origin_x(g, qx);
-          const T* v = vd + ((s.image(g) * s.Hp + y0) * s.Wp + x0) * s.CV;
-          aggregate<T>(L.data() + qx * Rp, s.Tt * Rp, v, s.H, s.U, s.scope(y0, x0), s.Wp * s.CV, s.V,
-                       yd + g * s.V * s.H * TT + qy * s.Tt + qx, s.H * TT, TT);
+    at::parallel_for(0, s.B * s.Ho * s.runs, 1, [&](int64_t begin, int64_t end) {
+      // a run's queries [h, qx, c], logits [h, qx, Rp] and outputs [h, V, qx]
+      std::vector<T> qp(s.H * s.Tt * s.C), L(s.H * s.Tt * Rp), out(s.H * s.V * s.Tt);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / (s.Ho * s.runs), oy = i / s.runs % s.Ho, ox0 = i % s.runs * s.Tt;
+        const int64_t nq = std::min(s.Tt, s.Wo - ox0);
+        s.pack_queries(qd, b, oy, ox0, nq, qp.data());
+        s.run_logits(qp.data(), nq, Rp_, Rp, L.data());
+        for (int64_t qx = 0; qx < nq; ++qx) {
+          const int64_t y0 = s.step * oy, x0 = s.step * (ox0 + qx);
+          aggregate<T>(L.data() + qx * Rp, s.Tt * Rp, vd + b * s.height * rs, (y0 - s.y_lo) * rs + (x0 - s.x_lo) * s.CV,
+                       s.H, s.U, s.scope(y0, x0), rs, s.V, out.data() + qx, s.Tt, s.V * s.Tt);
         }
+        for (int64_t hj = 0; hj < s.H * s.V; ++hj)
+          std::memcpy(yd + (b * s.H * s.V + hj) * P + oy * s.Wo + ox0, out.data() + hj * s.Tt, nq * sizeof(T));
       }
     });
   });
   return y;
 }
 
-std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, torch::Tensor vp, torch::Tensor table,
-                                          int64_t step, int64_t by, int64_t bx, int64_t height, int64_t width) {
-  gy = gy.contiguous(); q = q.contiguous(); table = table.contiguous();  // vp: read once, into vt below
-  Shape s(q, vp, table, step, by, bx, height, width);
-  auto gq = torch::empty_like(q);
-  torch::Tensor gvp, gtable;
-  AT_DISPATCH_FLOATING_TYPES(vp.scalar_type(), "tiled_backward", [&] {
+// gradients of tiled_forward: gy [B, h V, Ho, Wo] -> (gq, gv, gtable), each laid out as its input
+std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, torch::Tensor v, torch::Tensor table,
+                                          int64_t step) {
+  gy = gy.contiguous(); q = q.contiguous(); table = table.contiguous();
+  Shape s(q, v, table, step);
+  auto gq = torch::empty_like(q, at::MemoryFormat::Contiguous);
+  torch::Tensor gv, gtable;
+  AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "tiled_backward", [&] {
     using T = scalar_t;
     constexpr int W = Vec<T>::lanes;
-    const int64_t Rp = round_up(s.Rn, W), Rg = round_up(s.Rn + W, W), Cp = round_up(s.C, W), TT = s.Tt * s.Tt;
-    const int64_t KWp = round_up(s.KW, W);
+    const int64_t Rp = round_up(s.Rn, W), Rg = round_up(s.Rn + W, W), Cp = round_up(s.C, W), P = s.plane();
+    const int64_t KWp = round_up(s.KW, W), Tt = s.Tt;
+    // the values zero-padded around the image: query (oy, ox)'s scope starts at (s oy, s ox) there
+    const int64_t Hp = std::max(s.step * (s.Ho - 1) + s.KH, s.y_lo + s.height);
+    const int64_t Wp = std::max(s.step * (s.Wo - 1) + s.KW, s.x_lo + s.width);
     auto R = padded_table(table, s.C, s.Rn, Rp);
     auto RT = torch::zeros({s.Rn, Cp}, table.options());
     RT.narrow(1, 0, s.C).copy_(table.reshape({s.C, s.Rn}).t());
-    // the image's values channels first, zero around them, each row padded so that a row's KW-wide run can be read
-    // as whole vectors
-    auto vt = torch::zeros({s.B, s.CV, s.Hp, s.Wp + KWp}, vp.options());
-    vt.narrow(2, s.y_lo, height).narrow(3, s.x_lo, width).copy_(
-        vp.permute({0, 3, 1, 2}).narrow(2, s.y_lo, height).narrow(3, s.x_lo, width));
+    // channels first, each row padded so that a row's KW-wide run can be read as whole vectors
+    auto vt = torch::zeros({s.B, s.CV, Hp, Wp + KWp}, v.options());
+    vt.narrow(2, s.y_lo, s.height).narrow(3, s.x_lo, s.width).copy_(v);
     const int nthreads = at::get_num_threads();
     const bool by_image = s.B >= nthreads;  // threads own whole images: no shared value gradient
-    auto gv_parts = torch::zeros({by_image ? 1 : nthreads, s.B, s.Hp, s.Wp, s.CV}, vp.options());
+    auto gv_parts = torch::zeros({by_image ? 1 : nthreads, s.B, Hp, Wp, s.CV}, v.options());
     auto gr_parts = torch::zeros({nthreads, s.C, Rg}, table.options());
     const T *Rd = R.data_ptr<T>(), *RTd = RT.data_ptr<T>(), *qd = q.data_ptr<T>();
     const T *vtd = vt.data_ptr<T>(), *gyd = gy.data_ptr<T>();
     T *gqd = gq.data_ptr<T>(), *gvd = gv_parts.data_ptr<T>(), *grd = gr_parts.data_ptr<T>();
-    const int64_t per_image = s.by * s.bx * s.Tt, rows = s.G * s.Tt;
+    const int64_t per_image = s.Ho * s.runs;
     auto body = [&](int64_t begin, int64_t end) {
       const int tid = at::get_thread_num();
-      T* gv = by_image ? gvd : gvd + tid * s.B * s.Hp * s.Wp * s.CV;
+      T* gvp = by_image ? gvd : gvd + tid * s.B * Hp * Wp * s.CV;
       T* gr = grd + tid * s.C * Rg;
-      std::vector<T> L(s.H * s.Tt * Rp), gyq(s.H * s.V), gl(s.Tt * s.H * Rg), qt(s.C * s.Tt * s.H);
-      std::vector<T> gqq(s.Tt * s.H * Cp);
-      for (int64_t gqr = begin; gqr < end; ++gqr) {
-        const int64_t g = gqr / s.Tt, qy = gqr % s.Tt, b = s.image(g), y0 = s.origin_y(g, qy);
-        s.row_logits(qd, g, qy, Rd, Rp, L.data());  // the logits again, [h, qx, Rp]
-        for (int64_t qx = 0; qx < s.Tt; ++qx) {
-          const int64_t x0 = s.origin_x(g, qx);
+      std::vector<T> L(s.H * Tt * Rp), gyq(s.H * s.V), gl(Tt * s.H * Rg), qt(s.C * Tt * s.H), qp(s.H * Tt * s.C);
+      std::vector<T> gqq(Tt * s.H * Cp), gyr(s.H * s.V * Tt);
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t b = i / per_image, oy = i / s.runs % s.Ho, ox0 = i % s.runs * Tt, y0 = s.step * oy;
+        const int64_t nq = std::min(Tt, s.Wo - ox0), at = oy * s.Wo + ox0;
+        s.pack_queries(qd, b, oy, ox0, nq, qp.data());
+        s.run_logits(qp.data(), nq, Rd, Rp, L.data());  // the logits again, [h, qx, Rp]
+        for (int64_t hj = 0; hj < s.H * s.V; ++hj)  // the run's output gradients [h, V, qx]
+          std::memcpy(gyr.data() + hj * Tt, gyd + (b * s.H * s.V + hj) * P + at, nq * sizeof(T));
+        for (int64_t qx = 0; qx < nq; ++qx) {
+          const int64_t x0 = s.step * (ox0 + qx);
           const Scope sc = s.scope(y0, x0);
-          const T* qq = qd + ((g * s.H * s.Tt + qy) * s.Tt + qx) * s.C;  // head stride T T c
+          for (int64_t hj = 0; hj < s.H * s.V; ++hj) gyq[hj] = gyr[hj * Tt + qx];
           for (int64_t h = 0; h < s.H; ++h)
-            for (int64_t j = 0; j < s.V; ++j)
-              gyq[h * s.V + j] = gyd[(g * s.V + j) * s.H * TT + h * TT + qy * s.Tt + qx];
-          for (int64_t h = 0; h < s.H; ++h)
-            for (int64_t c = 0; c < s.C; ++c) qt[c * s.Tt * s.H + qx * s.H + h] = qq[h * TT * s.C + c];
+            for (int64_t c = 0; c < s.C; ++c) qt[c * Tt * s.H + qx * s.H + h] = qp[(h * Tt + qx) * s.C + c];
           // logit gradients gl[h, (u, ky, kx)] = gy[h, :] . v[ky, kx, u, :] (0 outside the image)
           T* glq = gl.data() + qx * s.H * Rg;
           for (int64_t u = 0; u < s.U; ++u)
-            logit_grads<T>(gyq.data(), s.H, s.V, vtd + ((b * s.CV + u * s.V) * s.Hp + y0) * (s.Wp + KWp) + x0,
-                           s.Wp + KWp, s.Hp * (s.Wp + KWp), s.KH, s.KW, KWp, sc.y0, sc.y1, glq + u * s.KH * s.KW, Rg);
+            logit_grads<T>(gyq.data(), s.H, s.V, vtd + ((b * s.CV + u * s.V) * Hp + y0) * (Wp + KWp) + x0,
+                           Wp + KWp, Hp * (Wp + KWp), s.KH, s.KW, KWp, sc.y0, sc.y1, glq + u * s.KH * s.KW, Rg);
           // value gradients: gv[ky, kx, u, :] += sum_h L[h, (u, ky, kx)] gy[h, :]
-          scatter<T>(L.data() + qx * Rp, s.Tt * Rp, gyq.data(), s.H, s.V, gv + ((b * s.Hp + y0) * s.Wp + x0) * s.CV,
-                     s.U, sc, s.Wp * s.CV);
+          scatter<T>(L.data() + qx * Rp, Tt * Rp, gyq.data(), s.H, s.V, gvp + ((b * Hp + y0) * Wp + x0) * s.CV, s.U,
+                     sc, Wp * s.CV);
         }
-        // query gradients of the row: gq[(qx, h), :] = gl[(qx, h), :] R^T
-        gemm<T, false>(gl.data(), Rg, RTd, Cp, s.Tt * s.H, s.Rn, Cp, gqq.data(), Cp);
-        for (int64_t qx = 0; qx < s.Tt; ++qx)
-          for (int64_t h = 0; h < s.H; ++h)
-            std::memcpy(gqd + ((g * s.H + h) * TT + qy * s.Tt + qx) * s.C, gqq.data() + (qx * s.H + h) * Cp,
-                        s.C * sizeof(T));
+        // query gradients of the run: gq[(qx, h), :] = gl[(qx, h), :] R^T
+        gemm<T, false>(gl.data(), Rg, 1, RTd, Cp, nq * s.H, s.Rn, Cp, gqq.data(), Cp);
+        for (int64_t h = 0; h < s.H; ++h)
+          for (int64_t c = 0; c < s.C; ++c) {
+            T* dst = gqd + ((b * s.H + h) * s.C + c) * P + at;
+            for (int64_t qx = 0; qx < nq; ++qx) dst[qx] = gqq[(qx * s.H + h) * Cp + c];
+          }
         // table gradient: gr[c, :] += sum_{qx, h} q[qx, h, c] gl[qx, h, :]
-        gemm<T, true>(qt.data(), s.Tt * s.H, gl.data(), Rg, s.C, s.Tt * s.H, Rg, gr, Rg);
+        gemm<T, true>(qt.data(), Tt * s.H, 1, gl.data(), Rg, s.C, nq * s.H, Rg, gr, Rg);
       }
     };
     if (by_image) {
       at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) { body(b0 * per_image, b1 * per_image); });
     } else {
-      at::parallel_for(0, rows, 1, body);
+      at::parallel_for(0, s.B * per_image, 1, body);
     }
-    gvp = gv_parts.sum(0);
+    gv = (by_image ? gv_parts[0] : gv_parts.sum(0)).narrow(1, s.y_lo, s.height).narrow(2, s.x_lo, s.width)
+             .permute({0, 3, 1, 2}).contiguous();
     gtable = gr_parts.sum(0).narrow(1, 0, s.Rn).reshape(table.sizes()).contiguous();
   });
-  return {gq, gvp, gtable};
+  return {gq, gv, gtable};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
