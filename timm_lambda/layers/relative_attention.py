@@ -111,6 +111,11 @@ def heads_to_batch(qkv: torch.Tensor, start: int, heads: int, depth: int) -> tor
     return contiguous(qkv.narrow(1, start, heads * depth).unflatten(1, [heads, depth])).view(B * heads, depth, n)
 
 
+def split_heads(x: torch.Tensor, start: int, heads: int, depth: int) -> torch.Tensor:
+    """Channels ``start .. start + heads depth`` of ``[B, C, H, W]`` as a view ``[B, heads, depth, H, W]``."""
+    return x.narrow(1, start, heads * depth).unflatten(1, [heads, depth])
+
+
 torch.fx.wrap('relative_table')
 torch.fx.wrap('upsample_to')
 torch.fx.wrap('nonempty_batch')
@@ -234,14 +239,19 @@ class AxialAttention1d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
-        q, k, v = torch.split(self.qkv(x), [self.dim_out_qk, self.dim_out_qk, self.dim_out_v], dim=1)
-        n = B * self.num_heads
-        q = q.reshape(n, self.dim_head_qk, H, W).permute(0, 2, 3, 1) * self.scale  # [N, H, W, dk]
-        k = k.reshape(n, self.dim_head_qk, H, W).permute(0, 2, 1, 3)  # [N, H, dk, W]
-        v = v.reshape(n, self.dim_head_v, H, W).permute(0, 2, 3, 1)  # [N, H, W, dv]
-        attn = q @ k + relative_logits_1d(q, relative_table(self.rel, W, 'AxialSelfAttention2d'))  # [N, H, W, W]
-        out = attn.softmax(dim=-1) @ v  # [N, H, W, dv]
-        return out.permute(0, 3, 1, 2).reshape(B, self.dim_out_v, H, W)
+        nh, dk, dv = self.num_heads, self.dim_head_qk, self.dim_head_v
+        n = B * nh
+        qkv = self.qkv(x)
+        # each row of each head a bmm batch entry: one copy per operand, the one torch.matmul makes of permuted
+        # operands, by contiguous() and views (torch.export guards on sizes of 1 in reshapes and in matmul's
+        # decomposition, backed_size_oblivious included)
+        q = contiguous(split_heads(qkv, 0, nh, dk).permute(0, 1, 3, 4, 2)).view(n * H, W, dk) * self.scale
+        k = contiguous(split_heads(qkv, self.dim_out_qk, nh, dk).permute(0, 1, 3, 2, 4)).view(n * H, dk, W)
+        v = contiguous(split_heads(qkv, 2 * self.dim_out_qk, nh, dv).permute(0, 1, 3, 4, 2)).view(n * H, W, dv)
+        rel = relative_logits_1d(q.view(n, H, W, dk), relative_table(self.rel, W, 'AxialSelfAttention2d'))
+        attn = torch.bmm(q, k).view(n, H, W, W) + rel  # [N, H, W, W]
+        out = torch.bmm(attn.softmax(dim=-1).view(n * H, W, W), v)  # [N H, W, dv]
+        return contiguous(out.view(B, nh, H, W, dv).permute(0, 1, 4, 2, 3)).view(B, self.dim_out_v, H, W)
 
 
 class AxialSelfAttention2d(nn.Module):
