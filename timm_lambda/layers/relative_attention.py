@@ -28,7 +28,9 @@
 
 Size-dependent code sits in :func:`relative_table`, :func:`upsample_to` and :func:`nonempty_batch`, FX leaves
 (``torch.fx.wrap`` here, :func:`timm.layers.register_notrace_function` for timm's feature extraction), so an FX
-graph runs at every input size; the modules are TorchScript-scriptable.
+graph runs at every input size; the modules are TorchScript-scriptable. The global and axial layers have no op that
+makes torch.export guard on a size of 1 (batch, height, width) under ``backed_size_oblivious``: heads are folded into
+the batch by copies and views (:func:`heads_to_batch`), products are ``bmm`` (docs/execution_modes.md).
 """
 import types
 from typing import Optional, Tuple
