@@ -4,8 +4,10 @@ Default export: the graph covers every input size at which the network's last st
 and beyond (a global scope: up to its ``max_size``); a 1x1 last stage fails a guard that torch.export puts on
 size-1 dimensions, in timm's own convolutions as in timm's ResNets. Exported under torch's
 ``backed_size_oblivious`` the same graph covers every size down to 1 px and batch 1: the layer has no op left that
-guards on a size of 1 (local, dilated and global scopes; a global one bounded by its ``max_size``). Both against
-eager mode (docs/execution_modes.md); AOTInductor packages of size-oblivious exports (slow).
+guards on a size of 1 (local, dilated and global scopes; a global one bounded by its ``max_size``), nor have the
+relative self-attention layers of the AA-ResNets and the global and axial baselines (bounded by ``img_size``); the
+local one (timm's ``HaloAttn``) guards on attention maps of width 1. All against eager mode
+(docs/execution_modes.md); AOTInductor packages of size-oblivious exports (slow).
 
 Query-block counts are kept >= 2 inside an export (``position_lambda.layout.tiled``): a count of 1 used to be
 specialised, and an export at 160 px held only for 129-256 px.
@@ -160,6 +162,52 @@ def test_small_model_exported_size_oblivious_serves_every_size(name, kwargs, exa
     if max_size is not None:
         with pytest.raises(AssertionError, match='Guard failed'):
             module(torch.randn(1, 3, max_size + 1, max_size, dtype=torch.float64))
+
+
+# small attention baselines (timm's ResNet ``channels``, two heads, tables for 256 px) with every attention branch live:
+# AA-ResNets with bottleneck and basic blocks (strided augmented convolutions at c3-c5, the c3 one attending at half
+# resolution, a stride-1 one at c4) and the global and axial self-attention of LambdaNetworks Table 4
+ATTENTION = dict(layers=(1, 1, 2, 1), channels=(16, 32, 64, 128), stem_width=16, num_heads=2, img_size=256,
+                 zero_init_last=False, num_classes=10)
+
+
+@pytest.mark.parametrize('name', ['aa_resnet50', 'aa_resnet34', 'resnet50_global_attn', 'resnet50_axial_attn'])
+def test_attention_baseline_exported_size_oblivious_serves_every_size(name):
+    """The relative self-attention of the AA-ResNets and of the global and axial baselines (ours) exported once under
+    ``backed_size_oblivious``: equal to eager mode (float64) from 1 px to ``img_size``, square and not, batch 1
+    included; a larger input fails the graph's guard, as eager mode raises a ValueError naming img_size."""
+    torch.manual_seed(0)
+    model = timm.create_model(name, **ATTENTION).double().eval()
+    ep = _export(model, torch.randn(2, 3, 64, 64, dtype=torch.float64), size_oblivious=True)
+    assert _range(ep) == [(0, 256)] * 2
+    module = ep.module()
+    for b, hw in [(1, (1, 1)), (3, (1, 1)), (2, (2, 3)), (1, (17, 9)), (1, (1, 40)), (3, (32, 32)), (1, (33, 47)),
+                  (2, (100, 150)), (1, (256, 224))]:
+        x = torch.randn(b, 3, *hw, dtype=torch.float64)
+        with torch.no_grad():
+            assert _rel(module(x), model(x)) < 1e-10, (b, hw)
+    with pytest.raises(AssertionError, match='Guard failed'):
+        module(torch.randn(1, 3, 257, 64, dtype=torch.float64))
+
+
+def test_local_attention_export_guards_in_timm_halo_attn():
+    """``resnet50_local_attn7``'s layer runs timm's ``HaloAttn.forward`` unchanged, which guards on an attention map
+    of width 1 even under ``backed_size_oblivious`` (its window ``unfold(...).reshape(...)``: padded width != window;
+    ``q @ k.transpose(-1, -2)``: ``Ne(h*w, 1)``), so one export serves every input whose attention maps are all at
+    least 2 wide, any height and batch (docs/execution_modes.md; here the last one attends at /16: 17 px and wider);
+    a narrower input fails the graph's guard."""
+    torch.manual_seed(0)
+    model = timm.create_model('resnet50_local_attn7', **{k: v for k, v in ATTENTION.items() if k != 'img_size'})
+    model = model.double().eval()
+    ep = _export(model, torch.randn(2, 3, 64, 64, dtype=torch.float64), size_oblivious=True)
+    module = ep.module()
+    for b, hw in [(1, (1, 17)), (3, (5, 40)), (1, (100, 150))]:
+        x = torch.randn(b, 3, *hw, dtype=torch.float64)
+        with torch.no_grad():
+            assert _rel(module(x), model(x)) < 1e-10, (b, hw)
+    for hw in [(64, 16), (1, 1)]:
+        with pytest.raises(AssertionError, match=r'Guard failed: 7 \+ \(-1 \+ x.size\(\)\[3\]\) // (16|4) != 7'):
+            module(torch.randn(1, 3, *hw, dtype=torch.float64))
 
 
 def test_global_scope_export_is_bounded_by_max_size():

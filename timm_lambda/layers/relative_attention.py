@@ -28,7 +28,9 @@
 
 Size-dependent code sits in :func:`relative_table`, :func:`upsample_to` and :func:`nonempty_batch`, FX leaves
 (``torch.fx.wrap`` here, :func:`timm.layers.register_notrace_function` for timm's feature extraction), so an FX
-graph runs at every input size; the modules are TorchScript-scriptable.
+graph runs at every input size; the modules are TorchScript-scriptable. The global and axial layers have no op that
+makes torch.export guard on a size of 1 (batch, height, width) under ``backed_size_oblivious``: heads are folded into
+the batch by copies and views (:func:`heads_to_batch`), products are ``bmm`` (docs/execution_modes.md).
 """
 import types
 from typing import Optional, Tuple
@@ -43,6 +45,7 @@ from torch import nn
 
 from .checks import check_heads, check_ratio, check_stride, downsample_pool, to_int, to_pair
 from .dilation import batch_to_space, check_dilation, space_to_batch
+from .position_lambda.execution import contiguous
 
 __all__ = ['rel_to_abs', 'relative_logits_1d', 'relative_table', 'upsample_to',
            'RelPosSelfAttention2d', 'AxialSelfAttention2d', 'LocalSelfAttention2d']
@@ -53,9 +56,9 @@ def rel_to_abs(x: torch.Tensor) -> torch.Tensor:
     absolute key positions: ``out[n, i, j] = x[n, i, j - i + L - 1]`` (AA paper Fig. 7: pad a column,
     flatten, pad ``L - 1``, reshape to ``[L + 1, 2L - 1]`` and keep the first ``L`` rows, last ``L`` columns)."""
     n, length, _ = x.shape
-    x = F.pad(x, [0, 1]).reshape(n, 2 * length * length)
-    x = F.pad(x, [0, length - 1]).reshape(n, length + 1, 2 * length - 1)
-    return x[:, :length, length - 1:]
+    x = F.pad(x, [0, 1]).view(n, 2 * length * length)  # views of the padded (new, contiguous) tensors
+    x = F.pad(x, [0, length - 1]).view(n, length + 1, 2 * length - 1)
+    return x.narrow(1, 0, length).narrow(2, length - 1, length)
 
 
 def relative_logits_1d(q: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
@@ -63,8 +66,10 @@ def relative_logits_1d(q: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
     ``rel [2L - 1, d]`` (row ``t`` embeds the offset ``t - (L - 1)`` = key - query) give
     ``out[n, a, i, j] = q[n, a, i] . rel[j - i + L - 1]``, shape ``[N, A, L, L]``."""
     n, a, length, d = q.shape
-    logits = torch.matmul(q, rel.transpose(0, 1))  # [N, A, L, 2L - 1]
-    return rel_to_abs(logits.reshape(n * a, length, 2 * length - 1)).reshape(n, a, length, length)
+    # torch.matmul's own fold of q into one mm (it copies a non-contiguous q), spelled out: inside torch.export the
+    # matmul's reshape guards on sizes of 1 (backed_size_oblivious included), the copy and views do not
+    logits = torch.mm(contiguous(q).view(n * a * length, d), rel.t())  # [N A L, 2L - 1]
+    return rel_to_abs(logits.view(n * a, length, 2 * length - 1)).unflatten(0, [n, a])
 
 
 def relative_table(table: torch.Tensor, length: int, name: str) -> torch.Tensor:
@@ -99,6 +104,20 @@ def nonempty_batch(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def heads_to_batch(qkv: torch.Tensor, start: int, heads: int, depth: int) -> torch.Tensor:
+    """Channels ``start .. start + heads depth`` of a flattened projection ``[B, C, n]`` as ``[B heads, depth, n]``
+    (head-major channels): a copy, as ``reshape`` makes of a channel slice (none at ``B = 1``), by ``contiguous``
+    and views. A reshape of the slice makes torch.export guard on sizes of 1, batch, height and width, even under
+    ``backed_size_oblivious``; inside an export ``contiguous`` always copies (docs/execution_modes.md)."""
+    B, _, n = qkv.shape
+    return contiguous(qkv.narrow(1, start, heads * depth).unflatten(1, [heads, depth])).view(B * heads, depth, n)
+
+
+def split_heads(x: torch.Tensor, start: int, heads: int, depth: int) -> torch.Tensor:
+    """Channels ``start .. start + heads depth`` of ``[B, C, H, W]`` as a view ``[B, heads, depth, H, W]``."""
+    return x.narrow(1, start, heads * depth).unflatten(1, [heads, depth])
+
+
 torch.fx.wrap('relative_table')
 torch.fx.wrap('upsample_to')
 torch.fx.wrap('nonempty_batch')
@@ -114,7 +133,7 @@ def add_relative_logits_2d(attn: torch.Tensor, q: torch.Tensor, table_h: torch.T
     """``attn [N, HW, HW] += q_i . (r^H[j_y - i_y] + r^W[j_x - i_x])`` for row-major positions, in place;
     ``q [N, HW, d]``, tables ``[2 R - 1, d]`` with ``R >= H`` (height) and ``R >= W`` (width)."""
     n, hw, d = q.shape
-    q2 = q.reshape(n, height, width, d)
+    q2 = q.unflatten(1, [height, width])
     logits_w = relative_logits_1d(q2, relative_table(table_w, width, name))  # [N, H, W(x), W(x')]
     logits_h = relative_logits_1d(q2.transpose(1, 2), relative_table(table_h, height, name))  # [N, W, H, H']
     # in place (two [N, HW, HW] temporaries less); chained so that an FX graph keeps both additions
@@ -182,16 +201,15 @@ class RelPosSelfAttention2d(BottleneckAttn):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
-        x = self.qkv(x)
-        q, k, v = torch.split(x, [self.dim_out_qk, self.dim_out_qk, self.dim_out_v], dim=1)
-        # explicit H * W, not -1: an empty batch has no size to infer
-        q = q.reshape(B * self.num_heads, self.dim_head_qk, H * W).transpose(-1, -2) * self.scale  # [BN, HW, dk]
-        k = k.reshape(B * self.num_heads, self.dim_head_qk, H * W)
-        v = v.reshape(B * self.num_heads, self.dim_head_v, H * W).transpose(-1, -2)
-        attn = add_relative_logits_2d(q @ k, q, self.pos_embed.height_rel, self.pos_embed.width_rel, H, W,
+        qkv = self.qkv(x).flatten(2)  # [B, 2 dim_out_qk + dim_out_v, HW]
+        q = heads_to_batch(qkv, 0, self.num_heads, self.dim_head_qk).transpose(-1, -2) * self.scale  # [BN, HW, dk]
+        k = heads_to_batch(qkv, self.dim_out_qk, self.num_heads, self.dim_head_qk)  # [BN, dk, HW]
+        v = heads_to_batch(qkv, 2 * self.dim_out_qk, self.num_heads, self.dim_head_v).transpose(-1, -2)
+        # bmm, the kernel torch.matmul runs on 3-D operands (its decomposition reshapes them: export guards)
+        attn = add_relative_logits_2d(torch.bmm(q, k), q, self.pos_embed.height_rel, self.pos_embed.width_rel, H, W,
                                       'RelPosSelfAttention2d')
         attn = attn.softmax(dim=-1)
-        out = (attn @ v).transpose(-1, -2).reshape(B, self.dim_out_v, H, W)
+        out = contiguous(torch.bmm(attn, v).transpose(-1, -2)).view(B, self.dim_out_v, H, W)
         return self.pool(out)
 
 
@@ -223,14 +241,19 @@ class AxialAttention1d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
-        q, k, v = torch.split(self.qkv(x), [self.dim_out_qk, self.dim_out_qk, self.dim_out_v], dim=1)
-        n = B * self.num_heads
-        q = q.reshape(n, self.dim_head_qk, H, W).permute(0, 2, 3, 1) * self.scale  # [N, H, W, dk]
-        k = k.reshape(n, self.dim_head_qk, H, W).permute(0, 2, 1, 3)  # [N, H, dk, W]
-        v = v.reshape(n, self.dim_head_v, H, W).permute(0, 2, 3, 1)  # [N, H, W, dv]
-        attn = q @ k + relative_logits_1d(q, relative_table(self.rel, W, 'AxialSelfAttention2d'))  # [N, H, W, W]
-        out = attn.softmax(dim=-1) @ v  # [N, H, W, dv]
-        return out.permute(0, 3, 1, 2).reshape(B, self.dim_out_v, H, W)
+        nh, dk, dv = self.num_heads, self.dim_head_qk, self.dim_head_v
+        n = B * nh
+        qkv = self.qkv(x)
+        # each row of each head a bmm batch entry: one copy per operand, the one torch.matmul makes of permuted
+        # operands, by contiguous() and views (torch.export guards on sizes of 1 in reshapes and in matmul's
+        # decomposition, backed_size_oblivious included)
+        q = contiguous(split_heads(qkv, 0, nh, dk).permute(0, 1, 3, 4, 2)).view(n * H, W, dk) * self.scale
+        k = contiguous(split_heads(qkv, self.dim_out_qk, nh, dk).permute(0, 1, 3, 2, 4)).view(n * H, dk, W)
+        v = contiguous(split_heads(qkv, 2 * self.dim_out_qk, nh, dv).permute(0, 1, 3, 4, 2)).view(n * H, W, dv)
+        rel = relative_logits_1d(q.view(n, H, W, dk), relative_table(self.rel, W, 'AxialSelfAttention2d'))
+        attn = torch.bmm(q, k).view(n, H, W, W) + rel  # [N, H, W, W]
+        out = torch.bmm(attn.softmax(dim=-1).view(n * H, W, W), v)  # [N H, W, dv]
+        return contiguous(out.view(B, nh, H, W, dv).permute(0, 1, 4, 2, 3)).view(B, self.dim_out_v, H, W)
 
 
 class AxialSelfAttention2d(nn.Module):
