@@ -12,8 +12,8 @@ from torch import Tensor
 
 from ..relative_embedding import table_for_input
 from .execution import size_independent, use_custom_ops
-from .layout import dense, tile, tiled
-from .plain_ops import conv_form, einsum_form
+from .layout import dense, tiled
+from .plain_ops import conv_form, einsum_form, tile
 
 __all__ = ['POSITION_IMPLS', 'position_lambdas', 'choose_impl']
 

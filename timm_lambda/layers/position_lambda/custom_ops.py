@@ -16,9 +16,9 @@ from torch.utils.flop_counter import register_flop_formula
 
 from .cpu_kernel import cpu_kernel
 from .execution import warn_once
-from .plain_ops import dense_plain, tiled_plain, to_blocks
+from .plain_ops import dense_plain, tile, tiled_plain, to_blocks
 
-__all__ = ['dense_op', 'tiled_op', 'CPU_CHUNK_ROWS', 'DEVICE_CHUNK_ELEMENTS', 'GEMM_TILE']
+__all__ = ['dense_op', 'tiled_op', 'CPU_CHUNK_ROWS', 'DEVICE_CHUNK_ELEMENTS']
 
 CPU_CHUNK_ROWS = 512  # logit rows (queries x heads) of one chunk on a CPU: cache-sized (no committed measurement)
 DEVICE_CHUNK_ELEMENTS = 1 << 26  # logits of one chunk elsewhere (256 MiB in float32): one chunk per layer
@@ -128,9 +128,7 @@ def dense_op(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
 # tiled: q [B, h, c, Ho, Wo], v [B, u V, H, W], table [c, u, K_h, K_w] -> y [B, h V, Ho, Wo]: the layer's own layouts
 # (query (oy, ox) meets the values from (step oy - (K_h - 1) // 2, step ox - (K_w - 1) // 2) on, zero outside the
 # image). The CPU kernel reads and writes them directly; the GEMM path below works on the query blocks and padded
-# windows of :func:`.plain_ops.to_blocks` (blocks of GEMM_TILE // step queries a side).
-
-GEMM_TILE = 8
+# windows of :func:`.plain_ops.to_blocks` (blocks of tile() // step queries a side).
 
 
 def _windows(vp: Tensor, b: int, by: int, rows: int, bx: int, cols: int, shift: int, mh: int, mw: int,
@@ -207,7 +205,7 @@ class _TiledPlan:
 
 def _gemm_blocks(q: Tensor, v: Tensor, table: Tensor, step: int):
     """The GEMM path's operands: query blocks, padded channels-last values (contiguous) and the block counts."""
-    t = GEMM_TILE // step
+    t = tile() // step
     blocks_y, blocks_x = -(-q.shape[3] // t), -(-q.shape[4] // t)
     qb, vp = to_blocks(q, v, table.shape[-2], table.shape[-1], t, step, blocks_y, blocks_x)
     return qb.contiguous(), vp.contiguous(), blocks_y, blocks_x
@@ -304,7 +302,7 @@ def _tiled_flops(q, v, table, step, out_shape=None, backward=False) -> int:
 def _tiled_plain_as_op(q: Tensor, v: Tensor, table: Tensor, step: int) -> Tensor:
     """:func:`.plain_ops.tiled_plain` in the operator's layouts."""
     b, h, _, ho, wo = q.shape
-    t = GEMM_TILE // step
+    t = tile() // step
     blocks_y, blocks_x = -(-ho // t), -(-wo // t)
     y = tiled_plain(*to_blocks(q, v, table.shape[-2], table.shape[-1], t, step, blocks_y, blocks_x), table, t, step,
                     blocks_y, blocks_x)  # [G, (qy, qx, h), V]

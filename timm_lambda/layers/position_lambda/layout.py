@@ -11,15 +11,9 @@ from torch import Tensor
 from ..relative_embedding import dense_embedding, dense_embedding_cached
 from .custom_ops import dense_op, tiled_op
 from .execution import contiguous, is_exporting
-from .plain_ops import dense_plain, tiled_plain, to_blocks
+from .plain_ops import dense_plain, tile, tiled_plain, to_blocks
 
 __all__ = ['tile', 'dense', 'tiled']
-
-
-def tile() -> int:
-    """Query block side of the tiled form: 8, the tile of the committed sweeps (a function: TorchScript reads no
-    module-level ints)."""
-    return 8
 
 
 def dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, masked: bool, custom_ops: bool) -> Tensor:

@@ -12,7 +12,7 @@ from torch import Tensor
 from ..relative_embedding import block_embedding, dense_embedding
 from .execution import contiguous
 
-__all__ = ['einsum_form', 'conv_form', 'dense_plain', 'tiled_plain', 'to_blocks']
+__all__ = ['einsum_form', 'conv_form', 'dense_plain', 'tile', 'tiled_plain', 'to_blocks']
 
 
 def einsum_form(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, masked: bool) -> Tensor:
@@ -46,6 +46,12 @@ def dense_plain(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
     b, m = v.shape[0], v.shape[1]
     logits = contiguous(torch.bmm(q, emb.to(q.dtype)).view(n, b, heads, m).transpose(0, 1)).view(b, n * heads, m)
     return torch.bmm(logits, v.to(logits.dtype))
+
+
+def tile() -> int:
+    """Query block side of the tiled form's blocked executions (the plain ops and the GEMM path): 8, the tile of the
+    committed sweeps (a function: TorchScript reads no module-level ints)."""
+    return 8
 
 
 def tiled_plain(q: Tensor, vp: Tensor, table: Tensor, tile: int, step: int, blocks_y: int, blocks_x: int,
