@@ -217,8 +217,9 @@ def _tiled(q: Tensor, v: Tensor, table: Tensor, step: int) -> Tensor:
     if kernel is not None:
         return kernel.tiled_forward(q, v, table, step)
     b, h, _, ho, wo = q.shape
-    qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table.contiguous(), step)
-    p = _TiledPlan(qb, vp, table.contiguous(), step, blocks_y, blocks_x)
+    table = table.contiguous()
+    qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table, step)
+    p = _TiledPlan(qb, vp, table, step, blocks_y, blocks_x)
     y = vp.new_empty(p.g, p.dv, p.rows)
     for chunk in p.chunks:
         g0, n, logits, windows = p.block_logits(qb, vp, chunk)

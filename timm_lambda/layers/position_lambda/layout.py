@@ -70,7 +70,6 @@ def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: 
     kh, kw = (table.shape[-2], table.shape[-1]) if table_size is None else (table_size[0], table_size[1])
     step = stride
     ho, wo = (height + step - 1) // step, (width + step - 1) // step
-    oy, ox = torch.arange(ho, device=q.device), torch.arange(wo, device=q.device)  # also the stride-2 border counts
     if stride == 1:
         queries = q.reshape(b, h, k, height, width)
     else:
@@ -87,6 +86,7 @@ def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: 
             # 'one block or more' answer in every layer: at least 2 blocks (the extra one all padding, same results)
             blocks_y, blocks_x = torch.sym_max(blocks_y, 2), torch.sym_max(blocks_x, 2)
         qb, vp = to_blocks(queries, values, kh, kw, t, step, blocks_y, blocks_x)
+        oy, ox = torch.arange(ho, device=q.device), torch.arange(wo, device=q.device)
         y = tiled_plain(qb, vp, table, t, step, blocks_y, blocks_x, None if table_size is None else [kh, kw])
         row = (((oy // t) * blocks_x)[:, None] * (t * t) + (oy % t)[:, None] * t
                + ((ox // t) * (t * t) + ox % t)[None, :])
@@ -97,6 +97,7 @@ def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: 
         if count_include_pad:
             y = y / 9
         else:  # average over the in-image inputs of each output
+            oy, ox = torch.arange(ho, device=q.device), torch.arange(wo, device=q.device)
             in_rows = 3 - (oy == 0).to(y.dtype) - (2 * oy + 1 >= height).to(y.dtype)
             in_cols = 3 - (ox == 0).to(y.dtype) - (2 * ox + 1 >= width).to(y.dtype)
             y = y / (in_rows[:, None] * in_cols[None, :])
