@@ -96,12 +96,13 @@ def test_the_cpu_kernel_serves_float32_and_float64_on_a_cpu_only():
     assert cpu_kernel.cpu_kernel(torch.zeros(1, device='meta')) is None
 
 
-@pytest.mark.parametrize('stride', [1, 2])
-def test_cpu_kernel_in_float32_equals_the_gemm_path_in_float64(stride, monkeypatch):
+@pytest.mark.parametrize('stride,scope', [(1, 23), (2, 23), (1, 5), (1, 11), (2, 27), (1, 35)])
+def test_cpu_kernel_in_float32_equals_the_gemm_path_in_float64(stride, scope, monkeypatch):
     """float32 has 16 lanes where float64 has 8: the kernel's float32 vector paths at a LambdaResNet-like shape
-    (23x23 scope, |k| = 16, 5 heads, |v| = 16 + 16 + 8 + 3), outputs and gradients."""
+    (|k| = 16, 5 heads, |v| = 16 + 16 + 8 + 3), outputs and gradients; the scopes give logit-gradient rows of one
+    and two vectors, computed in row pairs (5, 11, 23, 27 wide), and of more (35: a GEMM per row)."""
     require_cpu_kernel()
-    case = (2, 24, 20, 5, 16, 1, 43, 23, stride, False, 512)
+    case = (2, 24, 20, 5, 16, 1, 43, scope, stride, False, 512)
     q, v, table = _inputs(case)
     g = torch.randn(_call('tiled', case, q, v, table).shape, generator=torch.Generator().manual_seed(3),
                     dtype=torch.float64)

@@ -5,8 +5,9 @@ Default: the three detection shapes of a LambdaResNet backbone at 1024x1024 (c4 
 256 channels, the stride-2 first c5 layer at 64x64 with 512, the other c5 layers at 32x32 with 512; ``--image-size``
 for another input size), batch 1,
 ``impl='auto'``; prints time, multiply-add rate (GMAC/s: ``torch.utils.flop_counter``'s count, custom operators
-included, over the median time), peak memory and the ratio to the convolution per shape and in total, for a training
-step (``--mode train``, the default) or eval-mode inference (``--mode eval``).
+included, over the median time) and, on a CPU, its share of the threads' float32 multiply-add limit
+(tools/dev/benchmarks/peak.py: how far each form is from the limit), peak memory and the ratio to the convolution per
+shape and in total, for a training step (``--mode train``, the default) or eval-mode inference (``--mode eval``).
 
 ``--sweep``: every implementation and the convolution on square inputs of growing size (width 256), a PNG
 plot of time and memory against the input side, and at each size the faster of the dense and tiled forms
@@ -42,6 +43,7 @@ import torch
 from torch import nn
 
 from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
+from dev.benchmarks.peak import fma_peak_gmacs
 from timm_lambda.layers import LambdaLayer
 
 
@@ -150,6 +152,11 @@ def record_memory(path, results, meta):
 def detection_table(args):
     what = 'training step' if args.mode == 'train' else 'eval inference'
     print(f'# lambda layer vs 3x3 conv, {what}, batch {args.batch}, {args.dtype}, {machine(args.device)}')
+    peak = fma_peak_gmacs() if args.device == 'cpu' and args.dtype == torch.float32 else None  # a float32 limit
+    args.fma_peak_gmac_per_s = peak
+    if peak:
+        print(f'# float32 multiply-add limit of these threads (register-only FMA loop): {peak:.0f} GMAC/s; '
+              'each GMAC/s below is followed by its share of it')
     print('| width, input, stride | ' + ' | '.join(f'{k} median ms [min-max] (x conv), GMAC/s, MiB'
                                                    for k in ['conv3x3'] + args.impls) + ' |')
     print('|---|' + '---|' * (1 + len(args.impls)))
@@ -158,8 +165,12 @@ def detection_table(args):
         rows = measure(width, size, stride, args.batch, args.impls, args.device, args.dtype, args.repeats,
                        mode=args.mode, rates=True)
         conv = rows['conv3x3']['ms']
+        if peak:
+            for r in rows.values():
+                r['share_of_fma_peak'] = r['gmac_per_s'] / peak
         cells = [f"{r['ms']:.1f} [{r['min_ms']:.1f}-{r['max_ms']:.1f}] ({r['ms'] / conv:.2f}x), "
-                 f"{r['gmac_per_s']:.0f}, {r['peak_mib']:.0f}" for r in rows.values()]
+                 f"{r['gmac_per_s']:.0f}" + (f" ({100 * r['share_of_fma_peak']:.0f}%)" if peak else '')
+                 + f", {r['peak_mib']:.0f}" for r in rows.values()]
         print(f'| {width}, {size}x{size}, s{stride} | ' + ' | '.join(cells) + ' |', flush=True)
         for k, r in rows.items():
             totals[k] = totals.get(k, 0.0) + r['ms']
@@ -279,7 +290,9 @@ def main(argv=None):
         command = shlex.join(['python', 'tools/benchmark_lambda_layer.py', *(sys.argv[1:] if argv is None else argv)])
         with open(args.json, 'w') as f:
             json.dump(dict(command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), load_before=load_before,
-                           machine=machine(args.device), settings=settings, results=results), f, indent=1, default=str)
+                           machine=machine(args.device), settings=settings,
+                           fma_peak_gmac_per_s=getattr(args, 'fma_peak_gmac_per_s', None), results=results), f,
+                      indent=1, default=str)
 
 
 if __name__ == '__main__':
