@@ -87,13 +87,43 @@ def require_cpu_kernel():
     assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.float64)) is not None, 'the CPU kernel did not build'
 
 
-def test_the_cpu_kernel_serves_float32_and_float64_on_a_cpu_only():
+def test_the_cpu_kernel_serves_cpu_tensors_only_and_16_bit_ones_in_float32_at_stride_1():
     require_cpu_kernel()
-    for dtype in (torch.float32, torch.float64):
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=dtype)) is not None
-    for dtype in (torch.bfloat16, torch.float16):
-        assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=dtype)) is None
+    assert [cpu_kernel.compute_dtype(d) for d in (torch.float32, torch.float64, torch.bfloat16, torch.float16)] == [
+        torch.float32, torch.float64, torch.float32, torch.float32]
+    assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.int64)) is None
     assert cpu_kernel.cpu_kernel(torch.zeros(1, device='meta')) is None
+    # stride 2: 16-bit calls run the GEMM path (faster there in bfloat16, docs/benchmarks.md)
+    assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.float32), 2) is not None
+    assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.bfloat16), 2) is None
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_16_bit_inputs_run_the_cpu_kernel_in_float32(dtype, monkeypatch):
+    """A bfloat16 or float16 call (what CPU autocast passes) equals the kernel's float32 result on the same rounded
+    inputs, rounded once to the 16-bit dtype, outputs and gradients; the GEMM path, which keeps its logits in the
+    16-bit dtype, is farther from the float64 reference."""
+    require_cpu_kernel()
+    case = (2, 24, 20, 5, 16, 1, 43, 23, 1, False, 512)
+    q, v, table = (t.to(dtype) for t in _inputs(case))
+    g = torch.randn(_call('tiled', case, q.double(), v.double(), table.double()).shape,
+                    generator=torch.Generator().manual_seed(3)).to(dtype)
+
+    def run(*inputs):
+        inputs = [t.clone().requires_grad_() for t in inputs]
+        y = _call('tiled', case, *inputs)
+        return [y] + list(torch.autograd.grad(y, inputs, g.to(y.dtype)))
+
+    low, full = run(q, v, table), run(q.float(), v.float(), table.float())
+    for got, want in zip(low, full):
+        assert got.dtype == dtype and torch.equal(got, want.to(dtype))
+    monkeypatch.setattr(cpu_kernel, 'ENABLED', False)
+    gemm = run(q, v, table)
+    ref = run(q.double(), v.double(), table.double())
+    err = [(a.double() - r).abs().max() for a, r in zip(low, ref)]
+    assert (gemm[0].double() - ref[0]).abs().max() > err[0]
 
 
 @pytest.mark.parametrize('stride,scope', [(1, 23), (2, 23), (1, 5), (1, 11), (2, 27), (1, 35)])

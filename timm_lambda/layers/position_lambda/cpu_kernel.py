@@ -2,8 +2,11 @@
 
 Each query meets exactly its ``K_h x K_w`` scope (the GEMM path pads it to its block's window, 1.7x the work at a
 23x23 scope) and its logits never leave the cache, so the layer runs near the CPU's multiply-add rate
-(docs/benchmarks.md). float32 and float64 on a CPU; other dtypes and devices, or a machine where the build fails
-(a one-time warning says why), run the GEMM path of :mod:`.custom_ops`. ``TIMM_LAMBDA_CPU_KERNEL=0`` turns it off.
+(docs/benchmarks.md). float32 and float64 on a CPU; bfloat16 and float16 (CPU autocast) at stride 1 in float32, the
+result rounded back (as a bfloat16 matmul accumulates in float32): there the GEMM path in bfloat16 pays for whole
+windows. At stride 2 its big GEMM (9 |k| deep) runs faster in bfloat16 than the kernel in float32 (both measured in
+docs/benchmarks.md), so 16-bit stride-2 calls, other devices, or a machine where the build fails (a one-time warning
+says why) run the GEMM path of :mod:`.custom_ops`. ``TIMM_LAMBDA_CPU_KERNEL=0`` turns it off.
 """
 import functools
 import hashlib
@@ -16,7 +19,7 @@ import torch
 
 from .execution import warn_once
 
-__all__ = ['cpu_kernel']
+__all__ = ['cpu_kernel', 'compute_dtype']
 
 ENABLED = os.environ.get('TIMM_LAMBDA_CPU_KERNEL', '1') != '0'
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tiled_cpu.cpp')
@@ -50,9 +53,21 @@ def _build():
         return None
 
 
+_SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
 @torch.jit.unused
-def cpu_kernel(x: torch.Tensor) -> Optional[object]:
-    """The built kernel module when it serves ``x`` (float32 or float64 on a CPU), else None."""
-    if not ENABLED or x.device.type != 'cpu' or x.dtype not in (torch.float32, torch.float64):
+def cpu_kernel(x: torch.Tensor, step: int = 1) -> Optional[object]:
+    """The built kernel module when it serves ``x`` at ``step`` (a CPU tensor in a dtype of ``_SERVED``, a 16-bit
+    one at step 1 only; computed in :func:`compute_dtype`), else None."""
+    if not ENABLED or x.device.type != 'cpu' or x.dtype not in _SERVED:
+        return None
+    if step != 1 and compute_dtype(x.dtype) != x.dtype:
         return None
     return _build()
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the kernel computes a ``dtype`` input in: float32 and float64 as they are, the 16-bit ones in
+    float32."""
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32

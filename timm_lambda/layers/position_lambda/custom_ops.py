@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from .cpu_kernel import cpu_kernel
+from .cpu_kernel import compute_dtype, cpu_kernel
 from .execution import warn_once
 from .plain_ops import dense_plain, tile, tiled_plain, to_blocks
 
@@ -213,9 +213,10 @@ def _gemm_blocks(q: Tensor, v: Tensor, table: Tensor, step: int):
 
 @torch.library.custom_op('timm_lambda::tiled_position_lambdas', mutates_args=())
 def _tiled(q: Tensor, v: Tensor, table: Tensor, step: int) -> Tensor:
-    kernel = cpu_kernel(q)
-    if kernel is not None:
-        return kernel.tiled_forward(q, v, table, step)
+    kernel = cpu_kernel(q, step)
+    if kernel is not None:  # a 16-bit input (CPU autocast, stride 1) in float32, the result rounded back
+        c = compute_dtype(q.dtype)
+        return kernel.tiled_forward(q.to(c), v.to(c), table.to(c), step).to(q.dtype)
     b, h, _, ho, wo = q.shape
     table = table.contiguous()
     qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table, step)
@@ -236,9 +237,11 @@ def _(q, v, table, step):
 
 @torch.library.custom_op('timm_lambda::tiled_position_lambdas_backward', mutates_args=())
 def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int) -> Tuple[Tensor, Tensor, Tensor]:
-    kernel = cpu_kernel(q)
+    kernel = cpu_kernel(q, step)
     if kernel is not None:
-        return tuple(kernel.tiled_backward(gy, q, v, table, step))
+        c = compute_dtype(q.dtype)
+        gq, gv, gtable = kernel.tiled_backward(gy.to(c), q.to(c), v.to(c), table.to(c), step)
+        return gq.to(q.dtype), gv.to(v.dtype), gtable.to(table.dtype)
     b, h, c, ho, wo = q.shape
     table = table.contiguous()
     qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table, step)
@@ -293,7 +296,7 @@ def _tiled_flops(q, v, table, step, out_shape=None, backward=False) -> int:
     """Multiply-adds of the exact form that the CPU kernel computes (:mod:`.cpu_kernel`): per query ``h u K_h K_w``
     logits of depth ``c``, and a value row of depth ``V`` per scope offset that meets the image; the backward: the
     logits again and the gradients of ``q`` and the table (3x ``c``), of the values and of the logits (2x ``V``).
-    The GEMM path (other devices and dtypes) does the ``V`` part for whole windows, ``M_h M_w`` offsets per query."""
+    The GEMM path (other devices) does the ``V`` part for whole windows, ``M_h M_w`` offsets per query."""
     (b, h, c, ho, wo), (_, cv, height, width), (_, u, kh, kw) = q, v, table
     logits = b * ho * wo * h * u * kh * kw * c
     values = b * h * cv * _in_image(height, ho, step, kh) * _in_image(width, wo, step, kw)
