@@ -288,11 +288,12 @@ def main(argv=None):
         settings = dict({k: getattr(args, k) for k in keys}, dtype=str(args.dtype).replace('torch.', ''),
                         threads=torch.get_num_threads())
         command = shlex.join(['python', 'tools/benchmark_lambda_layer.py', *(sys.argv[1:] if argv is None else argv)])
+        record = dict(command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), load_before=load_before,
+                      machine=machine(args.device), settings=settings)
+        if not args.sweep:  # the table's yardstick (None where not measured: another device or dtype)
+            record['fma_peak_gmac_per_s'] = args.fma_peak_gmac_per_s
         with open(args.json, 'w') as f:
-            json.dump(dict(command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), load_before=load_before,
-                           machine=machine(args.device), settings=settings,
-                           fma_peak_gmac_per_s=getattr(args, 'fma_peak_gmac_per_s', None), results=results), f,
-                      indent=1, default=str)
+            json.dump(dict(record, results=results), f, indent=1, default=str)
 
 
 if __name__ == '__main__':
