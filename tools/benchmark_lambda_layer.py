@@ -150,10 +150,10 @@ def record_memory(path, results, meta):
 
 
 def detection_table(args):
+    """The table's rows and the float32 multiply-add limit they are compared with (None: not measured)."""
     what = 'training step' if args.mode == 'train' else 'eval inference'
     print(f'# lambda layer vs 3x3 conv, {what}, batch {args.batch}, {args.dtype}, {machine(args.device)}')
     peak = fma_peak_gmacs() if args.device == 'cpu' and args.dtype == torch.float32 else None  # a float32 limit
-    args.fma_peak_gmac_per_s = peak
     if peak:
         print(f'# float32 multiply-add limit of these threads (register-only FMA loop): {peak:.0f} GMAC/s; '
               'each GMAC/s below is followed by its share of it')
@@ -178,7 +178,7 @@ def detection_table(args):
     print('| **total** | '
           + ' | '.join(f"{totals[k]:.1f} ({totals[k] / totals['conv3x3']:.2f}x)" for k in totals) + ' |')
     print(f'load average after: {load_average()}')
-    return results
+    return results, peak
 
 
 def sweep(args):
@@ -281,7 +281,7 @@ def main(argv=None):
         _plot(saved['results'], args, saved['machine'])
         return saved['results']
     load_before = load_average()
-    results = sweep(args) if args.sweep else detection_table(args)
+    results, peak = (sweep(args), None) if args.sweep else detection_table(args)
     if args.json:
         keys = ('width', 'scope', 'dim_u', 'batch', 'repeats', 'device') if args.sweep else \
             ('impls', 'batch', 'repeats', 'device', 'mode')
@@ -291,7 +291,7 @@ def main(argv=None):
         record = dict(command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), load_before=load_before,
                       machine=machine(args.device), settings=settings)
         if not args.sweep:  # the table's yardstick (None where not measured: another device or dtype)
-            record['fma_peak_gmac_per_s'] = args.fma_peak_gmac_per_s
+            record['fma_peak_gmac_per_s'] = peak
         with open(args.json, 'w') as f:
             json.dump(dict(record, results=results), f, indent=1, default=str)
 

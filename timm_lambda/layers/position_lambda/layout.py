@@ -13,7 +13,7 @@ from .custom_ops import dense_op, tiled_op
 from .execution import contiguous, is_exporting
 from .plain_ops import dense_plain, tile, tiled_plain, to_blocks
 
-__all__ = ['tile', 'dense', 'tiled']
+__all__ = ['dense', 'tiled']
 
 
 def dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, masked: bool, custom_ops: bool) -> Tensor:
