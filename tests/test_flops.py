@@ -53,14 +53,15 @@ def test_position_lambda_count_by_hand(impl):
     """One layer, 16x16 input, |k| = 16, 4 heads, |v| = 64 / 4 = 16, 7x7 scope. dense: every (query, context)
     pair: logits |n| |h| |n| |k| and output |n| |h| |n| |v|. tiled (layout.py): 2x2 blocks of 8x8 queries, each
     query against its own 7x7 scope (the CPU kernel's exact arithmetic): logits |k| per offset, output |v| per offset
-    inside the image (along each axis 16 x 7 offsets minus 3 + 2 + 1 at each border = 100)."""
+    inside the image (along each axis 16 x 7 offsets minus 3 + 2 + 1 at each border = 100), and the content term
+    that the operator applies inside, |k| |v| per query and head."""
     layer = LambdaLayer(64, dim_k=16, heads=4, scope=7, impl=impl, device='meta').eval()
     counts = _counts(layer, torch.zeros(1, 64, 16, 16, device='meta'))
     n, h, k, v = 16 * 16, 4, 16, 16
     if impl == 'dense':
         expected = n * h * n * (k + v)
     else:
-        expected = n * h * 7 * 7 * k + h * 100 * 100 * v
+        expected = n * h * 7 * 7 * k + h * 100 * 100 * v + n * h * k * v
     assert counts[f'timm_lambda.{impl}_position_lambdas'] == expected
 
 

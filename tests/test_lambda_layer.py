@@ -373,12 +373,18 @@ def _position_macs(layer, B, H, W, impl):
     return rows * c * u * th * tw, B * h * u * v * meeting(H, queries_y, th) * meeting(W, queries_x, tw)
 
 
+def _content_macs(layer, B, H, W):
+    """Multiply-adds of the content lambda's application to the queries (eq. 2): |h||k||v| per output (a stride-2
+    layer applies it to the pooled queries)."""
+    n_out = -(-H // layer.stride) * -(-W // layer.stride)
+    return B * layer.heads * layer.dim_k * layer.dim_v * n_out
+
+
 def _macs_by_hand(layer, B, H, W, impl):
     """Multiply-adds of a LambdaLayer forward: the 1x1 projections, the content lambda (eq. 1) and its application
-    to the queries (eq. 2; a stride-2 layer applies it to the pooled queries), and the position lambdas."""
+    to the queries (eq. 2), and the position lambdas."""
     d, k, h, u, v, n = layer.dim, layer.dim_k, layer.heads, layer.dim_u, layer.dim_v, H * W
-    n_out = -(-H // layer.stride) * -(-W // layer.stride)
-    return B * n * d * (h * k + k * u + v * u) + B * u * k * n * v + B * h * k * v * n_out + sum(
+    return B * n * d * (h * k + k * u + v * u) + B * u * k * n * v + _content_macs(layer, B, H, W) + sum(
         _position_macs(layer, B, H, W, impl))
 
 
@@ -389,7 +395,8 @@ def _macs_by_hand(layer, B, H, W, impl):
 def test_flop_counter_counts_every_form(impl, kw, size):
     """torch.utils.flop_counter.FlopCounterMode sees the position lambdas of every form (the custom operators have
     FLOP formulas), 2 FLOPs per multiply-add; the operators' backward: the logits recomputed and the gradients,
-    3x the first contraction and 2x the second."""
+    3x the first contraction and 2x the second (the tiled one's content term at stride 1: 2x, the gradients of the
+    queries and of the content lambda)."""
     from torch.utils.flop_counter import FlopCounterMode
     layer = LambdaLayer(8, dim_k=4, heads=2, impl=impl, **kw)
     x = torch.randn(2, 8, *size, requires_grad=True)
@@ -401,7 +408,9 @@ def test_flop_counter_counts_every_form(impl, kw, size):
             y.sum().backward()
         ops = {str(op): n for op, n in counter.get_flop_counts()['Global'].items()}
         first, second = _position_macs(layer, 2, *size, impl)
-        assert ops[f'timm_lambda.{impl}_position_lambdas_backward'] == 2 * (3 * first + 2 * second)
+        # the tiled operator applies the content lambda inside at stride 1
+        content = 2 * _content_macs(layer, 2, *size) if impl == 'tiled' and layer.stride == 1 else 0
+        assert ops[f'timm_lambda.{impl}_position_lambdas_backward'] == 2 * (3 * first + 2 * second + content)
 
 
 @CUSTOM_OP_FLOPS

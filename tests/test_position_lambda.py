@@ -78,6 +78,88 @@ def test_forms_equal_the_per_query_reference_with_gradients(case, impl, executio
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
+def _content_reference(content, q, case):
+    """``(lambda^c)^T q_n`` at every input position, pooled as the position term is (pooling is linear: the
+    implementation pools the queries instead)."""
+    b, hh, ww, h, _, _, dv, _, stride, cip, _ = case
+    y = torch.einsum('bkv,bhkn->bhvn', content, q)
+    if stride == 2:
+        y = torch.nn.functional.avg_pool2d(y.reshape(b, h * dv, hh, ww), 3, 2, 1, count_include_pad=cip)
+    return y.reshape(b, h, dv, -1)
+
+
+CONTENT_CASES = [CASES[i] for i in (0, 2, 3, 4, 7, 8)]
+
+
+@pytest.mark.parametrize('impl,execution', EXECUTIONS, ids=['-'.join(e) for e in EXECUTIONS])
+@pytest.mark.parametrize('case', CONTENT_CASES, ids=[IDS[CASES.index(c)] for c in CONTENT_CASES])
+def test_content_lambda_with_the_position_lambdas_equals_the_reference(case, impl, execution, monkeypatch):
+    """``position_lambdas(..., content=lambda^c)`` adds the content term (eq. 2): inside the tiled operator (the CPU
+    kernel's accumulators, or the GEMM path), else by a matmul; output and the gradients of q, v, the table and the
+    content lambda against the float64 reference, batch 1 and 2, stride 1 and 2, |v| on the kernel's vector paths
+    (43 = 32 + 8 + 3) and not."""
+    monkeypatch.setattr(custom_ops, 'CPU_CHUNK_ROWS', case[-1])
+    if execution == 'plain_ops':
+        monkeypatch.setattr(PL, 'use_custom_ops', lambda: False)
+    if execution == 'gemm_ops':
+        monkeypatch.setattr(cpu_kernel, 'ENABLED', False)
+    if execution == 'cpu_kernel':
+        require_cpu_kernel()
+    _, hh, ww, _, k, _, dv, scope, stride, cip, _ = case
+    q, v, table = _inputs(case)
+    content = torch.randn(case[0], k, dv, generator=torch.Generator().manual_seed(7), dtype=q.dtype)
+    leaves = [t.requires_grad_() for t in (q, v, table, content)]
+    ref = position_term_reference(q, v, table, hh, ww, stride, cip) + _content_reference(content, q, case)
+    y = PL.position_lambdas(q, v, table, hh, ww, impl, scope is None, stride, cip, None, content)
+    y = y.reshape(ref.shape)
+    torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-10)
+    g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=ref.dtype)
+    for got, want in zip(torch.autograd.grad(y, leaves, g), torch.autograd.grad(ref, leaves, g)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize('execution', ['cpu_kernel', 'gemm_ops'])
+@pytest.mark.parametrize('step', [1, 2])
+def test_tiled_operator_content_equals_its_term_added(step, execution, monkeypatch):
+    """The operator's content input at either step (the layer passes it at step 1): the same as the operator without
+    it plus the term by a matmul, outputs and all four gradients, float64, batch 1 and 2, |v| = 43 (the kernel's
+    vector paths and a scalar rest)."""
+    if execution == 'gemm_ops':
+        monkeypatch.setattr(cpu_kernel, 'ENABLED', False)
+    else:
+        require_cpu_kernel()
+    g = torch.Generator().manual_seed(1)
+    for b in (1, 2):
+        q = torch.randn(b, 3, 6, 9, 11, generator=g, dtype=torch.float64)
+        v = torch.randn(b, 2 * 43, 9 * step, 11 * step, generator=g, dtype=torch.float64)
+        table = torch.randn(6, 2, 7, 5, generator=g, dtype=torch.float64)
+        content = torch.randn(b, 6, 43, generator=g, dtype=torch.float64)
+        leaves = [t.requires_grad_() for t in (q, v, table, content)]
+        y = custom_ops._tiled(q, v, table, step, content)
+        want = custom_ops._tiled(q, v, table, step) + custom_ops._content_term(q, content)
+        torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+        gy = torch.randn(y.shape, generator=g, dtype=torch.float64)
+        for got, ref in zip(torch.autograd.grad(y, leaves, gy), torch.autograd.grad(want, leaves, gy)):
+            torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('execution', ['cpu_kernel', 'gemm_ops'])
+@pytest.mark.parametrize('stride', [1, 2])
+def test_tiled_operator_with_a_content_lambda_double_backward(stride, execution, monkeypatch):
+    """create_graph=True through the tiled operator with a content lambda: gradgradcheck over all four inputs."""
+    if execution == 'gemm_ops':
+        monkeypatch.setattr(cpu_kernel, 'ENABLED', False)
+    else:
+        require_cpu_kernel()
+    case = (2, 9, 10, 2, 3, 2, 4, 5, stride, False, 64)
+    q, v, table = _inputs(case)
+    content = torch.randn(2, 3, 4, dtype=q.dtype)
+    leaves = [t.requires_grad_() for t in (q, v, table, content)]
+    assert torch.autograd.gradgradcheck(
+        lambda q, v, t, c: PL.position_lambdas(q, v, t, 9, 10, 'tiled', False, stride, False, None, c), leaves,
+        fast_mode=True)
+
+
 def require_cpu_kernel():
     """Skip where no C++ toolchain can build the CPU kernel (the GEMM path, tested beside it, then serves); CI sets
     TIMM_LAMBDA_REQUIRE_CPU_KERNEL=1: there it must build, never skip."""
@@ -335,7 +417,10 @@ def test_dynamo_captures_the_operators_in_one_graph(stride):
 
 def test_opcheck_operators():
     """torch.library.opcheck: schema, fake (meta) kernels, autograd registration of the custom operators, on
-    non-contiguous inputs."""
+    non-contiguous inputs; the tiled one also with a content lambda (a non-contiguous one)."""
     for impl in FORMS:
         op, *inputs = _operator_inputs(impl)
         torch.library.opcheck(op, [x.requires_grad_() if i < 3 else x for i, x in enumerate(inputs)])
+    op, q, v, table, step = _operator_inputs('tiled')
+    content = torch.randn(2, 3, 5, dtype=q.dtype).transpose(1, 2).requires_grad_()  # [B, c, V], c = 5, V = 3
+    torch.library.opcheck(op, [q.requires_grad_(), v.requires_grad_(), table.requires_grad_(), step, content])

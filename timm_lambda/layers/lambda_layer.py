@@ -31,7 +31,7 @@ from .checks import (
     to_int,
 )
 from .dilation import batch_to_space, check_dilation, space_to_batch
-from .position_lambda import POSITION_IMPLS, choose_impl, position_lambdas
+from .position_lambda import POSITION_IMPLS, choose_impl, content_term, position_lambdas
 from .position_lambda.execution import functorch_active, warn_once
 from .relative_embedding import RelativePositionEmbedding
 
@@ -159,6 +159,8 @@ class LambdaLayer(nn.Module):
         # the table's [R_h, R_w] as Python ints, also inside jit.trace
         self.table_size: List[int] = list(self.pos_embedding.weight.shape[-2:]) if self.position else [1, 1]
         self.pos_bias = nn.Parameter(torch.empty(k, **dd)) if position_bias else None
+        # the downsampling's settings as a module (peer-weight conversions read them); the forward pools with them
+        # inside content_term / position_lambdas
         self.pool = downsample_pool(self.stride, self.pool_count_include_pad)
         self.reset_parameters()
 
@@ -212,9 +214,7 @@ class LambdaLayer(nn.Module):
             values = values.clone(memory_format=torch.contiguous_format)
         q = reshape_normed(self.norm_q(q), [B, h, k, n])
         values = reshape_normed(self.norm_v(values), [B, u, v, n])
-        out: Optional[torch.Tensor] = None
-        ho, wo = (H + self.stride - 1) // self.stride, (W + self.stride - 1) // self.stride
-        shared: Optional[torch.Tensor] = None  # the part of lambda_n that is the same for every n: [B or 1, k, v]
+        shared: Optional[torch.Tensor] = None  # the part of lambda_n that is the same for every n: [B, k, v]
         if self.content:
             # a view of the flattened projection: a reshape of the 4-D channel slice makes torch.export guard on
             # sizes of 1 (batch, height, width) even with backed_size_oblivious (docs/execution_modes.md)
@@ -225,26 +225,22 @@ class LambdaLayer(nn.Module):
             for i in range(1, u):
                 shared = shared + torch.bmm(keys[:, i], values[:, i].transpose(1, 2))
         if self.pos_bias is not None:  # lambda^p_n[k, :] += b_k for every n
-            bias = self.pos_bias.unsqueeze(1).expand(k, v).unsqueeze(0)
+            bias = self.pos_bias.unsqueeze(1).expand(k, v).unsqueeze(0).expand(B, k, v)
             shared = bias if shared is None else shared + bias
-        if shared is not None:
-            # linear in the query: a downsampling layer applies it to the pooled queries (|h||k| channels, not |h||v|)
-            q_out = q if self.stride == 1 else self.pool(q.reshape(B, h * k, H, W)).reshape(B, h, k, ho * wo)
-            out = torch.matmul(shared.transpose(1, 2).unsqueeze(1), q_out).reshape(B, h * v, ho, wo)  # eq. 2
-        if self.pos_embedding is not None:  # on each d x d interleaved sub-grid of a dilated scope
-            d, hs, ws = self.dilation, H, W
-            if d > 1:
-                q = space_to_batch(q.reshape(B, h * k, H, W), d)
-                values = space_to_batch(values.reshape(B, u * v, H, W), d)
-                hs, ws = q.shape[-2], q.shape[-1]
-            pos = position_lambdas(q.reshape(B * d * d, h, k, hs * ws), values.reshape(B * d * d, u, v, hs * ws),
-                                   self.pos_embedding.weight, hs, ws, self.impl, self.global_scope, self.stride,
-                                   self.pool_count_include_pad, self.table_size)  # [B d d, h v, ho, wo]
-            if d > 1:
-                pos = batch_to_space(pos, d, H, W)
-            out = pos if out is None else out + pos
-        assert out is not None
-        return out
+        if self.pos_embedding is None:
+            assert shared is not None
+            return content_term(shared, q, H, W, self.stride, self.pool_count_include_pad)  # eq. 2
+        # the position lambdas on each d x d interleaved sub-grid of a dilated scope, the content term with them
+        d, hs, ws = self.dilation, H, W
+        if d > 1:
+            q = space_to_batch(q.reshape(B, h * k, H, W), d)
+            values = space_to_batch(values.reshape(B, u * v, H, W), d)
+            hs, ws = q.shape[-2], q.shape[-1]
+            shared = None if shared is None else shared.repeat_interleave(d * d, 0)
+        out = position_lambdas(q.reshape(B * d * d, h, k, hs * ws), values.reshape(B * d * d, u, v, hs * ws),
+                               self.pos_embedding.weight, hs, ws, self.impl, self.global_scope, self.stride,
+                               self.pool_count_include_pad, self.table_size, shared)  # [B d d, h v, ho, wo]
+        return batch_to_space(out, d, H, W) if d > 1 else out
 
 
 def _drop_shared_embedding(module, state_dict, prefix, local_metadata):

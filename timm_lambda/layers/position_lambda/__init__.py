@@ -6,6 +6,7 @@ forms of :data:`POSITION_IMPLS` (docs/lambda_layer.md compares them). This modul
 """
 from typing import List, Optional
 
+import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from torch import Tensor
@@ -15,7 +16,7 @@ from .execution import size_independent, use_custom_ops
 from .layout import dense, tiled
 from .plain_ops import conv_form, einsum_form, tile
 
-__all__ = ['POSITION_IMPLS', 'position_lambdas', 'choose_impl']
+__all__ = ['POSITION_IMPLS', 'position_lambdas', 'content_term', 'choose_impl']
 
 POSITION_IMPLS = ('auto', 'einsum', 'conv', 'dense', 'tiled')
 
@@ -38,26 +39,44 @@ def choose_impl(impl: str, height: int, width: int, table_h: int, table_w: int, 
     return 'dense' if 4 * (height * width) ** 2 <= padded * (table_h * table_w + 32) else 'tiled'
 
 
+def content_term(content: Tensor, q: Tensor, height: int, width: int, stride: int = 1,
+                 count_include_pad: bool = False) -> Tensor:
+    """``y_n^h = (lambda^c)^T q_n^h`` (eq. 2) for the content lambda ``content [B, k, V]`` and ``q [B, h, k, n]`` ->
+    ``[B, h V, H_out, W_out]``. Linear in the query: a stride-2 layer applies it to the pooled queries (|h||k|
+    channels, not |h||v|), pooled as :func:`position_lambdas` pools its result."""
+    b, h, k = q.shape[0], q.shape[1], q.shape[2]
+    ho, wo = (height + stride - 1) // stride, (width + stride - 1) // stride
+    if stride == 2:
+        q = F.avg_pool2d(q.reshape(b, h * k, height, width), 3, 2, 1, count_include_pad=count_include_pad).reshape(
+            b, h, k, ho * wo)
+    return torch.matmul(content.transpose(1, 2).unsqueeze(1), q).reshape(b, h * content.shape[2], ho, wo)
+
+
 def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, impl: str,
                      global_scope: bool, stride: int = 1, count_include_pad: bool = False,
-                     table_size: Optional[List[int]] = None) -> Tensor:
+                     table_size: Optional[List[int]] = None, content: Optional[Tensor] = None) -> Tensor:
     """``y_n^h = (lambda^p_n)^T q_n^h`` for every query: ``q [B, h, k, n], v [B, u, V, n] -> [B, h V, H, W]``
     (possibly a strided view); ``table``: the relative embedding ``[k, u, R_h, R_w]``; ``impl``: one of
     :data:`POSITION_IMPLS`. ``stride=2``: the result average-pooled (3x3, stride 2, padding 1; ``count_include_pad``
     as ``nn.AvgPool2d``), ``[B, h V, ceil(H/2), ceil(W/2)]``. ``table_size``: the table's ``[R_h, R_w]`` as Python
-    ints (see :func:`block_embedding`).
+    ints (see :func:`block_embedding`). ``content``: a content lambda ``[B, k, V]`` whose term (:func:`content_term`)
+    is added: inside the tiled operator's accumulators where it runs at stride 1 (no pass of its own over the
+    output), else by :func:`content_term`.
     """
     impl = choose_impl(impl, height, width, table.shape[-2], table.shape[-1], global_scope)
     custom_ops = (impl == 'dense' or impl == 'tiled') and use_custom_ops()
     cut = table_for_input(table, height, width, global_scope)
+    if impl == 'tiled' and custom_ops:
+        # at stride 2 the operator's queries are 3x3 patches (9 |k| deep): lambda^c on the pooled queries costs 9x less
+        fused = stride == 1
+        y = tiled(q, v, cut, height, width, stride, count_include_pad, True, None if global_scope else table_size,
+                  content if fused else None)
+        return y if fused or content is None else content_term(content, q, height, width, stride,
+                                                                count_include_pad) + y
     if impl == 'tiled':
         # plain ops compute the full map and pool it: the pooled contraction's logits matmul (9 |k| deep, on small
         # per-query GEMMs) costs more in onnxruntime than the 4x larger full-resolution one plus AveragePool
-        at_output = stride == 2 and custom_ops
-        y = tiled(q, v, cut, height, width, stride if at_output else 1, count_include_pad, custom_ops,
-                  None if global_scope else table_size)
-        if at_output:
-            return y
+        y = tiled(q, v, cut, height, width, 1, count_include_pad, False, None if global_scope else table_size)
     elif impl == 'dense':
         y = dense(q, v, cut, height, width, not global_scope, custom_ops)
     elif impl == 'einsum' or impl == 'conv':
@@ -66,9 +85,11 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
         y = y.reshape(y.shape[0], y.shape[1] * y.shape[2], height, width)
     else:
         raise ValueError("impl must be one of 'auto', 'einsum', 'conv', 'dense', 'tiled', got '" + impl + "'")
-    if stride == 1:
-        return y
-    return F.avg_pool2d(y, 3, 2, 1, count_include_pad=count_include_pad)
+    if stride == 2:
+        y = F.avg_pool2d(y, 3, 2, 1, count_include_pad=count_include_pad)
+    # the contiguous term first: the sum takes its layout (y may be a permuted view), which the reshapes after the
+    # layer rely on (a permuted sum made torch.export guard on sizes)
+    return y if content is None else content_term(content, q, height, width, stride, count_include_pad) + y
 
 
 # An FX leaf (its Python size logic runs at call time) for timm's feature extraction; modules that call it also declare

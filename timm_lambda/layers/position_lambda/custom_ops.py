@@ -7,7 +7,7 @@ chunks of query blocks (``CPU_CHUNK_ROWS`` logit rows on a CPU, one chunk per la
 (translation equivariance makes the band the same for every block), then one batched GEMM with the chunk's
 windows, each a strided view of the padded values.
 """
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -26,30 +26,38 @@ DEVICE_CHUNK_ELEMENTS = 1 << 26  # logits of one chunk elsewhere (256 MiB in flo
 _LIB = torch.library.Library('timm_lambda', 'FRAGMENT')  # the autocast rules' registrations
 
 
-def _setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:3])  # the tensors; the ints in ctx.args
-    ctx.args = inputs[3:]
-
-
 def _backward_fake(gy, q, v, table, *args):
     return q.new_empty(q.shape), v.new_empty(v.shape), table.new_empty(table.shape)  # contiguous, as the real ones
 
 
-def _register(op, backward_op, plain, plain_args, flops) -> None:
-    """The autograd, FLOP and autocast registrations of ``op`` and the fake and FLOPs of its ``backward_op``
-    (``flops`` of the same inputs with ``backward=True``). A higher-order gradient differentiates
-    ``plain(q, v, table, *plain_args(q, ints))`` instead."""
+def _register(op, backward_op, plain, flops, tensors: Sequence[int] = (0, 1, 2)) -> None:
+    """The autograd, FLOP and autocast registrations of ``op`` and the FLOPs of its ``backward_op``
+    (``flops`` of the same inputs with ``backward=True``). ``tensors``: the positions of the inputs that get
+    gradients (an optional one may be None), in the order ``backward_op`` returns them. A higher-order gradient
+    differentiates ``plain`` (the same arguments as ``op``) instead."""
+
+    def setup(ctx, inputs, output):
+        inputs = list(inputs) + [None] * (max(tensors) + 1 - len(inputs))  # an optional input left out: None
+        ctx.save_for_backward(*(inputs[i] for i in tensors))
+        ctx.inputs = [None if i in tensors else x for i, x in enumerate(inputs)]  # the ints
 
     def backward(ctx, gy):
-        inputs = ctx.saved_tensors
+        inputs = list(ctx.inputs)
+        for i, x in zip(tensors, ctx.saved_tensors):
+            inputs[i] = x
+        passed = len(ctx.needs_input_grad)
+        needs = [i < passed and ctx.needs_input_grad[i] for i in tensors]
         if torch.is_grad_enabled():  # create_graph=True
-            grads = _plain_vjp(plain, inputs, plain_args(inputs[0], ctx.args), gy, ctx.needs_input_grad[:3])
+            grads = _plain_vjp(plain, inputs, tensors, gy, needs)
         else:
-            grads = backward_op(gy, *inputs, *ctx.args)
-        return tuple(grads) + (None,) * len(ctx.args)
+            grads = backward_op(gy, *inputs)
+        out: List[Optional[Tensor]] = [None] * passed
+        for i, g, need in zip(tensors, grads, needs):
+            if need:
+                out[i] = g
+        return tuple(out)
 
-    op.register_autograd(backward, setup_context=_setup)
-    backward_op.register_fake(_backward_fake)
+    op.register_autograd(backward, setup_context=setup)
     register_flop_formula(getattr(torch.ops.timm_lambda, op._name))(flops)
     register_flop_formula(getattr(torch.ops.timm_lambda, op._name + '_backward'))(
         lambda gy, *inputs, out_shape=None: flops(*inputs, backward=True))
@@ -69,17 +77,19 @@ def _register(op, backward_op, plain, plain_args, flops) -> None:
 
 
 @torch.jit.unused
-def _plain_vjp(plain, inputs: Tuple[Tensor, ...], args: tuple, grad: Tensor, needs: Sequence[bool]):
-    """A differentiable vector-Jacobian product of ``plain(*inputs, *args)``: the operators' backward when a
-    higher-order gradient is requested (``create_graph=True``)."""
+def _plain_vjp(plain, inputs: list, tensors: Sequence[int], grad: Tensor, needs: Sequence[bool]):
+    """A differentiable vector-Jacobian product of ``plain(*inputs)`` with respect to ``inputs[i]`` for ``i`` in
+    ``tensors`` where ``needs``: the operators' backward when a higher-order gradient is requested
+    (``create_graph=True``)."""
     warn_once('create_graph', 'higher-order gradients (create_graph=True) differentiate the plain-op form of the '
                               'position lambdas: correct, but slower and with more memory than the custom operators')
     with torch.enable_grad():
-        out = plain(*inputs, *args)
-    got = iter(torch.autograd.grad(out, [x for x, need in zip(inputs, needs) if need], grad, create_graph=True,
+        out = plain(*inputs)
+    wrt = [inputs[i] for i in tensors]
+    got = iter(torch.autograd.grad(out, [x for x, need in zip(wrt, needs) if need], grad, create_graph=True,
                                    allow_unused=True))
     grads = [next(got) if need else None for need in needs]
-    return tuple(torch.zeros_like(x) if need and g is None else g for x, g, need in zip(inputs, grads, needs))
+    return tuple(torch.zeros_like(x) if need and g is None else g for x, g, need in zip(wrt, grads, needs))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -115,7 +125,8 @@ def _dense_flops(q, v, emb, heads, out_shape=None, backward=False) -> int:
     return 2 * n * bh * um * ((3 * k + 2 * dv) if backward else (k + dv))
 
 
-_register(_dense, _dense_backward, dense_plain, lambda q, ints: ints, _dense_flops)
+_dense_backward.register_fake(_backward_fake)
+_register(_dense, _dense_backward, dense_plain, _dense_flops)
 
 
 @torch.jit.unused
@@ -128,7 +139,16 @@ def dense_op(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
 # tiled: q [B, h, c, Ho, Wo], v [B, u V, H, W], table [c, u, K_h, K_w] -> y [B, h V, Ho, Wo]: the layer's own layouts
 # (query (oy, ox) meets the values from (step oy - (K_h - 1) // 2, step ox - (K_w - 1) // 2) on, zero outside the
 # image). The CPU kernel reads and writes them directly; the GEMM path below works on the query blocks and padded
-# windows of :func:`.plain_ops.to_blocks` (blocks of tile() // step queries a side).
+# windows of :func:`.plain_ops.to_blocks` (blocks of tile() // step queries a side). An optional content lambda
+# [B, c, V] is applied to the same queries and added (eq. 2): in the kernel's accumulators, elsewhere by a matmul.
+
+
+def _content_term(q: Tensor, content: Tensor) -> Tensor:
+    """``y[b, h V + j, o] = sum_c q[b, h, c, o] content[b, c, j]``: ``q [B, h, c, Ho, Wo]``, ``content [B, c, V]``
+    -> ``[B, h V, Ho, Wo]``."""
+    b, h, c, ho, wo = q.shape
+    y = torch.matmul(content.transpose(1, 2).unsqueeze(1), q.reshape(b, h, c, ho * wo))
+    return y.reshape(b, h * content.shape[2], ho, wo)
 
 
 def _windows(vp: Tensor, b: int, by: int, rows: int, bx: int, cols: int, shift: int, mh: int, mw: int,
@@ -212,11 +232,12 @@ def _gemm_blocks(q: Tensor, v: Tensor, table: Tensor, step: int):
 
 
 @torch.library.custom_op('timm_lambda::tiled_position_lambdas', mutates_args=())
-def _tiled(q: Tensor, v: Tensor, table: Tensor, step: int) -> Tensor:
+def _tiled(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None) -> Tensor:
     kernel = cpu_kernel(q, step)
     if kernel is not None:  # a 16-bit input (CPU autocast, stride 1) in float32, the result rounded back
         c = compute_dtype(q.dtype)
-        return kernel.tiled_forward(q.to(c), v.to(c), table.to(c), step).to(q.dtype)
+        return kernel.tiled_forward(q.to(c), v.to(c), table.to(c), None if content is None else content.to(c),
+                                    step).to(q.dtype)
     b, h, _, ho, wo = q.shape
     table = table.contiguous()
     qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table, step)
@@ -227,22 +248,33 @@ def _tiled(q: Tensor, v: Tensor, table: Tensor, step: int) -> Tensor:
         torch.bmm(windows.transpose(1, 2), logits.transpose(1, 2), out=y[g0:g0 + n])
     t = p.t  # [G, V, (h, qy, qx)] -> [B, h V, Ho, Wo]
     y = y.view(b, blocks_y, blocks_x, p.dv, h, t, t).permute(0, 4, 3, 1, 5, 2, 6)
-    return y.reshape(b, h * p.dv, blocks_y * t, blocks_x * t)[:, :, :ho, :wo].contiguous()
+    y = y.reshape(b, h * p.dv, blocks_y * t, blocks_x * t)[:, :, :ho, :wo]
+    return y.contiguous() if content is None else y + _content_term(q, content)
 
 
 @_tiled.register_fake
-def _(q, v, table, step):
+def _(q, v, table, step, content=None):
     return v.new_empty(q.shape[0], q.shape[1] * (v.shape[1] // table.shape[1]), q.shape[3], q.shape[4])
 
 
 @torch.library.custom_op('timm_lambda::tiled_position_lambdas_backward', mutates_args=())
-def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int) -> Tuple[Tensor, Tensor, Tensor]:
+def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
+                    content: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of q, v, table and content (an empty tensor without content)."""
     kernel = cpu_kernel(q, step)
     if kernel is not None:
         c = compute_dtype(q.dtype)
-        gq, gv, gtable = kernel.tiled_backward(gy.to(c), q.to(c), v.to(c), table.to(c), step)
-        return gq.to(q.dtype), gv.to(v.dtype), gtable.to(table.dtype)
+        gq, gv, gtable, gcontent = kernel.tiled_backward(gy.to(c), q.to(c), v.to(c), table.to(c),
+                                                         None if content is None else content.to(c), step)
+        return (gq.to(q.dtype), gv.to(v.dtype), gtable.to(table.dtype),
+                gcontent.to(v.dtype if content is None else content.dtype))
     b, h, c, ho, wo = q.shape
+    gcontent = v.new_empty(0)
+    if content is not None:  # the content term's gradients (the position term's are added below)
+        gy4 = gy.reshape(b, h, content.shape[2], ho * wo)
+        q4 = q.reshape(b, h, c, ho * wo)
+        gcontent = torch.matmul(q4, gy4.transpose(2, 3)).sum(1).to(content.dtype).contiguous()
+        gq_content = torch.matmul(content.unsqueeze(1), gy4).view(b, h, c, ho, wo)
     table = table.contiguous()
     qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table, step)
     p = _TiledPlan(qb, vp, table, step, blocks_y, blocks_x)
@@ -283,7 +315,13 @@ def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int) 
                                                                                         blocks_x * t)
     pad_y, pad_x = (p.kh - 1) // 2, (p.kw - 1) // 2
     gv = gvp[:, pad_y:pad_y + v.shape[2], pad_x:pad_x + v.shape[3]].permute(0, 3, 1, 2)
-    return gq[..., :ho, :wo].contiguous(), gv.contiguous(), grm.to(table.dtype).view_as(table)
+    gq = gq[..., :ho, :wo].contiguous() if content is None else gq[..., :ho, :wo] + gq_content
+    return gq, gv.contiguous(), grm.to(table.dtype).view_as(table), gcontent
+
+
+@_tiled_backward.register_fake
+def _(gy, q, v, table, step, content=None):
+    return _backward_fake(gy, q, v, table) + (v.new_empty(0) if content is None else content.new_empty(content.shape),)
 
 
 def _in_image(size: int, queries: int, step: int, k: int) -> int:
@@ -292,18 +330,20 @@ def _in_image(size: int, queries: int, step: int, k: int) -> int:
     return sum(max(0, min(k, lo + size - step * q) - max(0, lo - step * q)) for q in range(queries))
 
 
-def _tiled_flops(q, v, table, step, out_shape=None, backward=False) -> int:
+def _tiled_flops(q, v, table, step, content=None, out_shape=None, backward=False) -> int:
     """Multiply-adds of the exact form that the CPU kernel computes (:mod:`.cpu_kernel`): per query ``h u K_h K_w``
     logits of depth ``c``, and a value row of depth ``V`` per scope offset that meets the image; the backward: the
     logits again and the gradients of ``q`` and the table (3x ``c``), of the values and of the logits (2x ``V``).
-    The GEMM path (other devices) does the ``V`` part for whole windows, ``M_h M_w`` offsets per query."""
+    The GEMM path (other devices) does the ``V`` part for whole windows, ``M_h M_w`` offsets per query. A content
+    lambda adds ``h c V`` per query (twice in the backward: the gradients of ``q`` and of the content lambda)."""
     (b, h, c, ho, wo), (_, cv, height, width), (_, u, kh, kw) = q, v, table
     logits = b * ho * wo * h * u * kh * kw * c
     values = b * h * cv * _in_image(height, ho, step, kh) * _in_image(width, wo, step, kw)
-    return 2 * ((3 * logits + 2 * values) if backward else (logits + values))
+    extra = 0 if content is None else b * ho * wo * h * c * content[2] * (2 if backward else 1)
+    return 2 * ((3 * logits + 2 * values) if backward else (logits + values)) + 2 * extra
 
 
-def _tiled_plain_as_op(q: Tensor, v: Tensor, table: Tensor, step: int) -> Tensor:
+def _tiled_plain_as_op(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None) -> Tensor:
     """:func:`.plain_ops.tiled_plain` in the operator's layouts."""
     b, h, _, ho, wo = q.shape
     t = tile() // step
@@ -311,14 +351,16 @@ def _tiled_plain_as_op(q: Tensor, v: Tensor, table: Tensor, step: int) -> Tensor
     y = tiled_plain(*to_blocks(q, v, table.shape[-2], table.shape[-1], t, step, blocks_y, blocks_x), table, t, step,
                     blocks_y, blocks_x)  # [G, (qy, qx, h), V]
     y = y.reshape(b, blocks_y, blocks_x, t, t, h, y.shape[2]).permute(0, 5, 6, 1, 3, 2, 4)
-    return y.reshape(b, h * y.shape[2], blocks_y * t, blocks_x * t)[:, :, :ho, :wo]
+    y = y.reshape(b, h * y.shape[2], blocks_y * t, blocks_x * t)[:, :, :ho, :wo]
+    return y if content is None else y + _content_term(q, content)
 
 
-_register(_tiled, _tiled_backward, _tiled_plain_as_op, lambda q, ints: ints, _tiled_flops)
+_register(_tiled, _tiled_backward, _tiled_plain_as_op, _tiled_flops, tensors=(0, 1, 2, 4))
 
 
 @torch.jit.unused
-def tiled_op(q: Tensor, v: Tensor, table: Tensor, step: int) -> Tensor:
+def tiled_op(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None) -> Tensor:
     """:func:`.plain_ops.tiled_plain` by the custom operator, in the layer's layouts: ``q [B, h, c, Ho, Wo]``,
-    ``v [B, u V, H, W]``, ``table [c, u, K_h, K_w]`` -> ``[B, h V, Ho, Wo]`` (see the comment above ``_tiled``)."""
-    return _tiled(q, v.to(q.dtype), table.to(q.dtype), step)
+    ``v [B, u V, H, W]``, ``table [c, u, K_h, K_w]``, optionally a content lambda ``[B, c, V]`` applied to the same
+    queries -> ``[B, h V, Ho, Wo]`` (see the comment above ``_tiled``)."""
+    return _tiled(q, v.to(q.dtype), table.to(q.dtype), step, None if content is None else content.to(q.dtype))

@@ -55,9 +55,11 @@ def _query_patches(q: Tensor, height: int, width: int) -> Tensor:
 
 
 def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: int, count_include_pad: bool,
-          custom_ops: bool, table_size: Optional[List[int]] = None) -> Tensor:
+          custom_ops: bool, table_size: Optional[List[int]] = None, content: Optional[Tensor] = None) -> Tensor:
     """The tiled form (:func:`.plain_ops.tiled_plain`): ``[B, h V, H_out, W_out]``. ``table``: cut to the input
     (:func:`table_for_input`); ``table_size``: its ``[K_h, K_w]`` as Python ints where fixed (a local scope).
+    ``content``: the content lambda ``[B, k, V]``, applied to the same queries by the custom operator at stride 1;
+    the plain ops take none.
 
     ``stride == 2`` (3x3 average pooling, stride 2, padding 1 after the layer, appendix F.2) is computed at the output
     resolution: pooling is linear, so output ``o``'s logits are the sum of those of inputs ``2 o - 1 .. 2 o + 1``, one
@@ -77,8 +79,9 @@ def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: 
         kh, kw = kh + 2, kw + 2  # the pooled table's size
     values = v.reshape(b, u * dv, height, width)
     if custom_ops:
-        y = tiled_op(queries, values, table, step)
+        y = tiled_op(queries, values, table, step, content)
     else:
+        assert content is None, 'the plain ops take no content lambda'
         t = tile() // stride  # stride 2: 4x4 output blocks (8x8 inputs)
         blocks_y, blocks_x = (ho + t - 1) // t, (wo + t - 1) // t
         if not torch.jit.is_scripting() and is_exporting():

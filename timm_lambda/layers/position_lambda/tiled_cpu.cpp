@@ -6,6 +6,8 @@
 // that fall outside the image count as zero and are skipped.
 // Per query: its logits L = q R (h x u K_h K_w, kept in the cache), then y = L v; the loops hold a tile of heads x
 // channels in vector registers (GCC/Clang vector extensions: AVX-512, AVX2 or NEON, whatever -march=native has).
+// An optional content lambda lambda^c [B, c, V] (eq. 1) is applied in the same accumulators (eq. 2): y += q lambda^c,
+// as c more context rows whose logits are the query itself; no separate pass over the output.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -124,15 +126,30 @@ struct Scope {
   int64_t KH, KW, y0, y1, x0, x1;
 };
 
+// The content rows of one query: y[h, j] += sum_c q[h * qs + c] lambda^c[c * V + j] (none when lc is null)
+template <typename T>
+struct Content {
+  const T* q;
+  int64_t qs;
+  const T* lc;
+  int64_t C;
+};
+
 // y[h * osh + j * osj] = sum_{u, ky, kx} L[h * ls + (u, ky, kx)] v[vo + ky * rs + kx U V + u V + j] for h < MB (vo:
-// the scope's origin, possibly before v's first element; every offset read lies in the image)
+// the scope's origin, possibly before v's first element; every offset read lies in the image), plus the content rows
 template <typename T, int MB, int NV>
 inline void aggregate_tile(const T* __restrict L, int64_t ls, const T* __restrict v, int64_t vo, int64_t U,
-                           const Scope& sc, int64_t rs, int64_t V, int64_t j0, T* __restrict out, int64_t osj,
-                           int64_t osh) {
+                           const Scope& sc, int64_t rs, int64_t V, int64_t j0, const Content<T>& ct,
+                           T* __restrict out, int64_t osj, int64_t osh) {
   constexpr int W = Vec<T>::lanes;
   vec_t<T> acc[MB][NV];
   for (int m = 0; m < MB; ++m) for (int i = 0; i < NV; ++i) acc[m][i] = vec_t<T>{};
+  if (ct.lc != nullptr)
+    for (int64_t c = 0; c < ct.C; ++c) {
+      vec_t<T> vv[NV];
+      for (int i = 0; i < NV; ++i) { vv[i] = loadv(ct.lc + c * V + j0 + i * W); KEEP_IN_REGISTER(vv[i]); }
+      for (int m = 0; m < MB; ++m) { T l = ct.q[m * ct.qs + c]; for (int i = 0; i < NV; ++i) acc[m][i] += l * vv[i]; }
+    }
   for (int64_t u = 0; u < U; ++u)
     for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
       for (int64_t kx = sc.x0, r = (u * sc.KH + ky) * sc.KW + sc.x0; kx < sc.x1; ++kx, ++r) {
@@ -148,7 +165,7 @@ inline void aggregate_tile(const T* __restrict L, int64_t ls, const T* __restric
 
 template <typename T>
 void aggregate(const T* L, int64_t ls, const T* v, int64_t vo, int64_t H, int64_t U, const Scope& sc, int64_t rs,
-               int64_t V, T* out, int64_t osj, int64_t osh) {
+               int64_t V, const Content<T>& content, T* out, int64_t osj, int64_t osh) {
   constexpr int W = Vec<T>::lanes;
   int64_t h = 0;
   auto cols = [&](auto mb) {
@@ -156,11 +173,14 @@ void aggregate(const T* L, int64_t ls, const T* v, int64_t vo, int64_t H, int64_
     int64_t j = 0;
     const T* Lh = L + h * ls;
     T* outh = out + h * osh;
-    for (; j + 4 * W <= V; j += 4 * W) aggregate_tile<T, MB, 4>(Lh, ls, v, vo, U, sc, rs, V, j, outh, osj, osh);
-    for (; j + W <= V; j += W) aggregate_tile<T, MB, 1>(Lh, ls, v, vo, U, sc, rs, V, j, outh, osj, osh);
+    const Content<T> ct{content.q + h * content.qs, content.qs, content.lc, content.C};
+    for (; j + 4 * W <= V; j += 4 * W) aggregate_tile<T, MB, 4>(Lh, ls, v, vo, U, sc, rs, V, j, ct, outh, osj, osh);
+    for (; j + W <= V; j += W) aggregate_tile<T, MB, 1>(Lh, ls, v, vo, U, sc, rs, V, j, ct, outh, osj, osh);
     for (; j < V; ++j)
       for (int m = 0; m < MB; ++m) {
         T acc = 0;
+        if (ct.lc != nullptr)
+          for (int64_t c = 0; c < ct.C; ++c) acc += ct.q[m * ct.qs + c] * ct.lc[c * V + j];
         for (int64_t u = 0; u < U; ++u)
           for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
             for (int64_t kx = sc.x0; kx < sc.x1; ++kx)
@@ -262,10 +282,20 @@ torch::Tensor padded_table(const torch::Tensor& table, int64_t C, int64_t Rn, in
 
 }  // namespace
 
-// q [B, h, c, Ho, Wo], v [B, u V, H, W], table [c, u, K_h, K_w] -> y [B, h V, Ho, Wo]
-torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor v, torch::Tensor table, int64_t step) {
+// The content lambda [B, c, V] as a contiguous tensor, or an undefined one
+torch::Tensor content_of(const std::optional<torch::Tensor>& content, const Shape& s) {
+  if (!content.has_value()) return torch::Tensor();
+  TORCH_CHECK(content->dim() == 3 && content->size(0) == s.B && content->size(1) == s.C && content->size(2) == s.V,
+              "tiled_position_lambdas: content ", content->sizes(), " is not [", s.B, ", ", s.C, ", ", s.V, "]");
+  return content->contiguous();
+}
+
+// q [B, h, c, Ho, Wo], v [B, u V, H, W], table [c, u, K_h, K_w], content [B, c, V] or None -> y [B, h V, Ho, Wo]
+torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor v, torch::Tensor table, std::optional<torch::Tensor> content,
+                            int64_t step) {
   q = q.contiguous(); table = table.contiguous();
   Shape s(q, v, table, step);
+  const torch::Tensor lc = content_of(content, s);
   auto vl = v.permute({0, 2, 3, 1}).contiguous();  // channels last: a scope's rows are whole channel vectors
   auto y = torch::empty({s.B, s.H * s.V, s.Ho, s.Wo}, v.options());
   AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "tiled_forward", [&] {
@@ -273,6 +303,7 @@ torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor v, torch::Tensor tabl
     const int64_t Rp = round_up(s.Rn, Vec<T>::lanes), P = s.plane(), rs = s.width * s.CV;
     auto R = padded_table(table, s.C, s.Rn, Rp);
     const T *Rp_ = R.data_ptr<T>(), *qd = q.data_ptr<T>(), *vd = vl.data_ptr<T>();
+    const T* lcd = lc.defined() ? lc.data_ptr<T>() : nullptr;
     T* yd = y.data_ptr<T>();
     at::parallel_for(0, s.B * s.Ho * s.runs, 1, [&](int64_t begin, int64_t end) {
       // a run's queries [h, qx, c], logits [h, qx, Rp] and outputs [h, V, qx]
@@ -284,8 +315,9 @@ torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor v, torch::Tensor tabl
         s.run_logits(qp.data(), nq, Rp_, Rp, L.data());
         for (int64_t qx = 0; qx < nq; ++qx) {
           const int64_t y0 = s.step * oy, x0 = s.step * (ox0 + qx);
+          const Content<T> ct{qp.data() + qx * s.C, s.Tt * s.C, lcd == nullptr ? nullptr : lcd + b * s.C * s.V, s.C};
           aggregate<T>(L.data() + qx * Rp, s.Tt * Rp, vd + b * s.height * rs, (y0 - s.y_lo) * rs + (x0 - s.x_lo) * s.CV,
-                       s.H, s.U, s.scope(y0, x0), rs, s.V, out.data() + qx, s.Tt, s.V * s.Tt);
+                       s.H, s.U, s.scope(y0, x0), rs, s.V, ct, out.data() + qx, s.Tt, s.V * s.Tt);
         }
         for (int64_t hj = 0; hj < s.H * s.V; ++hj)
           std::memcpy(yd + (b * s.H * s.V + hj) * P + oy * s.Wo + ox0, out.data() + hj * s.Tt, nq * sizeof(T));
@@ -295,13 +327,15 @@ torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor v, torch::Tensor tabl
   return y;
 }
 
-// gradients of tiled_forward: gy [B, h V, Ho, Wo] -> (gq, gv, gtable), each laid out as its input
+// gradients of tiled_forward: gy [B, h V, Ho, Wo] -> (gq, gv, gtable, gcontent), each laid out as its input
+// (gcontent empty without a content lambda)
 std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, torch::Tensor v, torch::Tensor table,
-                                          int64_t step) {
+                                          std::optional<torch::Tensor> content, int64_t step) {
   gy = gy.contiguous(); q = q.contiguous(); table = table.contiguous();
   Shape s(q, v, table, step);
+  const torch::Tensor lc = content_of(content, s);
   auto gq = torch::empty_like(q, at::MemoryFormat::Contiguous);
-  torch::Tensor gv, gtable;
+  torch::Tensor gv, gtable, gcontent = torch::empty({0}, v.options());
   AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "tiled_backward", [&] {
     using T = scalar_t;
     constexpr int W = Vec<T>::lanes;
@@ -320,6 +354,16 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
     const bool by_image = s.B >= nthreads;  // threads own whole images: no shared value gradient
     auto gv_parts = torch::zeros({by_image ? 1 : nthreads, s.B, Hp, Wp, s.CV}, v.options());
     auto gr_parts = torch::zeros({nthreads, s.C, Rg}, table.options());
+    // the content lambda: lcT [B, V, Cp] (transposed, for the query gradients) and the gradient's per-thread parts
+    const int64_t Vp = round_up(s.V, W);
+    torch::Tensor lcT, gc_parts;
+    if (lc.defined()) {
+      lcT = torch::zeros({s.B, s.V, Cp}, v.options());
+      lcT.narrow(2, 0, s.C).copy_(lc.transpose(1, 2));
+      gc_parts = torch::zeros({by_image ? 1 : nthreads, s.B, s.C, Vp}, v.options());
+    }
+    const T* lcTd = lc.defined() ? lcT.data_ptr<T>() : nullptr;
+    T* gcd = lc.defined() ? gc_parts.data_ptr<T>() : nullptr;
     const T *Rd = R.data_ptr<T>(), *RTd = RT.data_ptr<T>(), *qd = q.data_ptr<T>();
     const T *vtd = vt.data_ptr<T>(), *gyd = gy.data_ptr<T>();
     T *gqd = gq.data_ptr<T>(), *gvd = gv_parts.data_ptr<T>(), *grd = gr_parts.data_ptr<T>();
@@ -329,7 +373,7 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
       T* gvp = by_image ? gvd : gvd + tid * s.B * Hp * Wp * s.CV;
       T* gr = grd + tid * s.C * Rg;
       std::vector<T> L(s.H * Tt * Rp), gyq(s.H * s.V), gl(Tt * s.H * Rg), qt(s.C * Tt * s.H), qp(s.H * Tt * s.C);
-      std::vector<T> gqq(Tt * s.H * Cp), gyr(s.H * s.V * Tt);
+      std::vector<T> gqq(Tt * s.H * Cp), gyr(s.H * s.V * Tt), gyrows(lcTd ? Tt * s.H * Vp : 0);  // pads stay 0
       for (int64_t i = begin; i < end; ++i) {
         const int64_t b = i / per_image, oy = i / s.runs % s.Ho, ox0 = i % s.runs * Tt, y0 = s.step * oy;
         const int64_t nq = std::min(Tt, s.Wo - ox0), at = oy * s.Wo + ox0;
@@ -341,6 +385,9 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
           const int64_t x0 = s.step * (ox0 + qx);
           const Scope sc = s.scope(y0, x0);
           for (int64_t hj = 0; hj < s.H * s.V; ++hj) gyq[hj] = gyr[hj * Tt + qx];
+          if (lcTd != nullptr)
+            for (int64_t h = 0; h < s.H; ++h)
+              std::memcpy(gyrows.data() + (qx * s.H + h) * Vp, gyq.data() + h * s.V, s.V * sizeof(T));
           for (int64_t h = 0; h < s.H; ++h)
             for (int64_t c = 0; c < s.C; ++c) qt[c * Tt * s.H + qx * s.H + h] = qp[(h * Tt + qx) * s.C + c];
           // logit gradients gl[h, (u, ky, kx)] = gy[h, :] . v[ky, kx, u, :] (0 outside the image)
@@ -354,6 +401,12 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
         }
         // query gradients of the run: gq[(qx, h), :] = gl[(qx, h), :] R^T
         gemm<T, false>(gl.data(), Rg, 1, RTd, Cp, nq * s.H, s.Rn, Cp, gqq.data(), Cp);
+        if (lcTd != nullptr) {
+          // the content rows: gq[(qx, h), :] += gy[(qx, h), :] lambda^c^T, gcontent += q^T gy over the run
+          gemm<T, true>(gyrows.data(), Vp, 1, lcTd + b * s.V * Cp, Cp, nq * s.H, s.V, Cp, gqq.data(), Cp);
+          T* gc = gcd + ((by_image ? 0 : tid) * s.B + b) * s.C * Vp;
+          gemm<T, true>(qt.data(), Tt * s.H, 1, gyrows.data(), Vp, s.C, nq * s.H, Vp, gc, Vp);
+        }
         for (int64_t h = 0; h < s.H; ++h)
           for (int64_t c = 0; c < s.C; ++c) {
             T* dst = gqd + ((b * s.H + h) * s.C + c) * P + at;
@@ -371,8 +424,9 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
     gv = (by_image ? gv_parts[0] : gv_parts.sum(0)).narrow(1, s.y_lo, s.height).narrow(2, s.x_lo, s.width)
              .permute({0, 3, 1, 2}).contiguous();
     gtable = gr_parts.sum(0).narrow(1, 0, s.Rn).reshape(table.sizes()).contiguous();
+    if (lc.defined()) gcontent = gc_parts.sum(0).narrow(2, 0, s.V).contiguous();  // (lcTd is null for B = 0)
   });
-  return {gq, gv, gtable};
+  return {gq, gv, gtable, gcontent};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
