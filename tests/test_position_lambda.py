@@ -415,12 +415,15 @@ def test_dynamo_captures_the_operators_in_one_graph(stride):
     assert 'timm_lambda.dense_position_lambdas.default' in _graph_ops(layer, torch.randn(2, 8, 7, 6))
 
 
-def test_opcheck_operators():
+def test_opcheck_operators(monkeypatch):
     """torch.library.opcheck: schema, fake (meta) kernels, autograd registration of the custom operators, on
-    non-contiguous inputs; the tiled one also with a content lambda (a non-contiguous one)."""
+    non-contiguous inputs; the tiled one also with a content lambda (a non-contiguous one), by the CPU kernel and by
+    the GEMM path."""
     for impl in FORMS:
         op, *inputs = _operator_inputs(impl)
         torch.library.opcheck(op, [x.requires_grad_() if i < 3 else x for i, x in enumerate(inputs)])
-    op, q, v, table, step = _operator_inputs('tiled')
-    content = torch.randn(2, 3, 5, dtype=q.dtype).transpose(1, 2).requires_grad_()  # [B, c, V], c = 5, V = 3
-    torch.library.opcheck(op, [q.requires_grad_(), v.requires_grad_(), table.requires_grad_(), step, content])
+    for enabled in (True, False):
+        monkeypatch.setattr(cpu_kernel, 'ENABLED', enabled)
+        op, q, v, table, step = _operator_inputs('tiled')
+        content = torch.randn(2, 3, 5, dtype=q.dtype).transpose(1, 2).requires_grad_()  # [B, c, V], c = 5, V = 3
+        torch.library.opcheck(op, [q.requires_grad_(), v.requires_grad_(), table.requires_grad_(), step, content])

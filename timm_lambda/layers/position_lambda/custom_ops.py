@@ -249,7 +249,7 @@ def _tiled(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Ten
     t = p.t  # [G, V, (h, qy, qx)] -> [B, h V, Ho, Wo]
     y = y.view(b, blocks_y, blocks_x, p.dv, h, t, t).permute(0, 4, 3, 1, 5, 2, 6)
     y = y.reshape(b, h * p.dv, blocks_y * t, blocks_x * t)[:, :, :ho, :wo]
-    return y.contiguous() if content is None else y + _content_term(q, content)
+    return y.contiguous() if content is None else _content_term(q, content) + y  # contiguous, as the fake
 
 
 @_tiled.register_fake
@@ -315,7 +315,7 @@ def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
                                                                                         blocks_x * t)
     pad_y, pad_x = (p.kh - 1) // 2, (p.kw - 1) // 2
     gv = gvp[:, pad_y:pad_y + v.shape[2], pad_x:pad_x + v.shape[3]].permute(0, 3, 1, 2)
-    gq = gq[..., :ho, :wo].contiguous() if content is None else gq[..., :ho, :wo] + gq_content
+    gq = gq[..., :ho, :wo].contiguous() if content is None else gq_content + gq[..., :ho, :wo]
     return gq, gv.contiguous(), grm.to(table.dtype).view_as(table), gcontent
 
 
@@ -352,7 +352,7 @@ def _tiled_plain_as_op(q: Tensor, v: Tensor, table: Tensor, step: int, content: 
                     blocks_y, blocks_x)  # [G, (qy, qx, h), V]
     y = y.reshape(b, blocks_y, blocks_x, t, t, h, y.shape[2]).permute(0, 5, 6, 1, 3, 2, 4)
     y = y.reshape(b, h * y.shape[2], blocks_y * t, blocks_x * t)[:, :, :ho, :wo]
-    return y if content is None else y + _content_term(q, content)
+    return y if content is None else _content_term(q, content) + y
 
 
 _register(_tiled, _tiled_backward, _tiled_plain_as_op, _tiled_flops, tensors=(0, 1, 2, 4))
