@@ -362,8 +362,9 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
       lcT.narrow(2, 0, s.C).copy_(lc.transpose(1, 2));
       gc_parts = torch::zeros({by_image ? 1 : nthreads, s.B, s.C, Vp}, v.options());
     }
-    const T* lcTd = lc.defined() ? lcT.data_ptr<T>() : nullptr;
-    T* gcd = lc.defined() ? gc_parts.data_ptr<T>() : nullptr;
+    const bool with_content = lc.defined();
+    const T* lcTd = with_content ? lcT.data_ptr<T>() : nullptr;
+    T* gcd = with_content ? gc_parts.data_ptr<T>() : nullptr;
     const T *Rd = R.data_ptr<T>(), *RTd = RT.data_ptr<T>(), *qd = q.data_ptr<T>();
     const T *vtd = vt.data_ptr<T>(), *gyd = gy.data_ptr<T>();
     T *gqd = gq.data_ptr<T>(), *gvd = gv_parts.data_ptr<T>(), *grd = gr_parts.data_ptr<T>();
@@ -373,7 +374,7 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
       T* gvp = by_image ? gvd : gvd + tid * s.B * Hp * Wp * s.CV;
       T* gr = grd + tid * s.C * Rg;
       std::vector<T> L(s.H * Tt * Rp), gyq(s.H * s.V), gl(Tt * s.H * Rg), qt(s.C * Tt * s.H), qp(s.H * Tt * s.C);
-      std::vector<T> gqq(Tt * s.H * Cp), gyr(s.H * s.V * Tt), gyrows(lcTd ? Tt * s.H * Vp : 0);  // pads stay 0
+      std::vector<T> gqq(Tt * s.H * Cp), gyr(s.H * s.V * Tt), gyrows(with_content ? Tt * s.H * Vp : 0);  // pads: 0
       for (int64_t i = begin; i < end; ++i) {
         const int64_t b = i / per_image, oy = i / s.runs % s.Ho, ox0 = i % s.runs * Tt, y0 = s.step * oy;
         const int64_t nq = std::min(Tt, s.Wo - ox0), at = oy * s.Wo + ox0;
@@ -385,7 +386,7 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
           const int64_t x0 = s.step * (ox0 + qx);
           const Scope sc = s.scope(y0, x0);
           for (int64_t hj = 0; hj < s.H * s.V; ++hj) gyq[hj] = gyr[hj * Tt + qx];
-          if (lcTd != nullptr)
+          if (with_content)
             for (int64_t h = 0; h < s.H; ++h)
               std::memcpy(gyrows.data() + (qx * s.H + h) * Vp, gyq.data() + h * s.V, s.V * sizeof(T));
           for (int64_t h = 0; h < s.H; ++h)
@@ -401,7 +402,7 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
         }
         // query gradients of the run: gq[(qx, h), :] = gl[(qx, h), :] R^T
         gemm<T, false>(gl.data(), Rg, 1, RTd, Cp, nq * s.H, s.Rn, Cp, gqq.data(), Cp);
-        if (lcTd != nullptr) {
+        if (with_content) {
           // the content rows: gq[(qx, h), :] += gy[(qx, h), :] lambda^c^T, gcontent += q^T gy over the run
           gemm<T, true>(gyrows.data(), Vp, 1, lcTd + b * s.V * Cp, Cp, nq * s.H, s.V, Cp, gqq.data(), Cp);
           T* gc = gcd + ((by_image ? 0 : tid) * s.B + b) * s.C * Vp;
@@ -424,7 +425,7 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
     gv = (by_image ? gv_parts[0] : gv_parts.sum(0)).narrow(1, s.y_lo, s.height).narrow(2, s.x_lo, s.width)
              .permute({0, 3, 1, 2}).contiguous();
     gtable = gr_parts.sum(0).narrow(1, 0, s.Rn).reshape(table.sizes()).contiguous();
-    if (lc.defined()) gcontent = gc_parts.sum(0).narrow(2, 0, s.V).contiguous();  // (lcTd is null for B = 0)
+    if (with_content) gcontent = gc_parts.sum(0).narrow(2, 0, s.V).contiguous();
   });
   return {gq, gv, gtable, gcontent};
 }
