@@ -58,16 +58,22 @@ EXECUTIONS = [('dense', 'custom_ops'), ('dense', 'plain_ops'), ('tiled', 'cpu_ke
               ('tiled', 'plain_ops')]
 
 
-@pytest.mark.parametrize('impl,execution', EXECUTIONS, ids=['-'.join(e) for e in EXECUTIONS])
-@pytest.mark.parametrize('case', CASES, ids=IDS)
-def test_forms_equal_the_per_query_reference_with_gradients(case, impl, execution, monkeypatch):
-    monkeypatch.setattr(custom_ops, 'CPU_CHUNK_ROWS', case[-1])
+def _use_execution(execution, chunk_rows, monkeypatch):
+    """Run the position lambdas as ``execution`` (one of :data:`EXECUTIONS`' second entries), in chunks of
+    ``chunk_rows`` logit rows."""
+    monkeypatch.setattr(custom_ops, 'CPU_CHUNK_ROWS', chunk_rows)
     if execution == 'plain_ops':
         monkeypatch.setattr(PL, 'use_custom_ops', lambda: False)
     if execution == 'gemm_ops':
         monkeypatch.setattr(cpu_kernel, 'ENABLED', False)
     if execution == 'cpu_kernel':
         require_cpu_kernel()
+
+
+@pytest.mark.parametrize('impl,execution', EXECUTIONS, ids=['-'.join(e) for e in EXECUTIONS])
+@pytest.mark.parametrize('case', CASES, ids=IDS)
+def test_forms_equal_the_per_query_reference_with_gradients(case, impl, execution, monkeypatch):
+    _use_execution(execution, case[-1], monkeypatch)
     q, v, table = (t.requires_grad_() for t in _inputs(case))
     ref = position_term_reference(q, v, table, case[1], case[2], case[8], case[9])
     y = _call(impl, case, q, v, table)
@@ -98,13 +104,7 @@ def test_content_lambda_with_the_position_lambdas_equals_the_reference(case, imp
     kernel's accumulators, or the GEMM path), else by a matmul; output and the gradients of q, v, the table and the
     content lambda against the float64 reference, batch 1 and 2, stride 1 and 2, |v| on the kernel's vector paths
     (43 = 32 + 8 + 3) and not."""
-    monkeypatch.setattr(custom_ops, 'CPU_CHUNK_ROWS', case[-1])
-    if execution == 'plain_ops':
-        monkeypatch.setattr(PL, 'use_custom_ops', lambda: False)
-    if execution == 'gemm_ops':
-        monkeypatch.setattr(cpu_kernel, 'ENABLED', False)
-    if execution == 'cpu_kernel':
-        require_cpu_kernel()
+    _use_execution(execution, case[-1], monkeypatch)
     _, hh, ww, _, k, _, dv, scope, stride, cip, _ = case
     q, v, table = _inputs(case)
     content = torch.randn(case[0], k, dv, generator=torch.Generator().manual_seed(7), dtype=q.dtype)
@@ -124,10 +124,7 @@ def test_tiled_operator_content_equals_its_term_added(step, execution, monkeypat
     """The operator's content input at either step (the layer passes it at step 1): the same as the operator without
     it plus the term by a matmul, outputs and all four gradients, float64, batch 1 and 2, |v| = 43 (the kernel's
     vector paths and a scalar rest)."""
-    if execution == 'gemm_ops':
-        monkeypatch.setattr(cpu_kernel, 'ENABLED', False)
-    else:
-        require_cpu_kernel()
+    _use_execution(execution, custom_ops.CPU_CHUNK_ROWS, monkeypatch)
     g = torch.Generator().manual_seed(1)
     for b in (1, 2):
         q = torch.randn(b, 3, 6, 9, 11, generator=g, dtype=torch.float64)
@@ -147,10 +144,7 @@ def test_tiled_operator_content_equals_its_term_added(step, execution, monkeypat
 @pytest.mark.parametrize('stride', [1, 2])
 def test_tiled_operator_with_a_content_lambda_double_backward(stride, execution, monkeypatch):
     """create_graph=True through the tiled operator with a content lambda: gradgradcheck over all four inputs."""
-    if execution == 'gemm_ops':
-        monkeypatch.setattr(cpu_kernel, 'ENABLED', False)
-    else:
-        require_cpu_kernel()
+    _use_execution(execution, custom_ops.CPU_CHUNK_ROWS, monkeypatch)
     case = (2, 9, 10, 2, 3, 2, 4, 5, stride, False, 64)
     q, v, table = _inputs(case)
     content = torch.randn(2, 3, 4, dtype=q.dtype)
