@@ -230,17 +230,20 @@ class LambdaLayer(nn.Module):
         if self.pos_embedding is None:
             assert shared is not None
             return content_term(shared, q, H, W, self.stride, self.pool_count_include_pad)  # eq. 2
-        # the position lambdas on each d x d interleaved sub-grid of a dilated scope, the content term with them
-        d, hs, ws = self.dilation, H, W
-        if d > 1:
-            q = space_to_batch(q.reshape(B, h * k, H, W), d)
-            values = space_to_batch(values.reshape(B, u * v, H, W), d)
-            hs, ws = q.shape[-2], q.shape[-1]
-            shared = None if shared is None else shared.repeat_interleave(d * d, 0)
-        out = position_lambdas(q.reshape(B * d * d, h, k, hs * ws), values.reshape(B * d * d, u, v, hs * ws),
+        d = self.dilation
+        if d == 1:  # the content term with the position lambdas
+            return position_lambdas(q, values, self.pos_embedding.weight, H, W, self.impl, self.global_scope,
+                                    self.stride, self.pool_count_include_pad, self.table_size, shared)
+        # the position lambdas on each d x d interleaved sub-grid of a dilated scope, the content term on the whole
+        # map (on the sub-grids, lambda^c repeated d d times, AOTInductor packages returned NaN at small sizes)
+        qs = space_to_batch(q.reshape(B, h * k, H, W), d)
+        hs, ws = qs.shape[-2], qs.shape[-1]
+        pos = position_lambdas(qs.reshape(B * d * d, h, k, hs * ws),
+                               space_to_batch(values.reshape(B, u * v, H, W), d).reshape(B * d * d, u, v, hs * ws),
                                self.pos_embedding.weight, hs, ws, self.impl, self.global_scope, self.stride,
-                               self.pool_count_include_pad, self.table_size, shared)  # [B d d, h v, ho, wo]
-        return batch_to_space(out, d, H, W) if d > 1 else out
+                               self.pool_count_include_pad, self.table_size)  # [B d d, h v, hs, ws]
+        pos = batch_to_space(pos, d, H, W)
+        return pos if shared is None else content_term(shared, q, H, W) + pos
 
 
 def _drop_shared_embedding(module, state_dict, prefix, local_metadata):
