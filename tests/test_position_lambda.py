@@ -143,15 +143,17 @@ def test_tiled_operator_content_equals_its_term_added(step, execution, monkeypat
 @pytest.mark.parametrize('execution', ['cpu_kernel', 'gemm_ops'])
 @pytest.mark.parametrize('stride', [1, 2])
 def test_tiled_operator_with_a_content_lambda_double_backward(stride, execution, monkeypatch):
-    """create_graph=True through the tiled operator with a content lambda: gradgradcheck over all four inputs."""
+    """create_graph=True through the tiled operator with a content lambda, called directly at step 1 and 2 (the
+    layer passes it at step 1): gradgradcheck over all four inputs."""
     _use_execution(execution, custom_ops.CPU_CHUNK_ROWS, monkeypatch)
-    case = (2, 9, 10, 2, 3, 2, 4, 5, stride, False, 64)
-    q, v, table = _inputs(case)
-    content = torch.randn(2, 3, 4, dtype=q.dtype)
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 2, 3, 5, 6, generator=g, dtype=torch.float64)  # [B, h, c, Ho, Wo]
+    v = torch.randn(2, 2 * 4, 5 * stride, 6 * stride, generator=g, dtype=torch.float64)  # |u| = 2, |v| = 4
+    table = torch.randn(3, 2, 5, 5, generator=g, dtype=torch.float64)
+    content = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
     leaves = [t.requires_grad_() for t in (q, v, table, content)]
-    assert torch.autograd.gradgradcheck(
-        lambda q, v, t, c: PL.position_lambdas(q, v, t, 9, 10, 'tiled', False, stride, False, None, c), leaves,
-        fast_mode=True)
+    assert torch.autograd.gradgradcheck(lambda q, v, t, c: custom_ops._tiled(q, v, t, stride, c), leaves,
+                                        fast_mode=True)
 
 
 def require_cpu_kernel():
