@@ -6,7 +6,6 @@ forms of :data:`POSITION_IMPLS` (docs/lambda_layer.md compares them). This modul
 """
 from typing import List, Optional
 
-import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from torch import Tensor
@@ -14,7 +13,7 @@ from torch import Tensor
 from ..relative_embedding import table_for_input
 from .execution import size_independent, use_custom_ops
 from .layout import dense, tiled
-from .plain_ops import conv_form, einsum_form, tile
+from .plain_ops import content_term, conv_form, einsum_form, tile
 
 __all__ = ['POSITION_IMPLS', 'position_lambdas', 'content_term', 'choose_impl']
 
@@ -39,19 +38,6 @@ def choose_impl(impl: str, height: int, width: int, table_h: int, table_w: int, 
     return 'dense' if 4 * (height * width) ** 2 <= padded * (table_h * table_w + 32) else 'tiled'
 
 
-def content_term(content: Tensor, q: Tensor, height: int, width: int, stride: int = 1,
-                 count_include_pad: bool = False) -> Tensor:
-    """``y_n^h = (lambda^c)^T q_n^h`` (eq. 2) for the content lambda ``content [B, k, V]`` and ``q [B, h, k, n]`` ->
-    ``[B, h V, H_out, W_out]``. Linear in the query: a stride-2 layer applies it to the pooled queries (|h||k|
-    channels, not |h||v|), pooled as :func:`position_lambdas` pools its result."""
-    b, h, k = q.shape[0], q.shape[1], q.shape[2]
-    ho, wo = (height + stride - 1) // stride, (width + stride - 1) // stride
-    if stride == 2:
-        q = F.avg_pool2d(q.reshape(b, h * k, height, width), 3, 2, 1, count_include_pad=count_include_pad).reshape(
-            b, h, k, ho * wo)
-    return torch.matmul(content.transpose(1, 2).unsqueeze(1), q).reshape(b, h * content.shape[2], ho, wo)
-
-
 def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, impl: str,
                      global_scope: bool, stride: int = 1, count_include_pad: bool = False,
                      table_size: Optional[List[int]] = None, content: Optional[Tensor] = None) -> Tensor:
@@ -66,14 +52,16 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
     impl = choose_impl(impl, height, width, table.shape[-2], table.shape[-1], global_scope)
     custom_ops = (impl == 'dense' or impl == 'tiled') and use_custom_ops()
     cut = table_for_input(table, height, width, global_scope)
+    pooled = False  # the tiled operator computes a stride-2 layer at the output resolution
     if impl == 'tiled' and custom_ops:
         # at stride 2 the operator's queries are 3x3 patches (9 |k| deep): lambda^c on the pooled queries costs 9x less
         fused = stride == 1
         y = tiled(q, v, cut, height, width, stride, count_include_pad, True, None if global_scope else table_size,
                   content if fused else None)
-        return y if fused or content is None else content_term(content, q, height, width, stride,
-                                                                count_include_pad) + y
-    if impl == 'tiled':
+        if fused:
+            return y
+        pooled = True
+    elif impl == 'tiled':
         # plain ops compute the full map and pool it: the pooled contraction's logits matmul (9 |k| deep, on small
         # per-query GEMMs) costs more in onnxruntime than the 4x larger full-resolution one plus AveragePool
         y = tiled(q, v, cut, height, width, 1, count_include_pad, False, None if global_scope else table_size)
@@ -85,7 +73,7 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
         y = y.reshape(y.shape[0], y.shape[1] * y.shape[2], height, width)
     else:
         raise ValueError("impl must be one of 'auto', 'einsum', 'conv', 'dense', 'tiled', got '" + impl + "'")
-    if stride == 2:
+    if stride == 2 and not pooled:
         y = F.avg_pool2d(y, 3, 2, 1, count_include_pad=count_include_pad)
     # the contiguous term first: the sum takes its layout (y may be a permuted view), which the reshapes after the
     # layer rely on (a permuted sum made torch.export guard on sizes)

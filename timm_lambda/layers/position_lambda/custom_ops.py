@@ -16,7 +16,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from .cpu_kernel import compute_dtype, cpu_kernel
 from .execution import warn_once
-from .plain_ops import dense_plain, tile, tiled_plain, to_blocks
+from .plain_ops import content_term, dense_plain, tile, tiled_plain, to_blocks
 
 __all__ = ['dense_op', 'tiled_op', 'CPU_CHUNK_ROWS', 'DEVICE_CHUNK_ELEMENTS']
 
@@ -144,11 +144,9 @@ def dense_op(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
 
 
 def _content_term(q: Tensor, content: Tensor) -> Tensor:
-    """``y[b, h V + j, o] = sum_c q[b, h, c, o] content[b, c, j]``: ``q [B, h, c, Ho, Wo]``, ``content [B, c, V]``
-    -> ``[B, h V, Ho, Wo]``."""
+    """:func:`.plain_ops.content_term` of the operator's queries ``q [B, h, c, Ho, Wo]``: ``[B, h V, Ho, Wo]``."""
     b, h, c, ho, wo = q.shape
-    y = torch.matmul(content.transpose(1, 2).unsqueeze(1), q.reshape(b, h, c, ho * wo))
-    return y.reshape(b, h * content.shape[2], ho, wo)
+    return content_term(content, q.reshape(b, h, c, ho * wo), ho, wo)
 
 
 def _windows(vp: Tensor, b: int, by: int, rows: int, bx: int, cols: int, shift: int, mh: int, mw: int,

@@ -12,7 +12,20 @@ from torch import Tensor
 from ..relative_embedding import block_embedding, dense_embedding
 from .execution import contiguous
 
-__all__ = ['einsum_form', 'conv_form', 'dense_plain', 'tile', 'tiled_plain', 'to_blocks']
+__all__ = ['content_term', 'einsum_form', 'conv_form', 'dense_plain', 'tile', 'tiled_plain', 'to_blocks']
+
+
+def content_term(content: Tensor, q: Tensor, height: int, width: int, stride: int = 1,
+                 count_include_pad: bool = False) -> Tensor:
+    """``y_n^h = (lambda^c)^T q_n^h`` (eq. 2) for the content lambda ``content [B, k, V]`` and ``q [B, h, k, n]`` ->
+    ``[B, h V, H_out, W_out]``. Linear in the query: a stride-2 layer applies it to the pooled queries (|h||k|
+    channels, not |h||v|), pooled as :func:`position_lambdas` pools its result."""
+    b, h, k = q.shape[0], q.shape[1], q.shape[2]
+    ho, wo = (height + stride - 1) // stride, (width + stride - 1) // stride
+    if stride == 2:
+        q = F.avg_pool2d(q.reshape(b, h * k, height, width), 3, 2, 1, count_include_pad=count_include_pad).reshape(
+            b, h, k, ho * wo)
+    return torch.matmul(content.transpose(1, 2).unsqueeze(1), q).reshape(b, h * content.shape[2], ho, wo)
 
 
 def einsum_form(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, masked: bool) -> Tensor:
