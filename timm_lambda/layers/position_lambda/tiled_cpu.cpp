@@ -261,10 +261,17 @@ struct Shape {
         for (int64_t qx = 0; qx < nq; ++qx) qp[(h * Tt + qx) * C + c] = src[qx];
       }
   }
-  // L[h, qx, :] = qp[h, qx, :] R (per head one GEMM: R read once per tile)
+  // L[h, qx, (u, ky, kx)] = qp[h, qx, :] R[:, (u, ky, kx)] for the scope rows ky in [ky0, ky1) that meet the image (the
+  // same for every query of a run; the other entries are never read), whole vectors (per head one GEMM per |u|)
   template <typename T>
-  void run_logits(const T* qp, int64_t nq, const T* R, int64_t Rp, T* L) const {
-    for (int64_t h = 0; h < H; ++h) gemm<T, false>(qp + h * Tt * C, C, 1, R, Rp, nq, C, Rp, L + h * Tt * Rp, Rp);
+  void run_logits(const T* qp, int64_t nq, const T* R, int64_t Rp, int64_t ky0, int64_t ky1, T* L) const {
+    constexpr int W = Vec<T>::lanes;
+    for (int64_t u = 0; u < U; ++u) {
+      const int64_t n0 = (u * KH + ky0) * KW / W * W, n1 = round_up((u * KH + ky1) * KW, W);  // n1 <= Rp
+      if (n1 <= n0) continue;
+      for (int64_t h = 0; h < H; ++h)
+        gemm<T, false>(qp + h * Tt * C, C, 1, R + n0, Rp, nq, C, n1 - n0, L + h * Tt * Rp + n0, Rp);
+    }
   }
   // the offsets that meet the image of a query whose scope starts at (y - y_lo, x - x_lo)
   Scope scope(int64_t y, int64_t x) const {
@@ -278,6 +285,54 @@ torch::Tensor padded_table(const torch::Tensor& table, int64_t C, int64_t Rn, in
   auto r = torch::zeros({C, Rp}, table.options());
   r.narrow(1, 0, Rn).copy_(table.reshape({C, Rn}));
   return r;
+}
+
+// v [B, CV, H, W] (any strides) -> [B, H, W, CV] contiguous, in blocks of 64 positions on all threads (a permuted
+// copy by ATen runs at a twentieth of a plain copy's rate here)
+template <typename T>
+torch::Tensor to_channels_last(const torch::Tensor& v) {
+  const int64_t B = v.size(0), CV = v.size(1), H = v.size(2), W = v.size(3), blocks = (W + 63) / 64;
+  const int64_t sb = v.stride(0), sc = v.stride(1), sy = v.stride(2), sx = v.stride(3);
+  auto out = torch::empty({B, H, W, CV}, v.options());
+  const T* src = v.data_ptr<T>();
+  T* dst = out.data_ptr<T>();
+  at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / (H * blocks), y = i / blocks % H, x0 = i % blocks * 64, x1 = std::min(W, x0 + 64);
+      T* row = dst + ((b * H + y) * W) * CV;
+      for (int64_t c = 0; c < CV; ++c) {
+        const T* s = src + b * sb + c * sc + y * sy;
+        for (int64_t x = x0; x < x1; ++x) row[x * CV + c] = s[x * sx];
+      }
+    }
+  });
+  return out;
+}
+
+// gv [B, CV, H, W] = sum over the used parts p of parts[p, b, y0 + y, x0 + x, :] (channels last, padded [Hp, Wp]):
+// the per-thread value gradients summed and laid out as v in one pass on all threads
+template <typename T>
+torch::Tensor sum_parts_channels_first(const torch::Tensor& parts, const std::vector<char>& used, int64_t y0,
+                                       int64_t x0, int64_t H, int64_t W) {
+  const int64_t B = parts.size(1), Hp = parts.size(2), Wp = parts.size(3), CV = parts.size(4);
+  std::vector<const T*> src;
+  for (int64_t p = 0; p < parts.size(0); ++p)
+    if (used[p]) src.push_back(parts.data_ptr<T>() + p * B * Hp * Wp * CV);
+  if (src.empty()) return torch::zeros({B, CV, H, W}, parts.options());
+  auto out = torch::empty({B, CV, H, W}, parts.options());
+  T* dst = out.data_ptr<T>();
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / H, y = i % H, at = ((b * Hp + y0 + y) * Wp + x0) * CV;
+      for (int64_t c = 0; c < CV; ++c) {
+        T* d = dst + ((b * CV + c) * H + y) * W;
+        for (int64_t x = 0; x < W; ++x) d[x] = src[0][at + x * CV + c];
+        for (size_t p = 1; p < src.size(); ++p)
+          for (int64_t x = 0; x < W; ++x) d[x] += src[p][at + x * CV + c];
+      }
+    }
+  });
+  return out;
 }
 
 }  // namespace
@@ -296,10 +351,10 @@ torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor v, torch::Tensor tabl
   q = q.contiguous(); table = table.contiguous();
   Shape s(q, v, table, step);
   const torch::Tensor lc = content_of(content, s);
-  auto vl = v.permute({0, 2, 3, 1}).contiguous();  // channels last: a scope's rows are whole channel vectors
   auto y = torch::empty({s.B, s.H * s.V, s.Ho, s.Wo}, v.options());
   AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "tiled_forward", [&] {
     using T = scalar_t;
+    auto vl = to_channels_last<T>(v);  // channels last: a scope's rows are whole channel vectors
     const int64_t Rp = round_up(s.Rn, Vec<T>::lanes), P = s.plane(), rs = s.width * s.CV;
     auto R = padded_table(table, s.C, s.Rn, Rp);
     const T *Rp_ = R.data_ptr<T>(), *qd = q.data_ptr<T>(), *vd = vl.data_ptr<T>();
@@ -312,7 +367,8 @@ torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor v, torch::Tensor tabl
         const int64_t b = i / (s.Ho * s.runs), oy = i / s.runs % s.Ho, ox0 = i % s.runs * s.Tt;
         const int64_t nq = std::min(s.Tt, s.Wo - ox0);
         s.pack_queries(qd, b, oy, ox0, nq, qp.data());
-        s.run_logits(qp.data(), nq, Rp_, Rp, L.data());
+        const Scope rows = s.scope(s.step * oy, s.step * ox0);  // the run's scope rows that meet the image
+        s.run_logits(qp.data(), nq, Rp_, Rp, rows.y0, rows.y1, L.data());
         for (int64_t qx = 0; qx < nq; ++qx) {
           const int64_t y0 = s.step * oy, x0 = s.step * (ox0 + qx);
           const Content<T> ct{qp.data() + qx * s.C, s.Tt * s.C, lcd == nullptr ? nullptr : lcd + b * s.C * s.V, s.C};
@@ -352,7 +408,10 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
     vt.narrow(2, s.y_lo, s.height).narrow(3, s.x_lo, s.width).copy_(v);
     const int nthreads = at::get_num_threads();
     const bool by_image = s.B >= nthreads;  // threads own whole images: no shared value gradient
-    auto gv_parts = torch::zeros({by_image ? 1 : nthreads, s.B, Hp, Wp, s.CV}, v.options());
+    // value gradients per thread (one shared part when threads own whole images), each zeroed by the thread that
+    // writes it (in parallel, and only where a thread takes part); `used`: the parts to sum
+    auto gv_parts = torch::empty({by_image ? 1 : nthreads, s.B, Hp, Wp, s.CV}, v.options());
+    std::vector<char> used(gv_parts.size(0), by_image && s.B > 0);
     auto gr_parts = torch::zeros({nthreads, s.C, Rg}, table.options());
     // the content lambda: lcT [B, V, Cp] (transposed, for the query gradients) and the gradient's per-thread parts
     const int64_t Vp = round_up(s.V, W);
@@ -371,7 +430,14 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
     const int64_t per_image = s.Ho * s.runs;
     auto body = [&](int64_t begin, int64_t end) {
       const int tid = at::get_thread_num();
-      T* gvp = by_image ? gvd : gvd + tid * s.B * Hp * Wp * s.CV;
+      const int64_t image = Hp * Wp * s.CV;
+      T* gvp = by_image ? gvd : gvd + tid * s.B * image;
+      if (by_image) {  // the images [begin, end) cover
+        std::memset(gvp + begin / per_image * image, 0, (end - begin) / per_image * image * sizeof(T));
+      } else if (!used[tid]) {
+        std::memset(gvp, 0, s.B * image * sizeof(T));
+        used[tid] = 1;
+      }
       T* gr = grd + tid * s.C * Rg;
       std::vector<T> L(s.H * Tt * Rp), gyq(s.H * s.V), gl(Tt * s.H * Rg), qt(s.C * Tt * s.H), qp(s.H * Tt * s.C);
       std::vector<T> gqq(Tt * s.H * Cp), gyr(s.H * s.V * Tt), gyrows(with_content ? Tt * s.H * Vp : 0);  // pads: 0
@@ -379,7 +445,8 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
         const int64_t b = i / per_image, oy = i / s.runs % s.Ho, ox0 = i % s.runs * Tt, y0 = s.step * oy;
         const int64_t nq = std::min(Tt, s.Wo - ox0), at = oy * s.Wo + ox0;
         s.pack_queries(qd, b, oy, ox0, nq, qp.data());
-        s.run_logits(qp.data(), nq, Rd, Rp, L.data());  // the logits again, [h, qx, Rp]
+        const Scope rows = s.scope(y0, s.step * ox0);  // the run's scope rows that meet the image
+        s.run_logits(qp.data(), nq, Rd, Rp, rows.y0, rows.y1, L.data());  // the logits again, [h, qx, Rp]
         for (int64_t hj = 0; hj < s.H * s.V; ++hj)  // the run's output gradients [h, V, qx]
           std::memcpy(gyr.data() + hj * Tt, gyd + (b * s.H * s.V + hj) * P + at, nq * sizeof(T));
         for (int64_t qx = 0; qx < nq; ++qx) {
@@ -401,7 +468,12 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
                      sc, Wp * s.CV);
         }
         // query gradients of the run: gq[(qx, h), :] = gl[(qx, h), :] R^T
-        gemm<T, false>(gl.data(), Rg, 1, RTd, Cp, nq * s.H, s.Rn, Cp, gqq.data(), Cp);
+        // (over the scope rows that meet the image: the other logit gradients are zero)
+        for (int64_t u = 0; u < s.U; ++u) {
+          const int64_t k0 = (u * s.KH + rows.y0) * s.KW, k1 = (u * s.KH + rows.y1) * s.KW;
+          if (u == 0) gemm<T, false>(gl.data() + k0, Rg, 1, RTd + k0 * Cp, Cp, nq * s.H, k1 - k0, Cp, gqq.data(), Cp);
+          else gemm<T, true>(gl.data() + k0, Rg, 1, RTd + k0 * Cp, Cp, nq * s.H, k1 - k0, Cp, gqq.data(), Cp);
+        }
         if (with_content) {
           // the content rows: gq[(qx, h), :] += gy[(qx, h), :] lambda^c^T, gcontent += q^T gy over the run
           gemm<T, true>(gyrows.data(), Vp, 1, lcTd + b * s.V * Cp, Cp, nq * s.H, s.V, Cp, gqq.data(), Cp);
@@ -414,7 +486,9 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
             for (int64_t qx = 0; qx < nq; ++qx) dst[qx] = gqq[(qx * s.H + h) * Cp + c];
           }
         // table gradient: gr[c, :] += sum_{qx, h} q[qx, h, c] gl[qx, h, :]
-        gemm<T, true>(qt.data(), Tt * s.H, 1, gl.data(), Rg, s.C, nq * s.H, Rg, gr, Rg);
+        // (the columns from the first |u|'s first row that meets the image to the last |u|'s last; whole vectors)
+        const int64_t n0 = rows.y0 * s.KW / W * W, n1 = round_up(((s.U - 1) * s.KH + rows.y1) * s.KW, W);
+        if (n1 > n0) gemm<T, true>(qt.data(), Tt * s.H, 1, gl.data() + n0, Rg, s.C, nq * s.H, n1 - n0, gr + n0, Rg);
       }
     };
     if (by_image) {
@@ -422,8 +496,7 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
     } else {
       at::parallel_for(0, s.B * per_image, 1, body);
     }
-    gv = (by_image ? gv_parts[0] : gv_parts.sum(0)).narrow(1, s.y_lo, s.height).narrow(2, s.x_lo, s.width)
-             .permute({0, 3, 1, 2}).contiguous();
+    gv = sum_parts_channels_first<T>(gv_parts, used, s.y_lo, s.x_lo, s.height, s.width);
     gtable = gr_parts.sum(0).narrow(1, 0, s.Rn).reshape(table.sizes()).contiguous();
     if (with_content) gcontent = gc_parts.sum(0).narrow(2, 0, s.V).contiguous();
   });
