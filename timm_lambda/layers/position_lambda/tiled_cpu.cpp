@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -261,17 +262,20 @@ struct Shape {
         for (int64_t qx = 0; qx < nq; ++qx) qp[(h * Tt + qx) * C + c] = src[qx];
       }
   }
-  // L[h, qx, (u, ky, kx)] = qp[h, qx, :] R[:, (u, ky, kx)] for the scope rows ky in [ky0, ky1) that meet the image (the
-  // same for every query of a run; the other entries are never read), whole vectors (per head one GEMM per |u|)
+  // The logit columns (u, ky, kx) of the scope rows [ky0, ky1) that meet the image, from the first |u|'s first such
+  // row to the last |u|'s last: [first, last) (the same for every query of a run; the other logits are never read and
+  // their gradients are zero)
+  std::pair<int64_t, int64_t> columns(int64_t ky0, int64_t ky1) const { return {ky0 * KW, ((U - 1) * KH + ky1) * KW}; }
+  // L[h, qx, n] = qp[h, qx, :] R[:, n] for the columns n of the scope rows [ky0, ky1) (whole vectors; per head one
+  // GEMM: R read once per tile)
   template <typename T>
   void run_logits(const T* qp, int64_t nq, const T* R, int64_t Rp, int64_t ky0, int64_t ky1, T* L) const {
     constexpr int W = Vec<T>::lanes;
-    for (int64_t u = 0; u < U; ++u) {
-      const int64_t n0 = (u * KH + ky0) * KW / W * W, n1 = round_up((u * KH + ky1) * KW, W);  // n1 <= Rp
-      if (n1 <= n0) continue;
-      for (int64_t h = 0; h < H; ++h)
-        gemm<T, false>(qp + h * Tt * C, C, 1, R + n0, Rp, nq, C, n1 - n0, L + h * Tt * Rp + n0, Rp);
-    }
+    const auto [first, last] = columns(ky0, ky1);
+    const int64_t n0 = first / W * W, n1 = round_up(last, W);  // n1 <= Rp
+    if (n1 <= n0) return;
+    for (int64_t h = 0; h < H; ++h)
+      gemm<T, false>(qp + h * Tt * C, C, 1, R + n0, Rp, nq, C, n1 - n0, L + h * Tt * Rp + n0, Rp);
   }
   // the offsets that meet the image of a query whose scope starts at (y - y_lo, x - x_lo)
   Scope scope(int64_t y, int64_t x) const {
@@ -468,12 +472,9 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
                      sc, Wp * s.CV);
         }
         // query gradients of the run: gq[(qx, h), :] = gl[(qx, h), :] R^T
-        // (over the scope rows that meet the image: the other logit gradients are zero)
-        for (int64_t u = 0; u < s.U; ++u) {
-          const int64_t k0 = (u * s.KH + rows.y0) * s.KW, k1 = (u * s.KH + rows.y1) * s.KW;
-          if (u == 0) gemm<T, false>(gl.data() + k0, Rg, 1, RTd + k0 * Cp, Cp, nq * s.H, k1 - k0, Cp, gqq.data(), Cp);
-          else gemm<T, true>(gl.data() + k0, Rg, 1, RTd + k0 * Cp, Cp, nq * s.H, k1 - k0, Cp, gqq.data(), Cp);
-        }
+        // (over the columns of the scope rows that meet the image: the other logit gradients are zero)
+        const auto [k0, k1] = s.columns(rows.y0, rows.y1);
+        gemm<T, false>(gl.data() + k0, Rg, 1, RTd + k0 * Cp, Cp, nq * s.H, k1 - k0, Cp, gqq.data(), Cp);
         if (with_content) {
           // the content rows: gq[(qx, h), :] += gy[(qx, h), :] lambda^c^T, gcontent += q^T gy over the run
           gemm<T, true>(gyrows.data(), Vp, 1, lcTd + b * s.V * Cp, Cp, nq * s.H, s.V, Cp, gqq.data(), Cp);
@@ -486,8 +487,8 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
             for (int64_t qx = 0; qx < nq; ++qx) dst[qx] = gqq[(qx * s.H + h) * Cp + c];
           }
         // table gradient: gr[c, :] += sum_{qx, h} q[qx, h, c] gl[qx, h, :]
-        // (the columns from the first |u|'s first row that meets the image to the last |u|'s last; whole vectors)
-        const int64_t n0 = rows.y0 * s.KW / W * W, n1 = round_up(((s.U - 1) * s.KH + rows.y1) * s.KW, W);
+        // (those columns again, in whole vectors)
+        const int64_t n0 = k0 / W * W, n1 = round_up(k1, W);
         if (n1 > n0) gemm<T, true>(qt.data(), Tt * s.H, 1, gl.data() + n0, Rg, s.C, nq * s.H, n1 - n0, gr + n0, Rg);
       }
     };
