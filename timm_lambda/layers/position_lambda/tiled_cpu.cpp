@@ -67,58 +67,51 @@ void gemm(const T* a, int64_t as, int64_t ak, const T* b, int64_t bs, int64_t M,
   for (; n < N; n += W) tile(n, std::integral_constant<int, 1>());
 }
 
-// Two rows of the logit gradients at once: out[m, r KW + n] = sum_k a[m * as + k] b[r * brs + k * bs + n] for
-// r in {0, 1}, n < NV lanes (row 0 stored first: its excess columns are row 1's first ones)
-template <typename T, int MB, int NV>
-inline void row_pair_tile(const T* __restrict a, int64_t as, const T* __restrict b, int64_t brs, int64_t bs, int64_t K,
-                          T* __restrict out, int64_t KW, int64_t os) {
-  constexpr int W = Vec<T>::lanes;
-  vec_t<T> acc[MB][2][NV];
-  for (int m = 0; m < MB; ++m) for (int r = 0; r < 2; ++r) for (int i = 0; i < NV; ++i) acc[m][r][i] = vec_t<T>{};
-  for (int64_t k = 0; k < K; ++k) {
-    vec_t<T> bv[2][NV];
-    for (int r = 0; r < 2; ++r)
-      for (int i = 0; i < NV; ++i) {
-        bv[r][i] = loadv(b + r * brs + k * bs + i * W);
-        KEEP_IN_REGISTER(bv[r][i]);
-      }
-    for (int m = 0; m < MB; ++m) {
-      T s = a[m * as + k];
-      for (int r = 0; r < 2; ++r) for (int i = 0; i < NV; ++i) acc[m][r][i] += s * bv[r][i];
+// The logit gradients of a run's queries, one query per lane (8 lanes): whole vectors at any scope width, in blocks
+// of `columns` scope columns
+template <typename T> struct QVec {
+  static constexpr int lanes = 8, columns = 6;
+  typedef T type __attribute__((vector_size(8 * sizeof(T))));
+};
+template <typename T> using qvec_t = typename QVec<T>::type;
+template <typename T> inline qvec_t<T> loadq(const T* p) { qvec_t<T> v; std::memcpy(&v, p, sizeof(v)); return v; }
+
+// out[(h0 + m) KWq + kx0 + k][q] = sum_j gy[h0 + m][j][q] v[j bs + off[k] + q] for m < MB, k < KB, q < 8 (off[k]: the
+// window of scope column kx0 + k)
+template <typename T, int MB, int KB>
+__attribute__((noinline)) void logit_grad_tile(const T* __restrict gy, int64_t V, const T* __restrict v, int64_t bs,
+                                               const int64_t* off, T* __restrict out, int64_t KWq) {
+  qvec_t<T> acc[MB][KB];
+  int64_t o[KB];
+  for (int k = 0; k < KB; ++k) o[k] = off[k];
+  for (int m = 0; m < MB; ++m) for (int k = 0; k < KB; ++k) acc[m][k] = qvec_t<T>{};
+  for (int64_t j = 0; j < V; ++j) {
+    qvec_t<T> g[MB];
+    for (int m = 0; m < MB; ++m) g[m] = loadq(gy + (m * V + j) * 8);
+    for (int k = 0; k < KB; ++k) {
+      qvec_t<T> w = loadq(v + j * bs + o[k]);
+      KEEP_IN_REGISTER(w);
+      for (int m = 0; m < MB; ++m) acc[m][k] += g[m] * w;
     }
   }
-  for (int m = 0; m < MB; ++m) for (int r = 0; r < 2; ++r) for (int i = 0; i < NV; ++i)
-    storev(out + m * os + r * KW + i * W, acc[m][r][i]);
+  for (int m = 0; m < MB; ++m)
+    for (int k = 0; k < KB; ++k) std::memcpy(out + (m * KWq + k) * 8, &acc[m][k], sizeof(acc[m][k]));
 }
 
-// gl[h, (ky, kx)] = sum_j gy[h, j] v[j, ky, kx] for ky in [ky0, ky1), kx < KW (the other rows 0): rows in pairs where a
-// row is 1 or 2 vectors (scopes up to 2 x lanes wide), else one GEMM per row; v: channel stride bs, row stride brs,
-// KWp columns readable. Each row writes KWp >= KW columns: the excess is overwritten by the next row.
+// glt[h][kx][q] = sum_j gy[h][j][q] v[j, ky, step (ox0 + q) + kx] for kx < KWq (whole blocks), q < 8: the values v
+// of one scope row with columns split by phase (column c at c % step, c / step: rows of Wq per phase, channel stride
+// bs), starting at the run's first query
 template <typename T>
-void logit_grads(const T* gy, int64_t H, int64_t V, const T* v, int64_t brs, int64_t bs, int64_t KH, int64_t KW,
-                 int64_t KWp, int64_t ky0, int64_t ky1, T* out, int64_t os) {
-  constexpr int W = Vec<T>::lanes;
-  for (int64_t h = 0; h < H; ++h) std::memset(out + h * os, 0, ky0 * KW * sizeof(T));
-  int64_t ky = ky0;
-  if (KWp <= 2 * W) {
-    for (; ky + 2 <= ky1; ky += 2) {
-      int64_t h = 0;
-      auto pair = [&](auto mb, auto nv) {
-        row_pair_tile<T, decltype(mb)::value, decltype(nv)::value>(gy + h * V, V, v + ky * brs, brs, bs, V,
-                                                                   out + h * os + ky * KW, KW, os);
-      };
-      for (; h + 4 <= H; h += 4) {
-        if (KWp == W) pair(std::integral_constant<int, 4>(), std::integral_constant<int, 1>());
-        else pair(std::integral_constant<int, 4>(), std::integral_constant<int, 2>());
-      }
-      for (; h < H; ++h) {
-        if (KWp == W) pair(std::integral_constant<int, 1>(), std::integral_constant<int, 1>());
-        else pair(std::integral_constant<int, 1>(), std::integral_constant<int, 2>());
-      }
-    }
+void run_logit_grads(const T* gy, int64_t H, int64_t V, const T* v, int64_t bs, int64_t ps, int64_t step, int64_t KWq,
+                     T* glt) {
+  constexpr int KB = QVec<T>::columns;
+  for (int64_t kx0 = 0; kx0 < KWq; kx0 += KB) {
+    int64_t off[KB];
+    for (int k = 0; k < KB; ++k) off[k] = (kx0 + k) % step * ps + (kx0 + k) / step;
+    int64_t h = 0;
+    for (; h + 4 <= H; h += 4) logit_grad_tile<T, 4, KB>(gy + h * V * 8, V, v, bs, off, glt + (h * KWq + kx0) * 8, KWq);
+    for (; h < H; ++h) logit_grad_tile<T, 1, KB>(gy + h * V * 8, V, v, bs, off, glt + (h * KWq + kx0) * 8, KWq);
   }
-  for (; ky < ky1; ++ky) gemm<T, false>(gy, V, 1, v + ky * brs, bs, H, V, KWp, out + ky * KW, os);
-  for (int64_t h = 0; h < H; ++h) std::memset(out + h * os + ky1 * KW, 0, (KH - ky1) * KW * sizeof(T));
 }
 
 // The scope offsets (ky, kx) of one query that meet the image (rows [y0, y1), columns [x0, x1) of the K_h x K_w
@@ -195,8 +188,8 @@ void aggregate(const T* L, int64_t ls, const T* v, int64_t vo, int64_t H, int64_
 
 // v[(u, ky, kx) position, j] += sum_h L[h * ls + (u, ky, kx)] gy[h * V + j], j in [j0, j0 + NV lanes), h < MB
 template <typename T, int MB, int NV>
-inline void scatter_tile(const T* __restrict L, int64_t ls, const T* __restrict gy, int64_t V, T* __restrict v,
-                         int64_t U, const Scope& sc, int64_t rs, int64_t j0) {
+__attribute__((noinline)) void scatter_tile(const T* __restrict L, int64_t ls, const T* __restrict gy, int64_t V,
+                                            T* __restrict v, int64_t U, const Scope& sc, int64_t rs, int64_t j0) {
   constexpr int W = Vec<T>::lanes;
   vec_t<T> g[MB][NV];
   for (int m = 0; m < MB; ++m)
@@ -313,6 +306,36 @@ torch::Tensor to_channels_last(const torch::Tensor& v) {
   return out;
 }
 
+// v [B, CV, H, W] (any strides) zero-padded to Hp rows (image rows from y0) and its columns (image columns from x0)
+// split by phase: out[b, y, p, c, i] = padded v[b, c, y, i step + p], [B, Hp, step, CV, Wq], on all threads
+template <typename T>
+torch::Tensor rows_by_phase(const torch::Tensor& v, int64_t Hp, int64_t Wq, int64_t y0, int64_t x0, int64_t step) {
+  const int64_t B = v.size(0), CV = v.size(1), H = v.size(2), W = v.size(3);
+  const int64_t sb = v.stride(0), sc = v.stride(1), sy = v.stride(2), sx = v.stride(3);
+  auto out = torch::empty({B, Hp, step, CV, Wq}, v.options());
+  const T* src = v.data_ptr<T>();
+  T* dst = out.data_ptr<T>();
+  at::parallel_for(0, B * Hp, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / Hp, y = i % Hp - y0;
+      T* row = dst + i * step * CV * Wq;
+      if (y < 0 || y >= H) { std::memset(row, 0, step * CV * Wq * sizeof(T)); continue; }
+      for (int64_t p = 0; p < step; ++p)
+        for (int64_t c = 0; c < CV; ++c) {
+          T* d = row + (p * CV + c) * Wq;
+          const T* srow = src + b * sb + c * sc + y * sy;
+          // padded column k = i step + p meets image column k - x0 for i in [i0, i1)
+          const int64_t i0 = std::min(Wq, std::max<int64_t>(0, (x0 - p + step - 1) / step));
+          const int64_t i1 = std::max(i0, std::min(Wq, (x0 + W - p + step - 1) / step));
+          std::memset(d, 0, i0 * sizeof(T));
+          for (int64_t k = i0; k < i1; ++k) d[k] = srow[(k * step + p - x0) * sx];
+          std::memset(d + i1, 0, (Wq - i1) * sizeof(T));
+        }
+    }
+  });
+  return out;
+}
+
 // gv [B, CV, H, W] = sum over the used parts p of parts[p, b, y0 + y, x0 + x, :] (channels last, padded [Hp, Wp]):
 // the per-thread value gradients summed and laid out as v in one pass on all threads
 template <typename T>
@@ -400,16 +423,18 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
     using T = scalar_t;
     constexpr int W = Vec<T>::lanes;
     const int64_t Rp = round_up(s.Rn, W), Rg = round_up(s.Rn + W, W), Cp = round_up(s.C, W), P = s.plane();
-    const int64_t KWp = round_up(s.KW, W), Tt = s.Tt;
+    const int64_t Tt = s.Tt, KWq = round_up(s.KW, QVec<T>::columns);
+    static_assert(Shape::Tt == QVec<T>::lanes, "a run's queries are the lanes of the logit gradients");
     // the values zero-padded around the image: query (oy, ox)'s scope starts at (s oy, s ox) there
     const int64_t Hp = std::max(s.step * (s.Ho - 1) + s.KH, s.y_lo + s.height);
     const int64_t Wp = std::max(s.step * (s.Wo - 1) + s.KW, s.x_lo + s.width);
     auto R = padded_table(table, s.C, s.Rn, Rp);
     auto RT = torch::zeros({s.Rn, Cp}, table.options());
     RT.narrow(1, 0, s.C).copy_(table.reshape({s.C, s.Rn}).t());
-    // channels first, each row padded so that a row's KW-wide run can be read as whole vectors
-    auto vt = torch::zeros({s.B, s.CV, Hp, Wp + KWp}, v.options());
-    vt.narrow(2, s.y_lo, s.height).narrow(3, s.x_lo, s.width).copy_(v);
+    // zero-padded rows of channels, each row's columns split by phase (column c at (c % step, c / step)) so that the
+    // queries of a run meet consecutive columns: [B, Hp, step, CV, Wq]
+    const int64_t Wq = (Wp + s.step - 1) / s.step + Tt + KWq / s.step + 1;
+    auto vt = rows_by_phase<T>(v, Hp, Wq, s.y_lo, s.x_lo, s.step);
     const int nthreads = at::get_num_threads();
     const bool by_image = s.B >= nthreads;  // threads own whole images: no shared value gradient
     // value gradients per thread (one shared part when threads own whole images), each zeroed by the thread that
@@ -445,6 +470,7 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
       T* gr = grd + tid * s.C * Rg;
       std::vector<T> L(s.H * Tt * Rp), gyq(s.H * s.V), gl(Tt * s.H * Rg), qt(s.C * Tt * s.H), qp(s.H * Tt * s.C);
       std::vector<T> gqq(Tt * s.H * Cp), gyr(s.H * s.V * Tt), gyrows(with_content ? Tt * s.H * Vp : 0);  // pads: 0
+      std::vector<T> glt(s.H * KWq * Tt);
       for (int64_t i = begin; i < end; ++i) {
         const int64_t b = i / per_image, oy = i / s.runs % s.Ho, ox0 = i % s.runs * Tt, y0 = s.step * oy;
         const int64_t nq = std::min(Tt, s.Wo - ox0), at = oy * s.Wo + ox0;
@@ -453,6 +479,27 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
         s.run_logits(qp.data(), nq, Rd, Rp, rows.y0, rows.y1, L.data());  // the logits again, [h, qx, Rp]
         for (int64_t hj = 0; hj < s.H * s.V; ++hj)  // the run's output gradients [h, V, qx]
           std::memcpy(gyr.data() + hj * Tt, gyd + (b * s.H * s.V + hj) * P + at, nq * sizeof(T));
+        // logit gradients gl[(qx, h), (u, ky, kx)] = gy[(qx, h), :] . v[ky, kx, u, :] (0 outside the image), the run's
+        // queries at once
+        for (int64_t qx = 0; qx < nq; ++qx)
+          for (int64_t h = 0; h < s.H; ++h) {
+            T* g = gl.data() + (qx * s.H + h) * Rg;
+            for (int64_t u = 0; u < s.U; ++u) {
+              std::memset(g + u * s.KH * s.KW, 0, rows.y0 * s.KW * sizeof(T));
+              std::memset(g + (u * s.KH + rows.y1) * s.KW, 0, (s.KH - rows.y1) * s.KW * sizeof(T));
+            }
+          }
+        for (int64_t u = 0; u < s.U; ++u)
+          for (int64_t ky = rows.y0; ky < rows.y1; ++ky) {
+            run_logit_grads<T>(gyr.data(), s.H, s.V, vtd + (((b * Hp + y0 + ky) * s.step * s.CV) + u * s.V) * Wq + ox0,
+                               Wq, s.CV * Wq, s.step, KWq, glt.data());
+            for (int64_t qx = 0; qx < nq; ++qx)
+              for (int64_t h = 0; h < s.H; ++h) {
+                T* g = gl.data() + (qx * s.H + h) * Rg + (u * s.KH + ky) * s.KW;
+                const T* src = glt.data() + h * KWq * Tt + qx;
+                for (int64_t kx = 0; kx < s.KW; ++kx) g[kx] = src[kx * Tt];
+              }
+          }
         for (int64_t qx = 0; qx < nq; ++qx) {
           const int64_t x0 = s.step * (ox0 + qx);
           const Scope sc = s.scope(y0, x0);
@@ -462,11 +509,6 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
               std::memcpy(gyrows.data() + (qx * s.H + h) * Vp, gyq.data() + h * s.V, s.V * sizeof(T));
           for (int64_t h = 0; h < s.H; ++h)
             for (int64_t c = 0; c < s.C; ++c) qt[c * Tt * s.H + qx * s.H + h] = qp[(h * Tt + qx) * s.C + c];
-          // logit gradients gl[h, (u, ky, kx)] = gy[h, :] . v[ky, kx, u, :] (0 outside the image)
-          T* glq = gl.data() + qx * s.H * Rg;
-          for (int64_t u = 0; u < s.U; ++u)
-            logit_grads<T>(gyq.data(), s.H, s.V, vtd + ((b * s.CV + u * s.V) * Hp + y0) * (Wp + KWp) + x0,
-                           Wp + KWp, Hp * (Wp + KWp), s.KH, s.KW, KWp, sc.y0, sc.y1, glq + u * s.KH * s.KW, Rg);
           // value gradients: gv[ky, kx, u, :] += sum_h L[h, (u, ky, kx)] gy[h, :]
           scatter<T>(L.data() + qx * Rp, Tt * Rp, gyq.data(), s.H, s.V, gvp + ((b * Hp + y0) * Wp + x0) * s.CV, s.U,
                      sc, Wp * s.CV);
