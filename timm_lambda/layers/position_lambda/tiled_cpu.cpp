@@ -81,13 +81,14 @@ template <typename T> inline qvec_t<T> loadq(const T* p) { qvec_t<T> v; std::mem
 template <typename T, int MB, int KB>
 __attribute__((noinline)) void logit_grad_tile(const T* __restrict gy, int64_t V, const T* __restrict v, int64_t bs,
                                                const int64_t* off, T* __restrict out, int64_t KWq) {
+  constexpr int Q = QVec<T>::lanes;
   qvec_t<T> acc[MB][KB];
   int64_t o[KB];
   for (int k = 0; k < KB; ++k) o[k] = off[k];
   for (int m = 0; m < MB; ++m) for (int k = 0; k < KB; ++k) acc[m][k] = qvec_t<T>{};
   for (int64_t j = 0; j < V; ++j) {
     qvec_t<T> g[MB];
-    for (int m = 0; m < MB; ++m) g[m] = loadq(gy + (m * V + j) * 8);
+    for (int m = 0; m < MB; ++m) g[m] = loadq(gy + (m * V + j) * Q);
     for (int k = 0; k < KB; ++k) {
       qvec_t<T> w = loadq(v + j * bs + o[k]);
       KEEP_IN_REGISTER(w);
@@ -95,7 +96,7 @@ __attribute__((noinline)) void logit_grad_tile(const T* __restrict gy, int64_t V
     }
   }
   for (int m = 0; m < MB; ++m)
-    for (int k = 0; k < KB; ++k) std::memcpy(out + (m * KWq + k) * 8, &acc[m][k], sizeof(acc[m][k]));
+    for (int k = 0; k < KB; ++k) std::memcpy(out + (m * KWq + k) * Q, &acc[m][k], sizeof(acc[m][k]));
 }
 
 // glt[h][kx][q] = sum_j gy[h][j][q] v[j, ky, step (ox0 + q) + kx] for kx < KWq (whole blocks), q < 8: the values v
@@ -104,13 +105,13 @@ __attribute__((noinline)) void logit_grad_tile(const T* __restrict gy, int64_t V
 template <typename T>
 void run_logit_grads(const T* gy, int64_t H, int64_t V, const T* v, int64_t bs, int64_t ps, int64_t step, int64_t KWq,
                      T* glt) {
-  constexpr int KB = QVec<T>::columns;
+  constexpr int Q = QVec<T>::lanes, KB = QVec<T>::columns;
   for (int64_t kx0 = 0; kx0 < KWq; kx0 += KB) {
     int64_t off[KB];
     for (int k = 0; k < KB; ++k) off[k] = (kx0 + k) % step * ps + (kx0 + k) / step;
     int64_t h = 0;
-    for (; h + 4 <= H; h += 4) logit_grad_tile<T, 4, KB>(gy + h * V * 8, V, v, bs, off, glt + (h * KWq + kx0) * 8, KWq);
-    for (; h < H; ++h) logit_grad_tile<T, 1, KB>(gy + h * V * 8, V, v, bs, off, glt + (h * KWq + kx0) * 8, KWq);
+    for (; h + 4 <= H; h += 4) logit_grad_tile<T, 4, KB>(gy + h * V * Q, V, v, bs, off, glt + (h * KWq + kx0) * Q, KWq);
+    for (; h < H; ++h) logit_grad_tile<T, 1, KB>(gy + h * V * Q, V, v, bs, off, glt + (h * KWq + kx0) * Q, KWq);
   }
 }
 
