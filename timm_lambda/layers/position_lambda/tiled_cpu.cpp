@@ -434,8 +434,9 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
     RT.narrow(1, 0, s.C).copy_(table.reshape({s.C, s.Rn}).t());
     // zero-padded rows of channels, each row's columns split by phase (column c at (c % step, c / step)) so that the
     // queries of a run meet consecutive columns: [B, Hp, step, CV, Wq]
-    // (the last query's window reads up to column (Wp - KW) / step + Tt - 1 + (KWq - 1) / step)
-    const int64_t Wq = std::max((Wp + s.step - 1) / s.step, (Wp - s.KW) / s.step + Tt + (KWq - 1) / s.step);
+    // (the last query's window reads up to column (Wp - KW) / step + Tt - 1 + (KWq - 1) / step; that is past the image's
+    // last column, (Wp - 1) / step, since Tt > 2)
+    const int64_t Wq = (Wp - s.KW) / s.step + Tt + (KWq - 1) / s.step;
     auto vt = rows_by_phase<T>(v, Hp, Wq, s.y_lo, s.x_lo, s.step);
     const int nthreads = at::get_num_threads();
     const bool by_image = s.B >= nthreads;  // threads own whole images: no shared value gradient
