@@ -1,6 +1,7 @@
 """Peak memory of a step (tools/dev/benchmarks/measure.py) counts what the CPU allocator hands out, inside
 custom operators too: a custom operator's own scratch, and the lambda layer's dense form (one custom operator
 holding the logits ``[b, h n, m]`` inside) against the same arithmetic in plain ops."""
+import statistics
 import sys
 
 import pytest
@@ -113,3 +114,48 @@ def test_memory_only_run_replaces_the_memory_of_a_saved_result(tmp_path):
     assert result['machine'] == 'timing run' and row['conv3x3']['ms'] == 3.0 and row['dense']['ms'] == 2.0
     assert all(row[k]['peak_mib'] > 0 for k in ('conv3x3', 'dense', 'tiled', 'conv', 'einsum'))
     assert '--memory-only' in result['memory']['command']
+
+
+def _tool(name: str):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / 'tools' / f'{name}.py'
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_model_goals_against_the_skipped_lambda_layers(monkeypatch, capsys):
+    """``tools/benchmark_models.py c4``'s bound: the candidate with its lambda layers skipped has none left and the
+    same feature shapes; the multiply-adds the goals are divided by are exactly the lambda layers' own (counted layer
+    by layer on the inputs they get in the network); a goal's budget is goal x baseline - skipped (medians)."""
+    tool = _tool('benchmark_models')
+    monkeypatch.setattr(tool, 'fma_peak_gmacs', lambda: 100.0)  # the yardstick is not under test (no compile)
+    x = torch.randn(1, 3, 64, 64)
+    full = tool.build('lambdaresnet101_c4', {}, 'features').eval()
+    skipped = tool.build('lambdaresnet101_c4', tool.SKIPPED, 'features').eval()
+    assert not any(isinstance(m, LambdaLayer) for m in skipped.modules())
+    layers = [m for m in full.modules() if isinstance(m, LambdaLayer)]
+    assert len(layers) == 26 and {m.stride for m in layers} == {1, 2}  # every c4 and c5 block
+    inputs = []
+    hooks = [m.register_forward_pre_hook(lambda m, args: inputs.append((m, args[0]))) for m in layers]
+    with torch.no_grad():
+        assert [f.shape for f in skipped(x)] == [f.shape for f in full(x)]
+        for hook in hooks:
+            hook.remove()
+        own = sum(tool.step_macs(lambda m=m, a=a: m(a)) for m, a in inputs)
+
+    result = tool.compare('c4', 64, 1, 'cpu', repeats=1)
+    assert '| rate the goal needs (GMAC/s) |' in capsys.readouterr().out
+    budgets = {b['mode']: b for b in result['goal_budgets']}
+    assert set(budgets) == {'training step', 'inference'}
+    assert budgets['inference']['lambda_gmacs'] * 1e9 == pytest.approx(own, rel=1e-12)
+    assert budgets['training step']['lambda_gmacs'] > 2 * budgets['inference']['lambda_gmacs']
+    t = {k: statistics.median(v) for k, v in result['times'].items()}
+    for mode, b in budgets.items():
+        skip = t[f'LambdaResNet-101-C4, lambda layers skipped/{mode}']
+        assert b['budget_s'] == pytest.approx(0.8 * t[f'LambdaResNet-101-C4 conv twin/{mode}'] - skip)
+        assert b['lambda_s'] == pytest.approx(t[f'LambdaResNet-101-C4/{mode}'] - skip)
+        assert b['limit_gmac_per_s'] == 100.0

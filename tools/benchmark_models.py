@@ -20,6 +20,11 @@ memory of the training step. ``backbone`` compares LambdaResNet-101 with ResNet-
 Table 13 baseline), without SE, and with the model's own convolutional twin (every lambda layer a 3x3 conv), so
 that the SE placement is not mistaken for lambda speed. Method: tools/dev/benchmarks/measure.py.
 
+``backbone`` and ``c4`` also time the candidate with its lambda layers skipped (each returns its input, subsampled
+at stride 2: what no lambda layer can beat) and print, for each goal of the lambda-layer speed issue (below), the time
+that goal leaves the lambda layers and the multiply-add rate their arithmetic (``torch.utils.flop_counter``, the
+custom operators' exact counts) would need in it, next to the threads' float32 limit (tools/dev/benchmarks/peak.py).
+
 ``--memory-only`` (``backbone``, ``classification``, ``cifar``): the peak training-step memory and no timing
 (memory is deterministic, so it can be measured on a busy machine); with ``--json`` naming an existing result of
 the same command, its ``peak_mib`` fields are replaced and the run recorded under ``memory``:
@@ -34,31 +39,94 @@ import time
 
 import timm
 import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
+from dev.benchmarks.peak import fma_peak_gmacs
+from timm_lambda import LambdaLayer
 
 LAMBDA101, RS101 = ('LambdaResNet-101', 'lambdaresnet101', {}), ('ResNet-RS-101+SE', 'resnetrs101', {})
 RS101_NOSE = ('ResNet-RS-101 without SE', 'resnetrs101_nose', {})
 CONV_TWIN = ('LambdaResNet-101 conv twin', 'lambdaresnet101', dict(lambda_blocks=(None,) * 4))
 
+SKIPPED = dict(skip_lambda_layers=True)  # build(): the model with every lambda layer skipped (see below)
 COMPARISONS = {
     # name: (models (label, timm name, kwargs), the first is the candidate, the second the baseline; batch, size, kind)
-    'backbone': ([LAMBDA101, RS101, RS101_NOSE, CONV_TWIN], 1, 1024, 'features'),
+    'backbone': ([LAMBDA101, RS101, RS101_NOSE, CONV_TWIN,
+                  ('LambdaResNet-101, lambda layers skipped', 'lambdaresnet101', SKIPPED)], 1, 1024, 'features'),
     'classification': ([LAMBDA101, RS101], 2, 224, 'classifier'),
     # every c4 and c5 block a lambda layer (where the layer dominates) against the same network with 3x3 convs
     'c4': ([('LambdaResNet-101-C4', 'lambdaresnet101_c4', {}),
-            ('LambdaResNet-101-C4 conv twin', 'lambdaresnet101_c4', dict(lambda_blocks=(None,) * 4))], 1, 512,
-           'features'),
+            ('LambdaResNet-101-C4 conv twin', 'lambdaresnet101_c4', dict(lambda_blocks=(None,) * 4)),
+            ('LambdaResNet-101-C4, lambda layers skipped', 'lambdaresnet101_c4', SKIPPED)], 1, 512, 'features'),
     'cifar': ([('resnet50_lambda global', 'resnet50_lambda', dict(scope='global', img_size=32, num_classes=10)),
                ('ResNet-50', 'resnet50', dict(num_classes=10))], 64, 32, 'classifier'),
 }
+# the goals of the lambda-layer speed issue: (candidate, baseline, {mode: the most candidate / baseline time})
+GOALS = {
+    'backbone': [(LAMBDA101[0], RS101[0], {'training step': 0.9, 'inference': 0.92}),
+                 (LAMBDA101[0], RS101_NOSE[0], {'training step': 1.0, 'inference': 1.0})],
+    'c4': [('LambdaResNet-101-C4', 'LambdaResNet-101-C4 conv twin', {'training step': 0.8, 'inference': 0.8})],
+}
+
+
+class SkippedLambda(nn.Module):
+    """A lambda layer's stand-in that costs nothing: ``[B, C, H, W] -> [B, C, ceil(H/s), ceil(W/s)]`` by
+    subsampling (the layers replaced here keep their width)."""
+
+    def __init__(self, stride: int):
+        super().__init__()
+        self.stride = stride
+
+    def forward(self, x):
+        return x[:, :, ::self.stride, ::self.stride]
 
 
 def build(name, kwargs, kind, device='cpu'):
     torch.manual_seed(0)
+    kwargs = dict(kwargs)
+    skip = kwargs.pop('skip_lambda_layers', False)
     if kind == 'features':
-        kwargs = dict(kwargs, features_only=True, out_indices=(1, 2, 3, 4))
-    return timm.create_model(name, **kwargs).to(device)
+        kwargs.update(features_only=True, out_indices=(1, 2, 3, 4))
+    model = timm.create_model(name, **kwargs)
+    if skip:
+        for parent in list(model.modules()):
+            for child_name, child in parent.named_children():
+                if isinstance(child, LambdaLayer):
+                    assert child.dim == child.dim_out, 'a skipped lambda layer must keep the width'
+                    setattr(parent, child_name, SkippedLambda(child.stride))
+    return model.to(device)
+
+
+def step_macs(step) -> int:
+    """Multiply-adds of one call of ``step`` (``torch.utils.flop_counter`` / 2)."""
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops() // 2
+
+
+def goal_budgets(which, rows, macs, skipped):
+    """For each goal of ``which``: the lambda layers' time (candidate - ``skipped``) against the time the goal
+    leaves them (goal x baseline - ``skipped``), and the multiply-add rate their arithmetic would need in it."""
+    limit = fma_peak_gmacs() if next(iter(macs.values())) is not None else None
+    print('# what the goals leave the lambda layers (medians; the skipped model is the candidate without them)'
+          + (f'; float32 multiply-add limit of these threads: {limit:.0f} GMAC/s' if limit else ''))
+    print('| goal | mode | lambda layers now (s) | goal leaves them (s) | their G multiply-adds | '
+          'rate the goal needs (GMAC/s) |\n|---|---|---:|---:|---:|---:|')
+    out = []
+    for cand, base, goals in GOALS.get(which, []):
+        for mode, ratio in goals.items():
+            t = {k: spread(rows[k][mode])[1] for k in (cand, base, skipped)}
+            now, budget = t[cand] - t[skipped], ratio * t[base] - t[skipped]
+            gmacs = (macs[(cand, mode)] - macs[(skipped, mode)]) / 1e9 if limit else None
+            # a budget <= 0: the model without lambda layers already misses the goal
+            need = 'out of reach' if budget <= 0 else '-' if gmacs is None else f'{gmacs / budget:.0f}'
+            print(f'| {cand} <= {ratio}x {base} | {mode} | {now:.3f} | {budget:.3f} | '
+                  f"{'-' if gmacs is None else f'{gmacs:.2f}'} | {need} |")
+            out.append(dict(candidate=cand, baseline=base, mode=mode, goal=ratio, lambda_s=now, budget_s=budget,
+                            lambda_gmacs=gmacs, limit_gmac_per_s=limit))
+    return out
 
 
 def loss_of(out):
@@ -125,10 +193,17 @@ def compare(which, size, batch, device, repeats, memory_only=False):
     rows = {label: {kind_: times[(label, kind_)] for kind_ in ('training step', 'inference')} for label in built}
     table(f'{which}: {size}x{size}, batch {batch}; {machine(device)} (load before: {before})', rows,
           ['training step', 'inference'], models[1][0])
+    after = load_average()
+    skipped = [label for label, _, kw in models if kw is SKIPPED]
+    budgets = None
+    if skipped:
+        macs = {k: step_macs(step) if device == 'cpu' else None for k, step in steps.items()}
+        budgets = goal_budgets(which, rows, macs, skipped[0])
     memory = peak_memory(built, x, device)
-    print(f'load average after: {load_average()}\n', flush=True)
+    print(f'load average after the timing: {after}\n', flush=True)
     return dict(comparison=which, size=size, batch=batch, machine=machine(device), load_before=before,
-                load_after=load_average(), times={f'{k[0]}/{k[1]}': v for k, v in times.items()}, peak_mib=memory)
+                load_after=after, times={f'{k[0]}/{k[1]}': v for k, v in times.items()}, peak_mib=memory,
+                goal_budgets=budgets)
 
 
 def compile_comparison(size, batch, device, repeats):
