@@ -38,8 +38,31 @@ def pytest_addoption(parser):
                           'and mmengine: about 10 minutes of one core, cold inductor cache); CI does not')
 
 
+def keep_builtin_ops_alive():
+    """Work around a torch bug that made timm's TorchScript tests fail now and then in CI ("builtin cannot be used as
+    a value" at ``Conv2d._conv_forward``'s ``self._reversed_padding_repeated_twice``). TorchScript resolves a module
+    attribute to a builtin op by ``id()`` (``torch.jit._builtins._builtin_table``) without holding the op objects it
+    registers. When an op gets a new overload its packet is refreshed and the old op object freed (``torch.compile``
+    registers ``quantized_decomposed``'s overloads in steps), while its id stays in the table; a 4-tuple allocated at
+    that address later (a Conv2d's padding) is then taken for that op. Holding every registered object keeps its
+    address taken (tests/test_execution_modes.py::test_torchscript_never_takes_a_tuple_for_a_freed_builtin)."""
+    from torch.jit import _builtins
+    register = _builtins._register_builtin
+    if getattr(register, 'keeps_alive', False):
+        return
+    kept = []
+
+    def register_and_keep(fn, op):
+        kept.append(fn)
+        register(fn, op)
+
+    register_and_keep.keeps_alive = True
+    _builtins._register_builtin = register_and_keep  # torch/_ops.py looks it up at every call
+
+
 def pytest_configure(config):
     """Under pytest-xdist, share the cores among the workers instead of each worker using all of them."""
+    keep_builtin_ops_alive()
     workers = os.environ.get('PYTEST_XDIST_WORKER_COUNT')
     if workers:
         threads = str(max(1, len(os.sched_getaffinity(0)) // int(workers)))

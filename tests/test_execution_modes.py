@@ -126,3 +126,24 @@ def test_gpu_benchmark_command_runs(capsys):
     out = capsys.readouterr().out
     assert len(results) == 4 and 'img/s' in out and "timm's lambda_resnet50ts" in out
     assert {r['dtype'] for r in results} == {'torch.float32', 'torch.bfloat16'}
+
+
+def test_torchscript_never_takes_a_tuple_for_a_freed_builtin():
+    """The CI flake "builtin cannot be used as a value" (timm's TorchScript tests, at a Conv2d's padding tuple):
+    TorchScript finds builtin ops by ``id()``; an op object freed when its packet is refreshed by a new overload left
+    its id behind, and a 4-tuple allocated at that address scripted as that op. tests/conftest.py keeps the registered
+    objects alive: no tuple allocated after the refresh is taken for a builtin, and a Conv2d holding one scripts."""
+    from torch.jit._builtins import _find_builtin
+    lib = torch.library.Library('timm_lambda_test_refresh', 'DEF')
+    lib.define('f(Tensor x) -> Tensor')
+    packet = torch.ops.timm_lambda_test_refresh.f  # registers the packet's op object as a builtin
+    first = packet._op
+    del first
+    lib.define('f.other(Tensor x, int n) -> Tensor')  # refreshes the packet: a new op object
+    tuples = [tuple(1 for _ in range(4)) for _ in range(20000)]  # new objects, as a Conv2d's padding
+    assert [t for t in tuples if _find_builtin(t) is not None] == []
+    conv = nn.Conv2d(2, 2, 3, padding=1, padding_mode='reflect')
+    conv._reversed_padding_repeated_twice = tuples[-1]
+    x = torch.randn(1, 2, 5, 5)
+    torch.testing.assert_close(torch.jit.script(conv)(x), conv(x))
+    lib._destroy()
