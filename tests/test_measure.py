@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from dev.benchmarks.measure import peak_of_memory_events, peak_step_bytes
+from dev.benchmarks.measure import peak_of_memory_events, peak_step_bytes, step_macs
 from timm_lambda.layers import LambdaLayer
 from timm_lambda.layers.position_lambda import position_lambdas
 
@@ -145,7 +145,7 @@ def test_model_goals_against_the_skipped_lambda_layers(monkeypatch, capsys):
         assert [f.shape for f in skipped(x)] == [f.shape for f in full(x)]
         for hook in hooks:
             hook.remove()
-        own = sum(tool.step_macs(lambda m=m, a=a: m(a)) for m, a in inputs)
+        own = sum(step_macs(lambda m=m, a=a: m(a)) for m, a in inputs)
 
     result = tool.compare('c4', 64, 1, 'cpu', repeats=1)
     assert '| rate the goal needs (GMAC/s) |' in capsys.readouterr().out

@@ -42,7 +42,7 @@ import time
 import torch
 from torch import nn
 
-from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
+from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread, step_macs
 from dev.benchmarks.peak import fma_peak_gmacs
 from timm_lambda.layers import LambdaLayer
 
@@ -68,15 +68,6 @@ def _step(layer, x, dtype, mode='train'):
         with torch.no_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
             layer(x)
     return run if mode == 'train' else infer
-
-
-def step_macs(step) -> int:
-    """Multiply-adds of one call of ``step``: ``torch.utils.flop_counter`` (the custom operators have FLOP
-    formulas) / 2."""
-    from torch.utils.flop_counter import FlopCounterMode
-    with FlopCounterMode(display=False) as counter:
-        step()
-    return counter.get_total_flops() // 2
 
 
 def _candidates(width, stride, impls, device, scope=23, dim_u=1):

@@ -40,9 +40,8 @@ import time
 import timm
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
-from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread
+from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread, step_macs
 from dev.benchmarks.peak import fma_peak_gmacs
 from timm_lambda import LambdaLayer
 
@@ -97,13 +96,6 @@ def build(name, kwargs, kind, device='cpu'):
                     assert child.dim == child.dim_out, 'a skipped lambda layer must keep the width'
                     setattr(parent, child_name, SkippedLambda(child.stride))
     return model.to(device)
-
-
-def step_macs(step) -> int:
-    """Multiply-adds of one call of ``step`` (``torch.utils.flop_counter`` / 2)."""
-    with FlopCounterMode(display=False) as counter:
-        step()
-    return counter.get_total_flops() // 2
 
 
 def goal_budgets(which, rows, macs, skipped):
@@ -197,7 +189,8 @@ def compare(which, size, batch, device, repeats, memory_only=False):
     skipped = [label for label, _, kw in models if kw is SKIPPED]
     budgets = None
     if skipped:
-        macs = {k: step_macs(step) if device == 'cpu' else None for k, step in steps.items()}
+        counted = {label for cand, _, _ in GOALS.get(which, []) for label in (cand, skipped[0])}
+        macs = {k: step_macs(step) if device == 'cpu' else None for k, step in steps.items() if k[0] in counted}
         budgets = goal_budgets(which, rows, macs, skipped[0])
     memory = peak_memory(built, x, device)
     print(f'load average after the timing: {after}\n', flush=True)

@@ -25,7 +25,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 import torch
 
 __all__ = ['peak_step_bytes', 'peak_of_memory_events', 'interleaved_times', 'median', 'machine', 'load_average',
-           'synchronize', 'spread']
+           'synchronize', 'spread', 'step_macs']
 
 
 def load_average() -> str:
@@ -144,3 +144,12 @@ def median(values: List[float]) -> float:
 def spread(values: List[float]):
     """(min, median, max) of repeated measurements."""
     return min(values), statistics.median(values), max(values)
+
+
+def step_macs(step: Callable[[], object]) -> int:
+    """Multiply-adds of one call of ``step``: ``torch.utils.flop_counter`` (the custom operators have FLOP
+    formulas) / 2."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops() // 2
