@@ -246,14 +246,14 @@ struct Shape {
                 ", v ", v.sizes(), " and table ", table.sizes(), " do not match");
   }
   int64_t plane() const { return Ho * Wo; }
-  // qp[h, qx, :] = q[b, h, :, oy, ox0 + qx] for the nq queries of a run (contiguous rows of the map in, so that the
-  // logits GEMM reads no map-sized strides)
+  // qp[h, qx, :] = q[b, h, :, oy, ox0 + qx] for the nq queries of a run, rows qs apart (contiguous rows of the map
+  // in, so that the logits GEMM reads no map-sized strides)
   template <typename T>
-  void pack_queries(const T* q, int64_t b, int64_t oy, int64_t ox0, int64_t nq, T* qp) const {
+  void pack_queries(const T* q, int64_t b, int64_t oy, int64_t ox0, int64_t nq, T* qp, int64_t qs) const {
     for (int64_t h = 0; h < H; ++h)
       for (int64_t c = 0; c < C; ++c) {
         const T* src = q + ((b * H + h) * C + c) * plane() + oy * Wo + ox0;
-        for (int64_t qx = 0; qx < nq; ++qx) qp[(h * Tt + qx) * C + c] = src[qx];
+        for (int64_t qx = 0; qx < nq; ++qx) qp[(h * Tt + qx) * qs + c] = src[qx];
       }
   }
   // The logit columns (u, ky, kx) of the scope rows [ky0, ky1) that meet the image, from the first |u|'s first such
@@ -261,15 +261,15 @@ struct Shape {
   // their gradients are zero)
   std::pair<int64_t, int64_t> columns(int64_t ky0, int64_t ky1) const { return {ky0 * KW, ((U - 1) * KH + ky1) * KW}; }
   // L[h, qx, n] = qp[h, qx, :] R[:, n] for the columns n of the scope rows [ky0, ky1) (whole vectors; per head one
-  // GEMM: R read once per tile)
+  // GEMM: R read once per tile); qp's rows qs apart
   template <typename T>
-  void run_logits(const T* qp, int64_t nq, const T* R, int64_t Rp, int64_t ky0, int64_t ky1, T* L) const {
+  void run_logits(const T* qp, int64_t qs, int64_t nq, const T* R, int64_t Rp, int64_t ky0, int64_t ky1, T* L) const {
     constexpr int W = Vec<T>::lanes;
     const auto [first, last] = columns(ky0, ky1);
     const int64_t n0 = first / W * W, n1 = round_up(last, W);  // n1 <= Rp
     if (n1 <= n0) return;
     for (int64_t h = 0; h < H; ++h)
-      gemm<T, false>(qp + h * Tt * C, C, 1, R + n0, Rp, nq, C, n1 - n0, L + h * Tt * Rp + n0, Rp);
+      gemm<T, false>(qp + h * Tt * qs, qs, 1, R + n0, Rp, nq, C, n1 - n0, L + h * Tt * Rp + n0, Rp);
   }
   // the offsets that meet the image of a query whose scope starts at (y - y_lo, x - x_lo)
   Scope scope(int64_t y, int64_t x) const {
@@ -394,9 +394,9 @@ torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor v, torch::Tensor tabl
       for (int64_t i = begin; i < end; ++i) {
         const int64_t b = i / (s.Ho * s.runs), oy = i / s.runs % s.Ho, ox0 = i % s.runs * s.Tt;
         const int64_t nq = std::min(s.Tt, s.Wo - ox0);
-        s.pack_queries(qd, b, oy, ox0, nq, qp.data());
+        s.pack_queries(qd, b, oy, ox0, nq, qp.data(), s.C);
         const Scope rows = s.scope(s.step * oy, s.step * ox0);  // the run's scope rows that meet the image
-        s.run_logits(qp.data(), nq, Rp_, Rp, rows.y0, rows.y1, L.data());
+        s.run_logits(qp.data(), s.C, nq, Rp_, Rp, rows.y0, rows.y1, L.data());
         for (int64_t qx = 0; qx < nq; ++qx) {
           const int64_t y0 = s.step * oy, x0 = s.step * (ox0 + qx);
           const Content<T> ct{qp.data() + qx * s.C, s.Tt * s.C, lcd == nullptr ? nullptr : lcd + b * s.C * s.V, s.C};
@@ -423,7 +423,7 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
   AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "tiled_backward", [&] {
     using T = scalar_t;
     constexpr int W = Vec<T>::lanes;
-    const int64_t Rp = round_up(s.Rn, W), Rg = round_up(s.Rn + W, W), Cp = round_up(s.C, W), P = s.plane();
+    const int64_t Rp = round_up(s.Rn, W), Cp = round_up(s.C, W), P = s.plane();
     const int64_t Tt = s.Tt, KWq = round_up(s.KW, QVec<T>::columns);
     static_assert(Shape::Tt == QVec<T>::lanes, "a run's queries are the lanes of the logit gradients");
     // the values zero-padded around the image: query (oy, ox)'s scope starts at (s oy, s ox) there
@@ -444,14 +444,15 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
     // writes it (in parallel, and only where a thread takes part); `used`: the parts to sum
     auto gv_parts = torch::empty({by_image ? 1 : nthreads, s.B, Hp, Wp, s.CV}, v.options());
     std::vector<char> used(gv_parts.size(0), by_image && s.B > 0);
-    auto gr_parts = torch::zeros({nthreads, s.C, Rg}, table.options());
-    // the content lambda: lcT [B, V, Cp] (transposed, for the query gradients) and the gradient's per-thread parts
-    const int64_t Vp = round_up(s.V, W);
+    // the table gradient per thread, transposed: [Rn, Cp]
+    auto gr_parts = torch::zeros({nthreads, s.Rn, Cp}, table.options());
+    // the content lambda: lcT [B, V, Cp] (transposed, for the query gradients) and the gradient's per-thread parts,
+    // transposed: [B, V, Cp]
     torch::Tensor lcT, gc_parts;
     if (lc.defined()) {
       lcT = torch::zeros({s.B, s.V, Cp}, v.options());
       lcT.narrow(2, 0, s.C).copy_(lc.transpose(1, 2));
-      gc_parts = torch::zeros({by_image ? 1 : nthreads, s.B, s.C, Vp}, v.options());
+      gc_parts = torch::zeros({by_image ? 1 : nthreads, s.B, s.V, Cp}, v.options());
     }
     const bool with_content = lc.defined();
     const T* lcTd = with_content ? lcT.data_ptr<T>() : nullptr;
@@ -470,71 +471,56 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
         std::memset(gvp, 0, s.B * image * sizeof(T));
         used[tid] = 1;
       }
-      T* gr = grd + tid * s.C * Rg;
-      std::vector<T> L(s.H * Tt * Rp), gyq(s.H * s.V), gl(Tt * s.H * Rg), qt(s.C * Tt * s.H), qp(s.H * Tt * s.C);
-      std::vector<T> gqq(Tt * s.H * Cp), gyr(s.H * s.V * Tt), gyrows(with_content ? Tt * s.H * Vp : 0);  // pads: 0
+      T* grT = grd + tid * s.Rn * Cp;
+      // a run's queries [h, qx, Cp] (channel pads 0), logits [h, qx, Rp], output gradients [h, V, qx] and one query's
+      // [h, V], query gradients [h, qx, Cp], logit gradients of one scope row [h, kx, qx]
+      std::vector<T> qp(s.H * Tt * Cp), L(s.H * Tt * Rp), gyr(s.H * s.V * Tt), gyq(s.H * s.V), gqq(s.H * Tt * Cp);
       std::vector<T> glt(s.H * KWq * Tt);
       for (int64_t i = begin; i < end; ++i) {
         const int64_t b = i / per_image, oy = i / s.runs % s.Ho, ox0 = i % s.runs * Tt, y0 = s.step * oy;
         const int64_t nq = std::min(Tt, s.Wo - ox0), at = oy * s.Wo + ox0;
-        s.pack_queries(qd, b, oy, ox0, nq, qp.data());
+        s.pack_queries(qd, b, oy, ox0, nq, qp.data(), Cp);
         const Scope rows = s.scope(y0, s.step * ox0);  // the run's scope rows that meet the image
-        s.run_logits(qp.data(), nq, Rd, Rp, rows.y0, rows.y1, L.data());  // the logits again, [h, qx, Rp]
+        s.run_logits(qp.data(), Cp, nq, Rd, Rp, rows.y0, rows.y1, L.data());  // the logits again, [h, qx, Rp]
         for (int64_t hj = 0; hj < s.H * s.V; ++hj)  // the run's output gradients [h, V, qx]
           std::memcpy(gyr.data() + hj * Tt, gyd + (b * s.H * s.V + hj) * P + at, nq * sizeof(T));
-        // logit gradients gl[(qx, h), (u, ky, kx)] = gy[(qx, h), :] . v[ky, kx, u, :] (0 outside the image), the run's
-        // queries at once
-        for (int64_t qx = 0; qx < nq; ++qx)
-          for (int64_t h = 0; h < s.H; ++h) {
-            T* g = gl.data() + (qx * s.H + h) * Rg;
-            for (int64_t u = 0; u < s.U; ++u) {
-              std::memset(g + u * s.KH * s.KW, 0, rows.y0 * s.KW * sizeof(T));
-              std::memset(g + (u * s.KH + rows.y1) * s.KW, 0, (s.KH - rows.y1) * s.KW * sizeof(T));
-            }
-          }
+        std::fill(gqq.begin(), gqq.end(), T(0));
+        // per scope row that meets the image: the logit gradients glt[h, kx, qx] = gy[h, :, qx] . v[ky, kx, u, :] of
+        // the run's queries at once (0 outside the image), then the query gradients gq[h, qx, :] += glt[h, :, qx] R^T
+        // and the table gradient gR^T[(u, ky, kx), :] += glt[h, kx, :] q[h, :, :] (over the run's nq queries)
         for (int64_t u = 0; u < s.U; ++u)
           for (int64_t ky = rows.y0; ky < rows.y1; ++ky) {
             run_logit_grads<T>(gyr.data(), s.H, s.V, vtd + (((b * Hp + y0 + ky) * s.step * s.CV) + u * s.V) * Wq + ox0,
                                Wq, s.CV * Wq, s.step, KWq, glt.data());
-            for (int64_t qx = 0; qx < nq; ++qx)
-              for (int64_t h = 0; h < s.H; ++h) {
-                T* g = gl.data() + (qx * s.H + h) * Rg + (u * s.KH + ky) * s.KW;
-                const T* src = glt.data() + h * KWq * Tt + qx;
-                for (int64_t kx = 0; kx < s.KW; ++kx) g[kx] = src[kx * Tt];
-              }
+            const int64_t r = (u * s.KH + ky) * s.KW;
+            for (int64_t h = 0; h < s.H; ++h) {
+              const T* g = glt.data() + h * KWq * Tt;
+              gemm<T, true>(g, 1, Tt, RTd + r * Cp, Cp, nq, s.KW, Cp, gqq.data() + h * Tt * Cp, Cp);
+              gemm<T, true>(g, Tt, 1, qp.data() + h * Tt * Cp, Cp, s.KW, nq, Cp, grT + r * Cp, Cp);
+            }
           }
         for (int64_t qx = 0; qx < nq; ++qx) {
           const int64_t x0 = s.step * (ox0 + qx);
-          const Scope sc = s.scope(y0, x0);
           for (int64_t hj = 0; hj < s.H * s.V; ++hj) gyq[hj] = gyr[hj * Tt + qx];
-          if (with_content)
-            for (int64_t h = 0; h < s.H; ++h)
-              std::memcpy(gyrows.data() + (qx * s.H + h) * Vp, gyq.data() + h * s.V, s.V * sizeof(T));
-          for (int64_t h = 0; h < s.H; ++h)
-            for (int64_t c = 0; c < s.C; ++c) qt[c * Tt * s.H + qx * s.H + h] = qp[(h * Tt + qx) * s.C + c];
           // value gradients: gv[ky, kx, u, :] += sum_h L[h, (u, ky, kx)] gy[h, :]
           scatter<T>(L.data() + qx * Rp, Tt * Rp, gyq.data(), s.H, s.V, gvp + ((b * Hp + y0) * Wp + x0) * s.CV, s.U,
-                     sc, Wp * s.CV);
+                     s.scope(y0, x0), Wp * s.CV);
         }
-        // query gradients of the run: gq[(qx, h), :] = gl[(qx, h), :] R^T
-        // (over the columns of the scope rows that meet the image: the other logit gradients are zero)
-        const auto [k0, k1] = s.columns(rows.y0, rows.y1);
-        gemm<T, false>(gl.data() + k0, Rg, 1, RTd + k0 * Cp, Cp, nq * s.H, k1 - k0, Cp, gqq.data(), Cp);
         if (with_content) {
-          // the content rows: gq[(qx, h), :] += gy[(qx, h), :] lambda^c^T, gcontent += q^T gy over the run
-          gemm<T, true>(gyrows.data(), Vp, 1, lcTd + b * s.V * Cp, Cp, nq * s.H, s.V, Cp, gqq.data(), Cp);
-          T* gc = gcd + ((by_image ? 0 : tid) * s.B + b) * s.C * Vp;
-          gemm<T, true>(qt.data(), Tt * s.H, 1, gyrows.data(), Vp, s.C, nq * s.H, Vp, gc, Vp);
+          // the content rows: gq[h, qx, :] += gy[h, :, qx] lambda^c^T, gcontent^T += gy[h, :, qx] q[h, qx, :] over
+          // the run
+          T* gcT = gcd + ((by_image ? 0 : tid) * s.B + b) * s.V * Cp;
+          for (int64_t h = 0; h < s.H; ++h) {
+            const T* g = gyr.data() + h * s.V * Tt;
+            gemm<T, true>(g, 1, Tt, lcTd + b * s.V * Cp, Cp, nq, s.V, Cp, gqq.data() + h * Tt * Cp, Cp);
+            gemm<T, true>(g, Tt, 1, qp.data() + h * Tt * Cp, Cp, s.V, nq, Cp, gcT, Cp);
+          }
         }
         for (int64_t h = 0; h < s.H; ++h)
           for (int64_t c = 0; c < s.C; ++c) {
             T* dst = gqd + ((b * s.H + h) * s.C + c) * P + at;
-            for (int64_t qx = 0; qx < nq; ++qx) dst[qx] = gqq[(qx * s.H + h) * Cp + c];
+            for (int64_t qx = 0; qx < nq; ++qx) dst[qx] = gqq[(h * Tt + qx) * Cp + c];
           }
-        // table gradient: gr[c, :] += sum_{qx, h} q[qx, h, c] gl[qx, h, :]
-        // (those columns again, in whole vectors)
-        const int64_t n0 = k0 / W * W, n1 = round_up(k1, W);
-        if (n1 > n0) gemm<T, true>(qt.data(), Tt * s.H, 1, gl.data() + n0, Rg, s.C, nq * s.H, n1 - n0, gr + n0, Rg);
       }
     };
     if (by_image) {
@@ -543,8 +529,8 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
       at::parallel_for(0, s.B * per_image, 1, body);
     }
     gv = sum_parts_channels_first<T>(gv_parts, used, s.y_lo, s.x_lo, s.height, s.width);
-    gtable = gr_parts.sum(0).narrow(1, 0, s.Rn).reshape(table.sizes()).contiguous();
-    if (with_content) gcontent = gc_parts.sum(0).narrow(2, 0, s.V).contiguous();
+    gtable = gr_parts.sum(0).narrow(1, 0, s.C).t().reshape(table.sizes()).contiguous();
+    if (with_content) gcontent = gc_parts.sum(0).narrow(2, 0, s.C).transpose(1, 2).contiguous();
   });
   return {gq, gv, gtable, gcontent};
 }
