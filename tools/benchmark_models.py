@@ -186,7 +186,7 @@ def compare(which, size, batch, device, repeats, memory_only=False):
     table(f'{which}: {size}x{size}, batch {batch}; {machine(device)} (load before: {before})', rows,
           ['training step', 'inference'], models[1][0])
     after = load_average()
-    skipped = [label for label, _, kw in models if kw is SKIPPED]
+    skipped = [label for label, _, kw in models if kw.get('skip_lambda_layers')]
     budgets = None
     if skipped:
         counted = {label for cand, _, _ in GOALS.get(which, []) for label in (cand, skipped[0])}

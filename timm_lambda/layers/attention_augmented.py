@@ -35,8 +35,9 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from .checks import check_ratio, check_stride, downsample_pool, to_int, to_pair
+from .checks import check_ratio, check_stride, to_int, to_pair
 from .dilation import check_dilation
+from .pooling import downsample_pool
 from .relative_attention import RelPosSelfAttention2d, upsample_to
 
 __all__ = ['AugmentedConv2d', 'augmented_depths']

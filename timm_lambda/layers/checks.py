@@ -7,10 +7,9 @@ from typing import Sequence, Tuple, Union
 
 import torch
 from timm.layers import to_2tuple
-from torch import nn
 
 __all__ = ['to_int', 'to_pair', 'check_scope', 'check_choice', 'check_bool', 'check_stride', 'check_heads',
-           'check_ratio', 'check_input', 'check_max_size', 'downsample_pool']
+           'check_ratio', 'check_input', 'check_max_size']
 
 Size2 = Tuple[int, int]
 
@@ -104,8 +103,3 @@ def check_max_size(height: int, width: int, max_h: int, max_w: int) -> None:
     if height > max_h or width > max_w:
         raise ValueError(f'input of {height}x{width} is larger than max_size=({max_h}, {max_w}) of the global '
                          f'position embedding; build the layer with a larger max_size (img_size) or use a local scope')
-
-
-def downsample_pool(stride: int, count_include_pad: bool = False) -> nn.Module:
-    """The downsampling after a stride-2 layer (appendix F.2; see ``LambdaLayer``'s ``stride``), else an identity."""
-    return nn.AvgPool2d(3, 2, padding=1, count_include_pad=count_include_pad) if stride == 2 else nn.Identity()

@@ -27,10 +27,10 @@ from .checks import (
     check_input,
     check_scope,
     check_stride,
-    downsample_pool,
     to_int,
 )
 from .dilation import batch_to_space, check_dilation, space_to_batch
+from .pooling import downsample_pool
 from .position_lambda import POSITION_IMPLS, choose_impl, content_term, position_lambdas
 from .position_lambda.execution import functorch_active, warn_once
 from .relative_embedding import RelativePositionEmbedding

@@ -14,8 +14,9 @@ import torch
 from torch import nn
 
 from .batch_one import reshape_normed
-from .checks import check_choice, check_heads, check_input, check_stride, downsample_pool, to_int
+from .checks import check_choice, check_heads, check_input, check_stride, to_int
 from .lambda_layer import KEY_NORMS, normalize_keys
+from .pooling import downsample_pool
 from .relative_embedding import RelativePositionEmbedding, dense_embedding, table_for_input
 
 __all__ = ['MultiHeadLambdaLayer']

@@ -43,8 +43,9 @@ from timm.layers.halo_attn import HaloAttn
 from timm.layers.weight_init import trunc_normal_
 from torch import nn
 
-from .checks import check_heads, check_ratio, check_stride, downsample_pool, to_int, to_pair
+from .checks import check_heads, check_ratio, check_stride, to_int, to_pair
 from .dilation import batch_to_space, check_dilation, space_to_batch
+from .pooling import downsample_pool
 from .position_lambda.execution import contiguous
 
 __all__ = ['rel_to_abs', 'relative_logits_1d', 'relative_table', 'upsample_to',

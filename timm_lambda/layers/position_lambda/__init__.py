@@ -6,10 +6,10 @@ forms of :data:`POSITION_IMPLS` (docs/lambda_layer.md compares them). This modul
 """
 from typing import List, Optional
 
-import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from torch import Tensor
 
+from .. import pooling  # a module, not its name: pooling imports .execution from this package
 from ..relative_embedding import table_for_input
 from .execution import size_independent, use_custom_ops
 from .layout import dense, tiled
@@ -74,7 +74,7 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
     else:
         raise ValueError("impl must be one of 'auto', 'einsum', 'conv', 'dense', 'tiled', got '" + impl + "'")
     if stride == 2 and not pooled:
-        y = F.avg_pool2d(y, 3, 2, 1, count_include_pad=count_include_pad)
+        y = pooling.avg_pool_3x3_s2(y, count_include_pad)
     # the contiguous term first: the sum takes its layout (y may be a permuted view), which the reshapes after the
     # layer rely on (a permuted sum made torch.export guard on sizes)
     return y if content is None else content_term(content, q, height, width, stride, count_include_pad) + y

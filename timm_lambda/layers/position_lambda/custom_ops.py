@@ -149,13 +149,14 @@ def _content_term(q: Tensor, content: Tensor) -> Tensor:
     return content_term(content, q.reshape(b, h, c, ho * wo), ho, wo)
 
 
-def _windows(vp: Tensor, b: int, by: int, rows: int, bx: int, cols: int, shift: int, mh: int, mw: int,
-             every: int = 1) -> Tensor:
-    """Context windows of ``rows x cols`` blocks from block ``(by, bx)`` of image ``b`` (every ``every``-th block
-    column) as one strided view ``[rows, cols, M_h, M_w, C]`` of the contiguous ``vp [B, H', W', C]``."""
+def _windows(vp: Tensor, b: int, images: int, by: int, rows: int, bx: int, cols: int, shift: int, mh: int,
+             mw: int) -> Tensor:
+    """Context windows of ``rows x cols`` blocks from block ``(by, bx)`` of images ``b .. b + images - 1`` as one
+    strided view ``[images, rows, cols, M_h, M_w, C]`` of the contiguous ``vp [B, H', W', C]``."""
     _, hv, wv, cv = vp.shape
     offset = vp.storage_offset() + ((b * hv + by * shift) * wv + bx * shift) * cv
-    return vp.as_strided((rows, cols, mh, mw, cv), (shift * wv * cv, every * shift * cv, wv * cv, cv, 1), offset)
+    return vp.as_strided((images, rows, cols, mh, mw, cv),
+                         (hv * wv * cv, shift * wv * cv, shift * cv, wv * cv, cv, 1), offset)
 
 
 def _band(buf: Tensor, t: int, h: int, u: int, kh: int, kw: int, mw: int, step: int) -> Tensor:
@@ -168,16 +169,21 @@ def _band(buf: Tensor, t: int, h: int, u: int, kh: int, kw: int, mw: int, step: 
                           buf.storage_offset())
 
 
-def _chunks(batch: int, blocks_y: int, blocks_x: int, per_chunk: int) -> List[Tuple[int, int, int, int, int]]:
-    """``(image, first block row, block rows, first block column, block columns)`` of each chunk: whole block rows
-    of one image, or a part of one row, so that a chunk's windows are one strided view."""
+def _chunks(batch: int, blocks_y: int, blocks_x: int, per_chunk: int) -> List[Tuple[int, int, int, int, int, int]]:
+    """``(first image, images, first block row, block rows, first block column, block columns)`` of each chunk:
+    whole images, whole block rows of one image, or a part of one row, so that a chunk's windows are one strided
+    view (:func:`_windows`)."""
+    per_image = blocks_y * blocks_x
+    if per_chunk >= per_image:
+        images = per_chunk // per_image
+        return [(b, min(images, batch - b), 0, blocks_y, 0, blocks_x) for b in range(0, batch, images)]
     out = []
     for b in range(batch):
         if per_chunk >= blocks_x:
             rows = per_chunk // blocks_x
-            out += [(b, by, min(rows, blocks_y - by), 0, blocks_x) for by in range(0, blocks_y, rows)]
+            out += [(b, 1, by, min(rows, blocks_y - by), 0, blocks_x) for by in range(0, blocks_y, rows)]
         else:
-            out += [(b, by, 1, bx, min(per_chunk, blocks_x - bx))
+            out += [(b, 1, by, 1, bx, min(per_chunk, blocks_x - bx))
                     for by in range(blocks_y) for bx in range(0, blocks_x, per_chunk)]
     return out
 
@@ -208,17 +214,28 @@ class _TiledPlan:
     def block_logits(self, q: Tensor, vp: Tensor, chunk) -> Tuple[int, int, Tensor, Tensor]:
         """Windows and band logits of one chunk: ``(first block, blocks, logits [n, rows, cols],
         windows [n, M u, V])``; the compact logits ``q R`` come from one GEMM with the small table."""
-        b, by, nr, bx, nc = chunk
-        g0, n = (b * self.blocks_y + by) * self.blocks_x + bx, nr * nc
+        b, ni, by, nr, bx, nc = chunk
+        g0, n = (b * self.blocks_y + by) * self.blocks_x + bx, ni * nr * nc
         windows = self.windows[:n]
-        windows.view(nr, nc, self.mh, self.mw, self.cv).copy_(
-            _windows(vp, b, by, nr, bx, nc, self.step * self.t, self.mh, self.mw))
+        windows.view(ni, nr, nc, self.mh, self.mw, self.cv).copy_(
+            _windows(vp, b, ni, by, nr, bx, nc, self.step * self.t, self.mh, self.mw))
         compact = self.compact[:n * self.rows]
         torch.mm(q[g0:g0 + n].view(n * self.rows, self.c), self.rm, out=compact)
         logits = self.logits[:n]
         _band(logits, self.t, self.h, self.u, self.kh, self.kw, self.mw, self.step).copy_(
             compact.view(n, self.h, self.t, self.t, self.u, self.kh, self.kw))
         return g0, n, logits, windows.view(n, self.mh * self.mw * self.u, self.dv)
+
+    def overlap_add(self, gvp: Tensor, gw: Tensor, chunk) -> None:
+        """Add the window gradients ``gw [n, M u, V]`` of ``chunk`` into the padded value gradient
+        ``gvp [B, C, H', W']`` where the windows overlap: one ``F.fold`` (col2im) over the chunk's blocks."""
+        b, ni, by, nr, bx, nc = chunk
+        shift = self.step * self.t
+        cols = gw.view(ni, nr, nc, self.mh, self.mw, self.cv).permute(0, 5, 3, 4, 1, 2).reshape(
+            ni, self.cv * self.mh * self.mw, nr * nc)
+        hs, ws = (nr - 1) * shift + self.mh, (nc - 1) * shift + self.mw
+        y0, x0 = by * shift, bx * shift
+        gvp[b:b + ni, :, y0:y0 + hs, x0:x0 + ws] += F.fold(cols, (hs, ws), (self.mh, self.mw), stride=shift)
 
 
 def _gemm_blocks(q: Tensor, v: Tensor, table: Tensor, step: int):
@@ -279,25 +296,19 @@ def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
     t = p.t
     gy = F.pad(gy.view(b, h, p.dv, ho, wo), [0, blocks_x * t - wo, 0, blocks_y * t - ho])
     gy = gy.view(b, h, p.dv, blocks_y, t, blocks_x, t).permute(0, 3, 5, 2, 1, 4, 6).reshape(p.g, p.dv, p.rows)
-    gq, gvp = torch.empty_like(qb), torch.zeros_like(vp)
+    gq = torch.empty_like(qb)
+    gvp = vp.new_zeros(vp.shape[0], vp.shape[3], vp.shape[1], vp.shape[2])  # [B, C, H', W']
     grm = torch.zeros(p.rm.shape, dtype=torch.promote_types(p.rm.dtype, torch.float32), device=p.rm.device)
     n_max = p.logits.shape[0]
     gwindows = vp.new_empty(n_max, p.mh * p.mw * p.u, p.dv)
     glogits = vp.new_empty(n_max, p.rows, p.cols)
     gcompact = vp.new_empty(n_max * p.rows, p.u * p.kh * p.kw)
-    phases = -(-p.mw // (step * p.t))  # windows of blocks this many columns apart do not overlap
     for chunk in p.chunks:
-        bi, by, nr, bx, nc = chunk
         g0, n, logits, windows = p.block_logits(qb, vp, chunk)
         gyc = gy[g0:g0 + n].transpose(1, 2)  # [n, rows, V]
         gw = gwindows[:n]
         torch.bmm(logits.transpose(1, 2), gyc, out=gw)
-        gw = gw.view(nr, nc, p.mh, p.mw, p.cv)
-        for r in range(nr):  # overlap-add into the padded values: one non-overlapping set of windows at a time
-            for phase in range(min(phases, nc)):
-                count = len(range(phase, nc, phases))
-                _windows(gvp, bi, by + r, 1, bx + phase, count, step * p.t, p.mh, p.mw, phases).add_(
-                    gw[r:r + 1, phase::phases])
+        p.overlap_add(gvp, gw, chunk)
         gl = glogits[:n]
         torch.bmm(gyc, windows.transpose(1, 2), out=gl)
         gc = gcompact[:n * p.rows]
@@ -312,7 +323,7 @@ def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
     gq = gq.view(b, blocks_y, blocks_x, h, t, t, c).permute(0, 3, 6, 1, 4, 2, 5).reshape(b, h, c, blocks_y * t,
                                                                                         blocks_x * t)
     pad_y, pad_x = (p.kh - 1) // 2, (p.kw - 1) // 2
-    gv = gvp[:, pad_y:pad_y + v.shape[2], pad_x:pad_x + v.shape[3]].permute(0, 3, 1, 2)
+    gv = gvp[:, :, pad_y:pad_y + v.shape[2], pad_x:pad_x + v.shape[3]]
     gq = gq[..., :ho, :wo].contiguous() if content is None else gq_content + gq[..., :ho, :wo]
     return gq, gv.contiguous(), grm.to(table.dtype).view_as(table), gcontent
 

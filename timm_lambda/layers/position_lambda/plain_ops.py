@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import pooling  # a module, not its name: pooling imports .execution from this package
 from ..relative_embedding import block_embedding, dense_embedding
 from .execution import contiguous
 
@@ -23,8 +24,7 @@ def content_term(content: Tensor, q: Tensor, height: int, width: int, stride: in
     b, h, k = q.shape[0], q.shape[1], q.shape[2]
     ho, wo = (height + stride - 1) // stride, (width + stride - 1) // stride
     if stride == 2:
-        q = F.avg_pool2d(q.reshape(b, h * k, height, width), 3, 2, 1, count_include_pad=count_include_pad).reshape(
-            b, h, k, ho * wo)
+        q = pooling.avg_pool_3x3_s2(q.reshape(b, h * k, height, width), count_include_pad).reshape(b, h, k, ho * wo)
     return torch.matmul(content.transpose(1, 2).unsqueeze(1), q).reshape(b, h * content.shape[2], ho, wo)
 
 
