@@ -18,6 +18,7 @@ LONGEST_FIRST = (
     'test_quickstart_default_run',
     'test_train_py_torchcompile_flow',
     'test_shortened_quick_run_beats_chance_clearly',
+    'test_triton_execution_interpreted_equals_the_reference',
 )
 
 

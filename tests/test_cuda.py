@@ -19,7 +19,7 @@ from reference import position_term_reference
 from test_batch_one import BLOCK_BY_BLOCK, _input_size, _model_params, _worst, check_model_batch_one
 from test_position_lambda import CASES, FORMS, IDS, _call, _inputs
 from timm_lambda.layers import position_lambda as PL
-from timm_lambda.layers.position_lambda import custom_ops
+from timm_lambda.layers.position_lambda import custom_ops, tiled_triton
 
 HAVE_CUDA = torch.cuda.is_available()
 pytestmark = [
@@ -36,21 +36,37 @@ def _on_device(tensors, dtype=None):
     return [t.to(DEV, dtype).requires_grad_() for t in tensors]
 
 
+EXECUTIONS = ['custom_ops', 'gemm_ops', 'plain_ops']
+
+
+def _use(execution, monkeypatch):
+    """The tiled operator by Triton (``custom_ops``) or by GEMMs (``gemm_ops``: Triton off), or the plain ops of
+    traces and exports (``plain_ops``). The dense form has one custom-op execution on every device."""
+    if execution == 'plain_ops':
+        monkeypatch.setattr(PL, 'use_custom_ops', lambda: False)
+    if execution == 'gemm_ops':
+        monkeypatch.setattr(tiled_triton, 'ENABLED', False)
+    calls = []
+    forward = tiled_triton.tiled_forward
+    monkeypatch.setattr(tiled_triton, 'tiled_forward', lambda *a: calls.append(1) or forward(*a))
+    return calls
+
+
 @pytest.mark.parametrize('chunks', ['one', 'many'])
-@pytest.mark.parametrize('graph', [False, True], ids=['kernel', 'graph'])
+@pytest.mark.parametrize('execution', EXECUTIONS)
 @pytest.mark.parametrize('impl', FORMS)
 @pytest.mark.parametrize('case', CASES, ids=IDS)
-def test_forms_equal_the_reference_on_cuda(case, impl, graph, chunks, monkeypatch):
+def test_forms_equal_the_reference_on_cuda(case, impl, execution, chunks, monkeypatch):
     """float64 on the device: outputs and gradients equal the per-query reference (computed on the CPU)."""
-    if graph:
-        monkeypatch.setattr(PL, 'use_custom_ops', lambda: False)
-    if chunks == 'many':  # one query block per chunk: the device loop over chunks, not one launch per layer
+    calls = _use(execution, monkeypatch)
+    if chunks == 'many':  # one query block (GEMM path) or one image (Triton) per chunk: the device loop over chunks
         monkeypatch.setattr(custom_ops, 'DEVICE_CHUNK_ELEMENTS', 1)
     q, v, table = (t.requires_grad_() for t in _inputs(case))
     ref = position_term_reference(q, v, table, case[1], case[2], case[8], case[9])
     qd, vd, td = _on_device((q.detach(), v.detach(), table.detach()))
     y = _call(impl, case, qd, vd, td)
     assert y.device.type == DEV and y.dtype == torch.float64
+    assert bool(calls) == (impl == 'tiled' and execution == 'custom_ops'), 'Triton ran where it should not, or not'
     torch.testing.assert_close(y.cpu(), ref.detach(), rtol=1e-9, atol=1e-9)
     g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=ref.dtype)
     got = torch.autograd.grad(y, (qd, vd, td), g.to(DEV))
@@ -59,14 +75,43 @@ def test_forms_equal_the_reference_on_cuda(case, impl, graph, chunks, monkeypatc
         torch.testing.assert_close(a.cpu(), b, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize('content', [False, True], ids=['position', 'with_content'])
+@pytest.mark.parametrize('width, side, stride', [(256, 64, 1), (512, 64, 2), (512, 33, 1)], ids=['c4', 'c5_s2', 'c5'])
+def test_triton_in_float32_equals_the_gemm_path_in_float64_at_backbone_shapes(width, side, stride, content,
+                                                                              monkeypatch):
+    """LambdaResNet layer shapes at 1024 px (many blocks and chunks, the 23x23 scope, |v| = 64 and 128): the Triton
+    execution in float32 against the GEMM path in float64 (itself equal to the reference above), output and
+    gradients (q, v, the table, the content lambda) within float32 rounding."""
+    calls = _use('custom_ops', monkeypatch)
+    torch.manual_seed(0)
+    h, k, dv, n = 4, 16, width // 4, side * side
+    inputs = [torch.randn(2, h, k, n), torch.randn(2, 1, dv, n), torch.randn(k, 1, 23, 23) / 23]
+    if content:
+        inputs.append(torch.randn(2, k, dv) / 8)
+
+    def run(dtype):
+        leaves = _on_device(inputs, dtype)
+        y = PL.position_lambdas(leaves[0], leaves[1], leaves[2], side, side, 'tiled', False, stride, False,
+                                [23, 23], leaves[3] if content else None)
+        g = torch.randn(y.shape, generator=torch.Generator().manual_seed(5)).to(DEV, dtype)
+        return [y] + list(torch.autograd.grad(y, leaves, g))
+
+    got = run(torch.float32)
+    assert calls, 'Triton did not run'
+    monkeypatch.setattr(tiled_triton, 'ENABLED', False)
+    want = run(torch.float64)
+    for name, a, b in zip(['output', 'q', 'v', 'table', 'content'], got, want):
+        err = ((a.double() - b).norm() / b.norm()).item()
+        assert err < 1e-5, f'{name}: relative error {err:.2e}'
+
+
 @pytest.mark.parametrize('dtype, tol', [(torch.float16, 1e-2), (torch.bfloat16, 4e-2)], ids=['fp16', 'bf16'])
-@pytest.mark.parametrize('graph', [False, True], ids=['kernel', 'graph'])
+@pytest.mark.parametrize('execution', EXECUTIONS)
 @pytest.mark.parametrize('impl', FORMS)
 @pytest.mark.parametrize('case', CASES, ids=IDS)
-def test_forms_under_autocast_close_to_float32(case, impl, graph, dtype, tol, monkeypatch):
+def test_forms_under_autocast_close_to_float32(case, impl, execution, dtype, tol, monkeypatch):
     """Autocast outputs (and gradients) within the low precision's rounding of the float32 result."""
-    if graph:
-        monkeypatch.setattr(PL, 'use_custom_ops', lambda: False)
+    _use(execution, monkeypatch)
     inputs = _inputs(case, dtype=torch.float32)
     q32, v32, t32 = _on_device(inputs)
     y32 = _call(impl, case, q32, v32, t32)

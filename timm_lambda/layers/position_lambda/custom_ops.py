@@ -1,11 +1,13 @@
 """The dense and tiled forms as custom operators (``torch.library.custom_op``) for eager mode and ``torch.compile``.
 
 Each has a backward operator that recomputes the logits instead of saving them (or, for ``create_graph=True``,
-differentiates the plain-op form), a fake kernel, an autocast rule and a FLOP formula. The tiled operator works in
-chunks of query blocks (``CPU_CHUNK_ROWS`` logit rows on a CPU, one chunk per layer elsewhere): the compact logits
-``q R`` by one GEMM with the small table, written into the band of a reused zero buffer through a strided view
-(translation equivariance makes the band the same for every block), then one batched GEMM with the chunk's
-windows, each a strided view of the padded values.
+differentiates the plain-op form), a fake kernel, an autocast rule and a FLOP formula. The tiled operator runs the
+exact form, each query against its scope, by the CPU kernel on a CPU (:mod:`.cpu_kernel`) and by Triton kernels on
+CUDA (:mod:`.tiled_triton`); elsewhere, or where those are off, it runs the GEMM path: chunks of query blocks
+(``CPU_CHUNK_ROWS`` logit rows on a CPU; whole images up to ``DEVICE_CHUNK_ELEMENTS`` logits elsewhere), the compact
+logits ``q R`` by one GEMM with the small table, written into the band of a reused zero buffer through a strided view
+(translation equivariance makes the band the same for every block), then one batched GEMM with the chunk's windows,
+each a strided view of the padded values.
 """
 from typing import List, Optional, Sequence, Tuple
 
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
+from . import tiled_triton
 from .cpu_kernel import compute_dtype, cpu_kernel
 from .execution import warn_once
 from .plain_ops import content_term, dense_plain, tile, tiled_plain, to_blocks
@@ -253,6 +256,13 @@ def _tiled(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Ten
         c = compute_dtype(q.dtype)
         return kernel.tiled_forward(q.to(c), v.to(c), table.to(c), None if content is None else content.to(c),
                                     step).to(q.dtype)
+    if tiled_triton.serves(q):
+        try:
+            y = tiled_triton.tiled_forward(q, v, table, step, DEVICE_CHUNK_ELEMENTS)
+        except tiled_triton.Unavailable:
+            pass
+        else:
+            return y if content is None else _content_term(q, content) + y
     b, h, _, ho, wo = q.shape
     table = table.contiguous()
     qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table, step)
@@ -290,6 +300,13 @@ def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
         q4 = q.reshape(b, h, c, ho * wo)
         gcontent = torch.matmul(q4, gy4.transpose(2, 3)).sum(1).to(content.dtype).contiguous()
         gq_content = torch.matmul(content.unsqueeze(1), gy4).view(b, h, c, ho, wo)
+    if tiled_triton.serves(q):
+        try:
+            gq, gv, gtable = tiled_triton.tiled_backward(gy, q, v, table, step, DEVICE_CHUNK_ELEMENTS)
+        except tiled_triton.Unavailable:
+            pass
+        else:
+            return (gq if content is None else gq_content + gq), gv, gtable, gcontent
     table = table.contiguous()
     qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table, step)
     p = _TiledPlan(qb, vp, table, step, blocks_y, blocks_x)
@@ -340,10 +357,10 @@ def _in_image(size: int, queries: int, step: int, k: int) -> int:
 
 
 def _tiled_flops(q, v, table, step, content=None, out_shape=None, backward=False) -> int:
-    """Multiply-adds of the exact form that the CPU kernel computes (:mod:`.cpu_kernel`): per query ``h u K_h K_w``
+    """Multiply-adds of the exact form that the CPU and Triton kernels compute: per query ``h u K_h K_w``
     logits of depth ``c``, and a value row of depth ``V`` per scope offset that meets the image; the backward: the
     logits again and the gradients of ``q`` and the table (3x ``c``), of the values and of the logits (2x ``V``).
-    The GEMM path (other devices) does the ``V`` part for whole windows, ``M_h M_w`` offsets per query. A content
+    The GEMM path does the ``V`` part for whole windows, ``M_h M_w`` offsets per query. A content
     lambda adds ``h c V`` per query (twice in the backward: the gradients of ``q`` and of the content lambda)."""
     (b, h, c, ho, wo), (_, cv, height, width), (_, u, kh, kw) = q, v, table
     logits = b * ho * wo * h * u * kh * kw * c

@@ -1,0 +1,235 @@
+"""The tiled form's GPU execution: the contractions over the query depth by cuBLAS, the windowed sums by Triton.
+
+The compact logits ``L[b, h, (u, ky, kx), oy, ox] = q_n^h . R[:, u, ky, kx]`` (eq. 1's ``E_nm`` for the scope
+offset ``m - n = (ky, kx)``) are one batched GEMM with the small table, in the queries' own layout. Three Triton
+kernels then do what a GEMM cannot, each query against exactly its ``K_h x K_w`` scope (the GEMM path pads every
+scope to its block's window, 1.7x the work at a 23x23 scope, and fills a banded logit matrix):
+
+* ``_aggregate``: ``y[b, h V, oy, ox] = sum_{u, ky, kx} L[...] v[b, u V, s oy - p_y + ky, s ox - p_x + kx]``;
+* ``_logit_grad``: ``dL = sum_v dy[b, h v, oy, ox] v[b, u v, ...]`` (then ``dq = R dL`` and ``dR = sum dL q^T`` by
+  GEMMs);
+* ``_value_grad``: ``dv[b, u v, r, c] = sum_{h, ky, kx} L[...] dy[b, h v, oy, ox]`` over the queries whose scope holds
+  ``(r, c)``, gathered per value position (no atomics: deterministic).
+
+Every multiply-add is one of the exact form (the FLOP formula of :mod:`.custom_ops`), on the CUDA cores: a lane a
+query, a loop over the scope. Tested against the float64 per-query reference on a GPU (tests/test_cuda.py) and, on
+a CPU, under Triton's interpreter (tests/test_tiled_triton.py).
+
+Layouts are the operator's (:mod:`.custom_ops`): ``q [B, h, C, Ho, Wo]``, ``v [B, u V, H, W]``, ``table [C, u, K_h,
+K_w]``, ``s = step``, ``p = (K - 1) // 2``, zero values outside the image. Sums run in float32 (float64 for float64
+inputs); results in the inputs' dtype. Images are processed in chunks whose logits hold at most ``chunk_elements``.
+``TIMM_LAMBDA_TRITON=0`` turns this execution off (the GEMM path runs instead); so does a first launch that fails
+(a Triton that cannot compile the kernels here: :class:`Unavailable`, with a one-time warning).
+"""
+import functools
+import os
+
+import torch
+from torch import Tensor
+
+from .execution import warn_once
+
+__all__ = ['serves', 'tiled_forward', 'tiled_backward', 'ENABLED', 'Unavailable']
+
+ENABLED = os.environ.get('TIMM_LAMBDA_TRITON', '1') != '0'
+_LAUNCHED = False  # a kernel has run in this process: later errors are errors, not an unusable Triton
+
+
+class Unavailable(RuntimeError):
+    """The first launch of a kernel failed: this execution is off for the process (the caller takes the GEMM
+    path)."""
+
+
+def _launch(kernel, grid, *args) -> None:
+    global ENABLED, _LAUNCHED
+    if _LAUNCHED:
+        kernel[grid](*args)
+        return
+    try:
+        kernel[grid](*args)
+    except Exception as e:
+        ENABLED = False
+        warn_once('triton', f'the tiled form\'s Triton kernels failed at their first launch ({type(e).__name__}: '
+                            f'{str(e)[:300]}); the position lambdas run as batched GEMMs instead (correct, slower)')
+        raise Unavailable(str(e)) from e
+    _LAUNCHED = True
+_SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels():
+    """The Triton kernels, compiled on first use (None without Triton)."""
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def _aggregate(l_ptr, v_ptr, y_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, STEP: tl.constexpr, ACC: tl.constexpr,
+                   BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_V: tl.constexpr):
+        """Rows (head, query) of one output row segment; ``y`` for all channels of the heads."""
+        ox0, oy, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1), tl.program_id(2).to(tl.int64)
+        r = tl.arange(0, BLOCK_Q * BLOCK_H)
+        hd, ox = r // BLOCK_Q, ox0 + r % BLOCK_Q
+        rmask = (hd < HEADS) & (ox < Wo)
+        vv = tl.arange(0, BLOCK_V)
+        vmask = vv < V
+        hw, howo = H * W, Ho * Wo
+        l_row = (b * HEADS + hd) * (U * KH * KW * howo) + oy * Wo + ox  # [R] at scope offset 0
+        acc = tl.zeros([BLOCK_Q * BLOCK_H, BLOCK_V], ACC)
+        for u in range(U):
+            v_base = (b * U + u) * V * hw
+            for ky in range(KH):
+                row = oy * STEP - (KH - 1) // 2 + ky
+                if (row >= 0) & (row < H):
+                    for kx in range(KW):
+                        col = ox * STEP - (KW - 1) // 2 + kx
+                        m = rmask & (col >= 0) & (col < W)
+                        lc = tl.load(l_ptr + l_row + ((u * KH + ky) * KW + kx) * howo, mask=m, other=0.0).to(ACC)
+                        vg = tl.load(v_ptr + v_base + vv[None, :] * hw + row * W + col[:, None],
+                                     mask=m[:, None] & vmask[None, :], other=0.0).to(ACC)
+                        acc += lc[:, None] * vg
+        y_off = ((b * HEADS + hd) * V)[:, None] * howo + vv[None, :] * howo + oy * Wo + ox[:, None]
+        tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
+
+    @triton.jit
+    def _logit_grad(gy_ptr, v_ptr, gl_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, STEP: tl.constexpr, ACC: tl.constexpr,
+                    BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_V: tl.constexpr):
+        """``gl`` (zero-initialised) at every in-image scope offset of one output row segment's (head, query)
+        rows."""
+        ox0, oy, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1), tl.program_id(2).to(tl.int64)
+        r = tl.arange(0, BLOCK_Q * BLOCK_H)
+        hd, ox = r // BLOCK_Q, ox0 + r % BLOCK_Q
+        rmask = (hd < HEADS) & (ox < Wo)
+        vv = tl.arange(0, BLOCK_V)
+        vmask = vv < V
+        hw, howo = H * W, Ho * Wo
+        g_off = ((b * HEADS + hd) * V)[:, None] * howo + vv[None, :] * howo + oy * Wo + ox[:, None]
+        g = tl.load(gy_ptr + g_off, mask=rmask[:, None] & vmask[None, :], other=0.0).to(ACC)
+        l_row = (b * HEADS + hd) * (U * KH * KW * howo) + oy * Wo + ox
+        for u in range(U):
+            v_base = (b * U + u) * V * hw
+            for ky in range(KH):
+                row = oy * STEP - (KH - 1) // 2 + ky
+                if (row >= 0) & (row < H):
+                    for kx in range(KW):
+                        col = ox * STEP - (KW - 1) // 2 + kx
+                        m = rmask & (col >= 0) & (col < W)
+                        vg = tl.load(v_ptr + v_base + vv[None, :] * hw + row * W + col[:, None],
+                                     mask=m[:, None] & vmask[None, :], other=0.0).to(ACC)
+                        gl = tl.sum(g * vg, axis=1)
+                        tl.store(gl_ptr + l_row + ((u * KH + ky) * KW + kx) * howo,
+                                 gl.to(gl_ptr.dtype.element_ty), mask=m)
+
+    @triton.jit
+    def _value_grad(l_ptr, gy_ptr, gv_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, STEP: tl.constexpr, ACC: tl.constexpr,
+                    BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr):
+        """``gv`` at value columns ``c0 + STEP i`` of row ``r`` (one column phase, so that every scope offset
+        ``kx`` of that phase meets consecutive queries ``ox``)."""
+        pid, r, bu = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+        b, u = bu // U, bu % U
+        c0 = (pid // STEP) * (STEP * BLOCK_P) + pid % STEP
+        i = tl.arange(0, BLOCK_P)
+        c = c0 + STEP * i
+        cmask = c < W
+        vv = tl.arange(0, BLOCK_V)
+        vmask = vv < V
+        howo = Ho * Wo
+        acc = tl.zeros([BLOCK_P, BLOCK_V], ACC)
+        for hd in range(HEADS):
+            l_head = (b * HEADS + hd) * (U * KH * KW * howo)
+            g_head = (b * HEADS + hd) * V * howo
+            for ky in range(KH):
+                num = r + (KH - 1) // 2 - ky  # = STEP oy
+                oy = num // STEP
+                if (num >= 0) & (num % STEP == 0) & (oy < Ho):
+                    for kx in range((c0 + (KW - 1) // 2) % STEP, KW, STEP):
+                        ox = (c0 + (KW - 1) // 2 - kx) // STEP + i  # exact: kx has c0's phase
+                        m = cmask & (ox >= 0) & (ox < Wo)
+                        lc = tl.load(l_ptr + l_head + ((u * KH + ky) * KW + kx) * howo + oy * Wo + ox, mask=m,
+                                     other=0.0).to(ACC)
+                        gg = tl.load(gy_ptr + g_head + vv[None, :] * howo + oy * Wo + ox[:, None],
+                                     mask=m[:, None] & vmask[None, :], other=0.0).to(ACC)
+                        acc += lc[:, None] * gg
+        out = ((b * U + u) * V + vv[None, :]) * (H * W) + r * W + c[:, None]
+        tl.store(gv_ptr + out, acc.to(gv_ptr.dtype.element_ty), mask=cmask[:, None] & vmask[None, :])
+
+    return dict(aggregate=_aggregate, logit_grad=_logit_grad, value_grad=_value_grad, tl=tl, triton=triton)
+
+
+def serves(x: Tensor) -> bool:
+    """True where this execution runs: a CUDA tensor of a served dtype, Triton importable, not turned off."""
+    return ENABLED and x.is_cuda and x.dtype in _SERVED and _kernels() is not None
+
+
+def _pow2(n: int, least: int = 1) -> int:
+    return max(least, 1 << (max(n, 1) - 1).bit_length())
+
+
+def _meta(q: Tensor, v: Tensor, table: Tensor):
+    b, h, c, ho, wo = q.shape
+    _, u, kh, kw = table.shape
+    k = _kernels()
+    acc = k['tl'].float64 if q.dtype == torch.float64 else k['tl'].float32
+    return b, h, c, ho, wo, u, kh, kw, v.shape[1] // u, v.shape[2], v.shape[3], acc, k
+
+
+def _row_tiles(h: int, wo: int, dv: int):
+    """(queries per program, heads padded to a power of 2, channels padded): about 4096 accumulators a program."""
+    bh, bv = _pow2(h), _pow2(dv, 16)
+    bq = max(1, min(_pow2(wo), 4096 // (bh * bv)))
+    return bq, bh, bv
+
+
+def _chunks(batch: int, per_image: int, chunk_elements: int):
+    n = max(1, chunk_elements // max(per_image, 1))
+    return [(b0, min(n, batch - b0)) for b0 in range(0, batch, n)]
+
+
+def _logits(q: Tensor, table: Tensor) -> Tensor:
+    """``[n, h, C, Ho, Wo] -> [n, h, u K_h K_w, Ho, Wo]``: the compact logits by one batched GEMM."""
+    n, h, c, ho, wo = q.shape
+    rt = table.reshape(c, -1).t()
+    return torch.bmm(rt.expand(n * h, *rt.shape), q.reshape(n * h, c, ho * wo)).view(n, h, -1, ho, wo)
+
+
+def tiled_forward(q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements: int) -> Tensor:
+    """The position term ``[B, h V, Ho, Wo]`` (contiguous) of the tiled operator."""
+    b, h, c, ho, wo, u, kh, kw, dv, height, width, acc, k = _meta(q, v, table)
+    q, v, table = q.contiguous(), v.contiguous(), table.contiguous()
+    y = q.new_empty(b, h * dv, ho, wo)
+    if y.numel() == 0:
+        return y
+    bq, bh, bv = _row_tiles(h, wo, dv)
+    for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
+        logits = _logits(q[b0:b0 + n], table)
+        _launch(k['aggregate'], (k['triton'].cdiv(wo, bq), ho, n),
+                logits, v[b0:b0 + n], y[b0:b0 + n], height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv)
+    return y
+
+
+def tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements: int):
+    """The gradients of ``q``, ``v`` and ``table`` (contiguous; the table's summed in float32 or float64)."""
+    b, h, c, ho, wo, u, kh, kw, dv, height, width, acc, k = _meta(q, v, table)
+    q, v, table, gy = q.contiguous(), v.contiguous(), table.contiguous(), gy.contiguous()
+    gq, gv = torch.empty_like(q), torch.empty_like(v)
+    gt = torch.zeros(c, u * kh * kw, dtype=torch.promote_types(table.dtype, torch.float32), device=q.device)
+    if q.numel() == 0 or v.numel() == 0:
+        return gq.zero_(), gv.zero_(), gt.to(table.dtype).view_as(table)
+    bq, bh, bv = _row_tiles(h, wo, dv)
+    bp = max(1, min(_pow2(-(-width // step)), 4096 // bv))
+    cdiv = k['triton'].cdiv
+    rm = table.view(c, u * kh * kw)
+    for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
+        qc, gyc = q[b0:b0 + n], gy[b0:b0 + n]
+        logits = _logits(qc, table)
+        _launch(k['value_grad'], (cdiv(width, step * bp) * step, height, n * u),
+                logits, gyc, gv[b0:b0 + n], height, width, ho, wo, h, u, dv, kh, kw, step, acc, bp, bv)
+        gl = torch.zeros_like(logits)
+        _launch(k['logit_grad'], (cdiv(wo, bq), ho, n),
+                gyc, v[b0:b0 + n], gl, height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv)
+        gl = gl.view(n * h, u * kh * kw, ho * wo)
+        torch.bmm(rm.expand(n * h, *rm.shape), gl, out=gq[b0:b0 + n].view(n * h, c, ho * wo))
+        gt += torch.bmm(gl, qc.reshape(n * h, c, ho * wo).transpose(1, 2)).to(gt.dtype).sum(0).t()
+    return gq, gv, gt.to(table.dtype).view_as(table)
