@@ -18,7 +18,7 @@ from timm_lambda.layers import position_lambda as PL  # noqa: E402
 from timm_lambda.layers.position_lambda import cpu_kernel, custom_ops, tiled_triton  # noqa: E402
 
 cpu_kernel.ENABLED = False  # the CPU kernel would serve these CPU tensors first
-tiled_triton.serves = lambda x: x.dtype in tiled_triton._SERVED and tiled_triton._kernels() is not None
+tiled_triton.runs = lambda q, v, table: q.dtype in tiled_triton._SERVED and tiled_triton._kernels() is not None
 calls = []
 forward = tiled_triton.tiled_forward
 tiled_triton.tiled_forward = lambda *a: calls.append(1) or forward(*a)

@@ -36,16 +36,15 @@ def _on_device(tensors, dtype=None):
     return [t.to(DEV, dtype).requires_grad_() for t in tensors]
 
 
-EXECUTIONS = ['custom_ops', 'gemm_ops', 'plain_ops']
+EXECUTIONS = ['triton', 'gemm_ops', 'plain_ops']
 
 
 def _use(execution, monkeypatch):
-    """The tiled operator by Triton (``custom_ops``) or by GEMMs (``gemm_ops``: Triton off), or the plain ops of
-    traces and exports (``plain_ops``). The dense form has one custom-op execution on every device."""
+    """The tiled operator by Triton (``triton``: wherever it can run) or by GEMMs (``gemm_ops``: Triton off), or the
+    plain ops of traces and exports (``plain_ops``). The dense form has one custom-op execution on every device."""
     if execution == 'plain_ops':
         monkeypatch.setattr(PL, 'use_custom_ops', lambda: False)
-    if execution == 'gemm_ops':
-        monkeypatch.setattr(tiled_triton, 'ENABLED', False)
+    monkeypatch.setattr(tiled_triton, 'MODE', {'triton': '1', 'gemm_ops': '0'}.get(execution, 'auto'))
     calls = []
     forward = tiled_triton.tiled_forward
     monkeypatch.setattr(tiled_triton, 'tiled_forward', lambda *a: calls.append(1) or forward(*a))
@@ -66,7 +65,7 @@ def test_forms_equal_the_reference_on_cuda(case, impl, execution, chunks, monkey
     qd, vd, td = _on_device((q.detach(), v.detach(), table.detach()))
     y = _call(impl, case, qd, vd, td)
     assert y.device.type == DEV and y.dtype == torch.float64
-    assert bool(calls) == (impl == 'tiled' and execution == 'custom_ops'), 'Triton ran where it should not, or not'
+    assert bool(calls) == (impl == 'tiled' and execution == 'triton'), 'Triton ran where it should not, or not'
     torch.testing.assert_close(y.cpu(), ref.detach(), rtol=1e-9, atol=1e-9)
     g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=ref.dtype)
     got = torch.autograd.grad(y, (qd, vd, td), g.to(DEV))
@@ -82,7 +81,7 @@ def test_triton_in_float32_equals_the_gemm_path_in_float64_at_backbone_shapes(wi
     """LambdaResNet layer shapes at 1024 px (many blocks and chunks, the 23x23 scope, |v| = 64 and 128): the Triton
     execution in float32 against the GEMM path in float64 (itself equal to the reference above), output and
     gradients (q, v, the table, the content lambda) within float32 rounding."""
-    calls = _use('custom_ops', monkeypatch)
+    calls = _use('triton', monkeypatch)
     torch.manual_seed(0)
     h, k, dv, n = 4, 16, width // 4, side * side
     inputs = [torch.randn(2, h, k, n), torch.randn(2, 1, dv, n), torch.randn(k, 1, 23, 23) / 23]
@@ -98,7 +97,7 @@ def test_triton_in_float32_equals_the_gemm_path_in_float64_at_backbone_shapes(wi
 
     got = run(torch.float32)
     assert calls, 'Triton did not run'
-    monkeypatch.setattr(tiled_triton, 'ENABLED', False)
+    monkeypatch.setattr(tiled_triton, 'MODE', '0')
     want = run(torch.float64)
     for name, a, b in zip(['output', 'q', 'v', 'table', 'content'], got, want):
         err = ((a.double() - b).norm() / b.norm()).item()

@@ -26,12 +26,27 @@ def test_triton_execution_interpreted_equals_the_reference():
     assert f'{len(runs)} runs equal the reference' in out.stdout, out.stdout[-2000:]
 
 
-def test_triton_execution_serves_cuda_tensors_only():
-    """CPU tensors go to the CPU kernel or the GEMM path, never to Triton."""
+def test_triton_runs_on_cuda_for_small_calls_and_maps_within_the_scope(monkeypatch):
+    """The CUDA executions' rule (tiled_triton.runs, measured on an H200): Triton for calls of at most 4096 queries
+    and for maps no larger than the scope, the GEMM path elsewhere; never for CPU tensors; ``TIMM_LAMBDA_TRITON``
+    ``1`` / ``0`` force it on or off."""
+    pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
     import torch
 
     from timm_lambda.layers.position_lambda import tiled_triton
-    assert not tiled_triton.serves(torch.zeros(1))
+
+    def call(batch, side, scope=23, cuda=True, dtype=torch.float32):
+        q = types.SimpleNamespace(is_cuda=cuda, dtype=dtype, shape=(batch, 4, 16, side, side))
+        return tiled_triton.runs(q, types.SimpleNamespace(shape=(batch, 64, side, side)),
+                                 types.SimpleNamespace(shape=(16, 1, scope, scope)))
+
+    assert call(1, 64) and call(4, 32) and call(64, 14) and call(2, 23)  # small calls; maps within the scope
+    assert not call(8, 64) and not call(8, 32) and not call(2, 64) and not call(64, 14, scope=7)
+    assert not call(1, 8, cuda=False) and not call(1, 8, dtype=torch.int32)
+    monkeypatch.setattr(tiled_triton, 'MODE', '1')
+    assert call(8, 64) and not call(1, 8, cuda=False)
+    monkeypatch.setattr(tiled_triton, 'MODE', '0')
+    assert not call(1, 8)
 
 
 def test_a_failing_first_launch_turns_triton_off_and_the_gemm_path_answers(monkeypatch):
@@ -49,9 +64,9 @@ def test_a_failing_first_launch_turns_triton_off_and_the_gemm_path_answers(monke
                 raise RuntimeError('no compiler for this GPU')
             return launch
 
-    monkeypatch.setattr(tiled_triton, 'ENABLED', True)
+    monkeypatch.setattr(tiled_triton, 'MODE', '1')
     monkeypatch.setattr(tiled_triton, '_LAUNCHED', False)
-    monkeypatch.setattr(tiled_triton, 'serves', lambda x: tiled_triton.ENABLED)  # CPU tensors, as if on a GPU
+    monkeypatch.setattr(tiled_triton, 'runs', lambda q, v, table: tiled_triton.MODE != '0')  # as if on a GPU
     kernels = dict(aggregate=Broken(), value_grad=Broken(), logit_grad=Broken(), tl=torch,
                    triton=types.SimpleNamespace(cdiv=lambda a, b: -(-a // b)))
     monkeypatch.setattr(tiled_triton, '_kernels', lambda: kernels)
@@ -61,6 +76,6 @@ def test_a_failing_first_launch_turns_triton_off_and_the_gemm_path_answers(monke
     q, v, table = _inputs(case)
     with pytest.warns(RuntimeWarning, match='Triton kernels failed at their first launch'):
         y = _call('tiled', case, q, v, table)
-    assert not tiled_triton.ENABLED
+    assert tiled_triton.MODE == '0'
     torch.testing.assert_close(y, position_term_reference(q, v, table, case[1], case[2], case[8], case[9]),
                                rtol=1e-10, atol=1e-10)

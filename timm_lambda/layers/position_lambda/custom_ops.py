@@ -2,12 +2,12 @@
 
 Each has a backward operator that recomputes the logits instead of saving them (or, for ``create_graph=True``,
 differentiates the plain-op form), a fake kernel, an autocast rule and a FLOP formula. The tiled operator runs the
-exact form, each query against its scope, by the CPU kernel on a CPU (:mod:`.cpu_kernel`) and by Triton kernels on
-CUDA (:mod:`.tiled_triton`); elsewhere, or where those are off, it runs the GEMM path: chunks of query blocks
-(``CPU_CHUNK_ROWS`` logit rows on a CPU; whole images up to ``DEVICE_CHUNK_ELEMENTS`` logits elsewhere), the compact
-logits ``q R`` by one GEMM with the small table, written into the band of a reused zero buffer through a strided view
-(translation equivariance makes the band the same for every block), then one batched GEMM with the chunk's windows,
-each a strided view of the padded values.
+exact form, each query against its scope, by the CPU kernel on a CPU (:mod:`.cpu_kernel`) and, for small calls and
+maps, by Triton kernels on CUDA (:mod:`.tiled_triton`). Elsewhere, or where those are off, it runs the GEMM path:
+chunks of query blocks (``CPU_CHUNK_ROWS`` logit rows on a CPU; whole images up to ``DEVICE_CHUNK_ELEMENTS`` logits
+elsewhere), the compact logits ``q R`` by one GEMM with the small table, written into the band of a reused zero
+buffer through a strided view (translation equivariance makes the band the same for every block), then one batched
+GEMM with the chunk's windows, each a strided view of the padded values.
 """
 from typing import List, Optional, Sequence, Tuple
 
@@ -256,7 +256,7 @@ def _tiled(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Ten
         c = compute_dtype(q.dtype)
         return kernel.tiled_forward(q.to(c), v.to(c), table.to(c), None if content is None else content.to(c),
                                     step).to(q.dtype)
-    if tiled_triton.serves(q):
+    if tiled_triton.runs(q, v, table):
         try:
             y = tiled_triton.tiled_forward(q, v, table, step, DEVICE_CHUNK_ELEMENTS)
         except tiled_triton.Unavailable:
@@ -300,7 +300,7 @@ def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
         q4 = q.reshape(b, h, c, ho * wo)
         gcontent = torch.matmul(q4, gy4.transpose(2, 3)).sum(1).to(content.dtype).contiguous()
         gq_content = torch.matmul(content.unsqueeze(1), gy4).view(b, h, c, ho, wo)
-    if tiled_triton.serves(q):
+    if tiled_triton.runs(q, v, table):
         try:
             gq, gv, gtable = tiled_triton.tiled_backward(gy, q, v, table, step, DEVICE_CHUNK_ELEMENTS)
         except tiled_triton.Unavailable:

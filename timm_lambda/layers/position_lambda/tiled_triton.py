@@ -18,8 +18,14 @@ a CPU, under Triton's interpreter (tests/test_tiled_triton.py).
 Layouts are the operator's (:mod:`.custom_ops`): ``q [B, h, C, Ho, Wo]``, ``v [B, u V, H, W]``, ``table [C, u, K_h,
 K_w]``, ``s = step``, ``p = (K - 1) // 2``, zero values outside the image. Sums run in float32 (float64 for float64
 inputs); results in the inputs' dtype. Images are processed in chunks whose logits hold at most ``chunk_elements``.
-``TIMM_LAMBDA_TRITON=0`` turns this execution off (the GEMM path runs instead); so does a first launch that fails
-(a Triton that cannot compile the kernels here: :class:`Unavailable`, with a one-time warning).
+Which CUDA execution runs (:func:`runs`): this one where it measured faster than the GEMM path on an H200
+(docs/benchmarks.md, "GPU"): calls of at most ``SMALL_CALL`` queries (launch-bound: 3 kernels instead of the GEMM
+path's dozen) and maps no larger than the scope (the GEMM path's padded windows then lie mostly outside the image);
+the GEMM path's tensor-core GEMMs elsewhere (1.6x faster at batch 8 on 64x64 maps). These kernels run their
+multiply-adds on the CUDA cores, at 2 of the GPU's 33 float32 TMAC/s: a tensor-core formulation is the next step.
+``TIMM_LAMBDA_TRITON=1`` runs them wherever they can run (about half the GEMM path's training memory), ``0`` never;
+a first launch that fails turns them off (a Triton that cannot compile them here: :class:`Unavailable`, with a
+one-time warning).
 """
 import functools
 import os
@@ -29,9 +35,10 @@ from torch import Tensor
 
 from .execution import warn_once
 
-__all__ = ['serves', 'tiled_forward', 'tiled_backward', 'ENABLED', 'Unavailable']
+__all__ = ['runs', 'tiled_forward', 'tiled_backward', 'MODE', 'Unavailable']
 
-ENABLED = os.environ.get('TIMM_LAMBDA_TRITON', '1') != '0'
+MODE = os.environ.get('TIMM_LAMBDA_TRITON', 'auto')  # 'auto', '1' (wherever it can run) or '0' (never)
+SMALL_CALL = 4096  # queries (images x output positions) of a call up to which Triton runs in 'auto'
 _LAUNCHED = False  # a kernel has run in this process: later errors are errors, not an unusable Triton
 
 
@@ -41,14 +48,14 @@ class Unavailable(RuntimeError):
 
 
 def _launch(kernel, grid, *args) -> None:
-    global ENABLED, _LAUNCHED
+    global MODE, _LAUNCHED
     if _LAUNCHED:
         kernel[grid](*args)
         return
     try:
         kernel[grid](*args)
     except Exception as e:
-        ENABLED = False
+        MODE = '0'
         warn_once('triton', f'the tiled form\'s Triton kernels failed at their first launch ({type(e).__name__}: '
                             f'{str(e)[:300]}); the position lambdas run as batched GEMMs instead (correct, slower)')
         raise Unavailable(str(e)) from e
@@ -158,9 +165,14 @@ def _kernels():
     return dict(aggregate=_aggregate, logit_grad=_logit_grad, value_grad=_value_grad, tl=tl, triton=triton)
 
 
-def serves(x: Tensor) -> bool:
-    """True where this execution runs: a CUDA tensor of a served dtype, Triton importable, not turned off."""
-    return ENABLED and x.is_cuda and x.dtype in _SERVED and _kernels() is not None
+def runs(q: Tensor, v: Tensor, table: Tensor) -> bool:
+    """True where this execution runs the tiled operator's call (see above): CUDA tensors of a served dtype, Triton
+    importable, not turned off, and in ``'auto'`` a call of at most ``SMALL_CALL`` queries or a map no larger than
+    the (pooled) table."""
+    if MODE == '0' or not q.is_cuda or q.dtype not in _SERVED or _kernels() is None:
+        return False
+    small = q.shape[0] * q.shape[3] * q.shape[4] <= SMALL_CALL
+    return MODE == '1' or small or (v.shape[2] <= table.shape[2] and v.shape[3] <= table.shape[3])
 
 
 def _pow2(n: int, least: int = 1) -> int:
