@@ -23,6 +23,7 @@ settings and results: the files in docs/results/ are these commands' output.
     python tools/benchmark_lambda_layer.py --sweep --scope 7 --dim-u 4 --sizes 5 6 7 8 9 10 12 14 16 20 \
         --json docs/results/sweep_scope7_u4.json
     python tools/benchmark_lambda_layer.py --replot docs/results/sweep_scope23.json --plot docs/lambda_layer_sweep.png
+    python tools/benchmark_lambda_layer.py --device cuda --tf32 --batch 8   # a GPU: tools/gpu_check.sh runs the set
     python tools/benchmark_lambda_layer.py --device cuda --dtype bfloat16
     python tools/benchmark_lambda_layer.py --memory-only --json docs/results/lambda_layer.json   # no timings
 
@@ -241,6 +242,8 @@ def main(argv=None):
     p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16', 'float16'],
                    help='autocast dtype (float32: no autocast)')
     p.add_argument('--threads', type=int, default=None, help='torch.set_num_threads (CPU)')
+    p.add_argument('--tf32', action='store_true',
+                   help="CUDA float32: TF32 in matmuls too (torch's default allows it in cuDNN's convolutions only)")
     p.add_argument('--sweep', action='store_true')
     p.add_argument('--width', type=int, default=256, help='sweep width')
     p.add_argument('--scope', type=int, default=23, help='sweep scope')
@@ -255,6 +258,8 @@ def main(argv=None):
     args.dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     if args.batch is None:
         args.batch = 2 if args.sweep or args.replot else 1
     if args.memory_only:
@@ -275,7 +280,7 @@ def main(argv=None):
     results, peak = (sweep(args), None) if args.sweep else detection_table(args)
     if args.json:
         keys = ('width', 'scope', 'dim_u', 'batch', 'repeats', 'device') if args.sweep else \
-            ('impls', 'batch', 'repeats', 'device', 'mode')
+            ('impls', 'batch', 'repeats', 'device', 'mode', 'tf32')
         settings = dict({k: getattr(args, k) for k in keys}, dtype=str(args.dtype).replace('torch.', ''),
                         threads=torch.get_num_threads())
         command = shlex.join(['python', 'tools/benchmark_lambda_layer.py', *(sys.argv[1:] if argv is None else argv)])

@@ -21,7 +21,7 @@ inputs); results in the inputs' dtype. Images are processed in chunks whose logi
 Which CUDA execution runs (:func:`runs`): this one where it measured faster than the GEMM path on an H200
 (docs/benchmarks.md, "GPU"): calls of at most ``SMALL_CALL`` queries (launch-bound: 3 kernels instead of the GEMM
 path's dozen) and maps no larger than the scope (the GEMM path's padded windows then lie mostly outside the image);
-the GEMM path's tensor-core GEMMs elsewhere (1.6x faster at batch 8 on 64x64 maps). These kernels run their
+the GEMM path's tensor-core GEMMs elsewhere (1.2-2.3x faster at batch 8). These kernels run their
 multiply-adds on the CUDA cores, at 2 of the GPU's 33 float32 TMAC/s: a tensor-core formulation is the next step.
 ``TIMM_LAMBDA_TRITON=1`` runs them wherever they can run (about half the GEMM path's training memory), ``0`` never;
 a first launch that fails turns them off (a Triton that cannot compile them here: :class:`Unavailable`, with a
