@@ -153,13 +153,14 @@ def _content_term(q: Tensor, content: Tensor) -> Tensor:
 
 
 def _windows(vp: Tensor, b: int, images: int, by: int, rows: int, bx: int, cols: int, shift: int, mh: int,
-             mw: int) -> Tensor:
-    """Context windows of ``rows x cols`` blocks from block ``(by, bx)`` of images ``b .. b + images - 1`` as one
-    strided view ``[images, rows, cols, M_h, M_w, C]`` of the contiguous ``vp [B, H', W', C]``."""
+             mw: int, every: int = 1) -> Tensor:
+    """Context windows of ``rows x cols`` blocks from block ``(by, bx)`` of images ``b .. b + images - 1`` (every
+    ``every``-th block column) as one strided view ``[images, rows, cols, M_h, M_w, C]`` of the contiguous
+    ``vp [B, H', W', C]``."""
     _, hv, wv, cv = vp.shape
     offset = vp.storage_offset() + ((b * hv + by * shift) * wv + bx * shift) * cv
     return vp.as_strided((images, rows, cols, mh, mw, cv),
-                         (hv * wv * cv, shift * wv * cv, shift * cv, wv * cv, cv, 1), offset)
+                         (hv * wv * cv, shift * wv * cv, every * shift * cv, wv * cv, cv, 1), offset)
 
 
 def _band(buf: Tensor, t: int, h: int, u: int, kh: int, kw: int, mw: int, step: int) -> Tensor:
@@ -229,13 +230,31 @@ class _TiledPlan:
             compact.view(n, self.h, self.t, self.t, self.u, self.kh, self.kw))
         return g0, n, logits, windows.view(n, self.mh * self.mw * self.u, self.dv)
 
+    def new_value_grad(self, vp: Tensor) -> Tensor:
+        """The zeroed padded value gradient: ``[B, H', W', C]`` (as ``vp``) on a CPU, ``[B, C, H', W']`` elsewhere
+        (see :meth:`overlap_add`)."""
+        b, hv, wv, cv = vp.shape
+        return vp.new_zeros(b, hv, wv, cv) if vp.device.type == 'cpu' else vp.new_zeros(b, cv, hv, wv)
+
     def overlap_add(self, gvp: Tensor, gw: Tensor, chunk) -> None:
-        """Add the window gradients ``gw [n, M u, V]`` of ``chunk`` into the padded value gradient
-        ``gvp [B, C, H', W']`` where the windows overlap: one ``F.fold`` (col2im) over the chunk's blocks."""
+        """Add the window gradients ``gw [n, M u, V]`` of ``chunk`` into the padded value gradient ``gvp``
+        (:meth:`new_value_grad`) where the windows overlap. On a CPU in place, one set of non-overlapping windows
+        at a time (chunks of a few blocks; ``F.fold`` per chunk made a bfloat16 stride-2 layer's training step 1.5x
+        slower there); elsewhere one ``F.fold`` (col2im) over the chunk's blocks (a loop of small launches made
+        the step launch-bound on a GPU)."""
         b, ni, by, nr, bx, nc = chunk
         shift = self.step * self.t
-        cols = gw.view(ni, nr, nc, self.mh, self.mw, self.cv).permute(0, 5, 3, 4, 1, 2).reshape(
-            ni, self.cv * self.mh * self.mw, nr * nc)
+        gw = gw.view(ni, nr, nc, self.mh, self.mw, self.cv)
+        if gvp.device.type == 'cpu':
+            phases = -(-self.mw // shift)  # windows of blocks this many columns apart do not overlap
+            for i in range(ni):
+                for r in range(nr):
+                    for phase in range(min(phases, nc)):
+                        count = len(range(phase, nc, phases))
+                        _windows(gvp, b + i, 1, by + r, 1, bx + phase, count, shift, self.mh, self.mw, phases).add_(
+                            gw[i:i + 1, r:r + 1, phase::phases])
+            return
+        cols = gw.permute(0, 5, 3, 4, 1, 2).reshape(ni, self.cv * self.mh * self.mw, nr * nc)
         hs, ws = (nr - 1) * shift + self.mh, (nc - 1) * shift + self.mw
         y0, x0 = by * shift, bx * shift
         gvp[b:b + ni, :, y0:y0 + hs, x0:x0 + ws] += F.fold(cols, (hs, ws), (self.mh, self.mw), stride=shift)
@@ -314,7 +333,7 @@ def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
     gy = F.pad(gy.view(b, h, p.dv, ho, wo), [0, blocks_x * t - wo, 0, blocks_y * t - ho])
     gy = gy.view(b, h, p.dv, blocks_y, t, blocks_x, t).permute(0, 3, 5, 2, 1, 4, 6).reshape(p.g, p.dv, p.rows)
     gq = torch.empty_like(qb)
-    gvp = vp.new_zeros(vp.shape[0], vp.shape[3], vp.shape[1], vp.shape[2])  # [B, C, H', W']
+    gvp = p.new_value_grad(vp)
     grm = torch.zeros(p.rm.shape, dtype=torch.promote_types(p.rm.dtype, torch.float32), device=p.rm.device)
     n_max = p.logits.shape[0]
     gwindows = vp.new_empty(n_max, p.mh * p.mw * p.u, p.dv)
@@ -340,6 +359,8 @@ def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
     gq = gq.view(b, blocks_y, blocks_x, h, t, t, c).permute(0, 3, 6, 1, 4, 2, 5).reshape(b, h, c, blocks_y * t,
                                                                                         blocks_x * t)
     pad_y, pad_x = (p.kh - 1) // 2, (p.kw - 1) // 2
+    if gvp.device.type == 'cpu':  # channels last
+        gvp = gvp.permute(0, 3, 1, 2)
     gv = gvp[:, :, pad_y:pad_y + v.shape[2], pad_x:pad_x + v.shape[3]]
     gq = gq[..., :ho, :wo].contiguous() if content is None else gq_content + gq[..., :ho, :wo]
     return gq, gv.contiguous(), grm.to(table.dtype).view_as(table), gcontent
