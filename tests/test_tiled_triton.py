@@ -47,6 +47,9 @@ def test_triton_runs_on_cuda_for_small_calls_and_maps_within_the_scope(monkeypat
     assert call(8, 64) and not call(1, 8, cuda=False)
     monkeypatch.setattr(tiled_triton, 'MODE', '0')
     assert not call(1, 8)
+    monkeypatch.setattr(tiled_triton, 'MODE', 'yes')
+    with pytest.raises(ValueError, match="TIMM_LAMBDA_TRITON must be 'auto', '1' or '0', got 'yes'"):
+        call(1, 8)
 
 
 def test_a_failing_first_launch_turns_triton_off_and_the_gemm_path_answers(monkeypatch):

@@ -169,6 +169,8 @@ def runs(q: Tensor, v: Tensor, table: Tensor) -> bool:
     """True where this execution runs the tiled operator's call (see above): CUDA tensors of a served dtype, Triton
     importable, not turned off, and in ``'auto'`` a call of at most ``SMALL_CALL`` queries or a map no larger than
     the (pooled) table."""
+    if MODE not in ('auto', '1', '0'):
+        raise ValueError(f"TIMM_LAMBDA_TRITON must be 'auto', '1' or '0', got {MODE!r}")
     if MODE == '0' or not q.is_cuda or q.dtype not in _SERVED or _kernels() is None:
         return False
     small = q.shape[0] * q.shape[3] * q.shape[4] <= SMALL_CALL
