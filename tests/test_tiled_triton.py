@@ -70,7 +70,7 @@ def test_a_failing_first_launch_turns_triton_off_and_the_gemm_path_answers(monke
     monkeypatch.setattr(tiled_triton, 'MODE', '1')
     monkeypatch.setattr(tiled_triton, '_LAUNCHED', False)
     monkeypatch.setattr(tiled_triton, 'runs', lambda q, v, table: tiled_triton.MODE != '0')  # as if on a GPU
-    kernels = dict(aggregate=Broken(), value_grad=Broken(), logit_grad=Broken(), tl=torch,
+    kernels = dict(query_rows=Broken(), value_grad=Broken(), tl=torch,
                    triton=types.SimpleNamespace(cdiv=lambda a, b: -(-a // b)))
     monkeypatch.setattr(tiled_triton, '_kernels', lambda: kernels)
     monkeypatch.setattr(cpu_kernel, 'ENABLED', False)

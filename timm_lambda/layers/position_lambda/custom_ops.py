@@ -275,13 +275,9 @@ def _tiled(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Ten
         c = compute_dtype(q.dtype)
         return kernel.tiled_forward(q.to(c), v.to(c), table.to(c), None if content is None else content.to(c),
                                     step).to(q.dtype)
-    if tiled_triton.runs(q, v, table):
-        try:
-            y = tiled_triton.tiled_forward(q, v, table, step, DEVICE_CHUNK_ELEMENTS)
-        except tiled_triton.Unavailable:
-            pass
-        else:
-            return y if content is None else _content_term(q, content) + y
+    y = tiled_triton.tiled_forward(q, v, table, step, DEVICE_CHUNK_ELEMENTS) if tiled_triton.runs(q, v, table) else None
+    if y is not None:
+        return y if content is None else _content_term(q, content) + y
     b, h, _, ho, wo = q.shape
     table = table.contiguous()
     qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table, step)
@@ -319,13 +315,11 @@ def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
         q4 = q.reshape(b, h, c, ho * wo)
         gcontent = torch.matmul(q4, gy4.transpose(2, 3)).sum(1).to(content.dtype).contiguous()
         gq_content = torch.matmul(content.unsqueeze(1), gy4).view(b, h, c, ho, wo)
-    if tiled_triton.runs(q, v, table):
-        try:
-            gq, gv, gtable = tiled_triton.tiled_backward(gy, q, v, table, step, DEVICE_CHUNK_ELEMENTS)
-        except tiled_triton.Unavailable:
-            pass
-        else:
-            return (gq if content is None else gq_content + gq), gv, gtable, gcontent
+    grads = tiled_triton.tiled_backward(gy, q, v, table, step, DEVICE_CHUNK_ELEMENTS) \
+        if tiled_triton.runs(q, v, table) else None
+    if grads is not None:
+        gq, gv, gtable = grads
+        return (gq if content is None else gq_content + gq), gv, gtable, gcontent
     table = table.contiguous()
     qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table, step)
     p = _TiledPlan(qb, vp, table, step, blocks_y, blocks_x)

@@ -1,13 +1,13 @@
 """The tiled form's GPU execution: the contractions over the query depth by cuBLAS, the windowed sums by Triton.
 
 The compact logits ``L[b, h, (u, ky, kx), oy, ox] = q_n^h . R[:, u, ky, kx]`` (eq. 1's ``E_nm`` for the scope
-offset ``m - n = (ky, kx)``) are one batched GEMM with the small table, in the queries' own layout. Three Triton
-kernels then do what a GEMM cannot, each query against exactly its ``K_h x K_w`` scope (the GEMM path pads every
-scope to its block's window, 1.7x the work at a 23x23 scope, and fills a banded logit matrix):
+offset ``m - n = (ky, kx)``) are one batched GEMM with the small table, in the queries' own layout. Two Triton
+kernels then do what a GEMM cannot, each query against exactly its ``K_h x K_w`` scope (the GEMM path pads every scope
+to its block's window, 1.7x the work at a 23x23 scope, and fills a banded logit matrix):
 
-* ``_aggregate``: ``y[b, h V, oy, ox] = sum_{u, ky, kx} L[...] v[b, u V, s oy - p_y + ky, s ox - p_x + kx]``;
-* ``_logit_grad``: ``dL = sum_v dy[b, h v, oy, ox] v[b, u v, ...]`` (then ``dq = R dL`` and ``dR = sum dL q^T`` by
-  GEMMs);
+* ``_query_rows``: ``y[b, h V, oy, ox] = sum_{u, ky, kx} L[...] v[b, u V, s oy - p_y + ky, s ox - p_x + kx]``, and
+  with ``LOGIT_GRAD`` the same loop for ``dL = sum_v dy[b, h v, oy, ox] v[b, u v, ...]`` (then ``dq = R dL`` and
+  ``dR = sum dL q^T`` by GEMMs);
 * ``_value_grad``: ``dv[b, u v, r, c] = sum_{h, ky, kx} L[...] dy[b, h v, oy, ox]`` over the queries whose scope holds
   ``(r, c)``, gathered per value position (no atomics: deterministic).
 
@@ -24,43 +24,42 @@ path's dozen) and maps no larger than the scope (the GEMM path's padded windows 
 the GEMM path's tensor-core GEMMs elsewhere (1.2-2.3x faster at batch 8). These kernels run their
 multiply-adds on the CUDA cores, at 2 of the GPU's 33 float32 TMAC/s: a tensor-core formulation is the next step.
 ``TIMM_LAMBDA_TRITON=1`` runs them wherever they can run (about half the GEMM path's training memory), ``0`` never;
-a first launch that fails turns them off (a Triton that cannot compile them here: :class:`Unavailable`, with a
-one-time warning).
+a first launch that fails turns them off (a Triton that cannot compile them here; one warning, and the call
+returns None for the GEMM path to answer).
 """
 import functools
 import os
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .execution import warn_once
 
-__all__ = ['runs', 'tiled_forward', 'tiled_backward', 'MODE', 'Unavailable']
+__all__ = ['runs', 'tiled_forward', 'tiled_backward', 'MODE']
 
 MODE = os.environ.get('TIMM_LAMBDA_TRITON', 'auto')  # 'auto', '1' (wherever it can run) or '0' (never)
 SMALL_CALL = 4096  # queries (images x output positions) of a call up to which Triton runs in 'auto'
+_SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _LAUNCHED = False  # a kernel has run in this process: later errors are errors, not an unusable Triton
 
 
-class Unavailable(RuntimeError):
-    """The first launch of a kernel failed: this execution is off for the process (the caller takes the GEMM
-    path)."""
-
-
-def _launch(kernel, grid, *args) -> None:
+def _launch(kernel, grid, *args) -> bool:
+    """Run ``kernel``; False where it is the process's first launch and it fails (this execution is then off: the
+    caller takes the GEMM path)."""
     global MODE, _LAUNCHED
     if _LAUNCHED:
         kernel[grid](*args)
-        return
+        return True
     try:
         kernel[grid](*args)
     except Exception as e:
         MODE = '0'
         warn_once('triton', f'the tiled form\'s Triton kernels failed at their first launch ({type(e).__name__}: '
                             f'{str(e)[:300]}); the position lambdas run as batched GEMMs instead (correct, slower)')
-        raise Unavailable(str(e)) from e
+        return False
     _LAUNCHED = True
-_SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    return True
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,9 +72,10 @@ def _kernels():
         return None
 
     @triton.jit
-    def _aggregate(l_ptr, v_ptr, y_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, STEP: tl.constexpr, ACC: tl.constexpr,
-                   BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_V: tl.constexpr):
-        """Rows (head, query) of one output row segment; ``y`` for all channels of the heads."""
+    def _query_rows(l_ptr, v_ptr, y_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, STEP: tl.constexpr, ACC: tl.constexpr,
+                    BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_V: tl.constexpr, LOGIT_GRAD: tl.constexpr):
+        """Rows (head, query) of one output row segment against every in-image scope offset. Forward: ``y`` from
+        the logits ``l``. ``LOGIT_GRAD``: ``l`` (zero-initialised) from the output gradient ``y``."""
         ox0, oy, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1), tl.program_id(2).to(tl.int64)
         r = tl.arange(0, BLOCK_Q * BLOCK_H)
         hd, ox = r // BLOCK_Q, ox0 + r % BLOCK_Q
@@ -83,38 +83,12 @@ def _kernels():
         vv = tl.arange(0, BLOCK_V)
         vmask = vv < V
         hw, howo = H * W, Ho * Wo
-        l_row = (b * HEADS + hd) * (U * KH * KW * howo) + oy * Wo + ox  # [R] at scope offset 0
-        acc = tl.zeros([BLOCK_Q * BLOCK_H, BLOCK_V], ACC)
-        for u in range(U):
-            v_base = (b * U + u) * V * hw
-            for ky in range(KH):
-                row = oy * STEP - (KH - 1) // 2 + ky
-                if (row >= 0) & (row < H):
-                    for kx in range(KW):
-                        col = ox * STEP - (KW - 1) // 2 + kx
-                        m = rmask & (col >= 0) & (col < W)
-                        lc = tl.load(l_ptr + l_row + ((u * KH + ky) * KW + kx) * howo, mask=m, other=0.0).to(ACC)
-                        vg = tl.load(v_ptr + v_base + vv[None, :] * hw + row * W + col[:, None],
-                                     mask=m[:, None] & vmask[None, :], other=0.0).to(ACC)
-                        acc += lc[:, None] * vg
         y_off = ((b * HEADS + hd) * V)[:, None] * howo + vv[None, :] * howo + oy * Wo + ox[:, None]
-        tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
-
-    @triton.jit
-    def _logit_grad(gy_ptr, v_ptr, gl_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, STEP: tl.constexpr, ACC: tl.constexpr,
-                    BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_V: tl.constexpr):
-        """``gl`` (zero-initialised) at every in-image scope offset of one output row segment's (head, query)
-        rows."""
-        ox0, oy, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1), tl.program_id(2).to(tl.int64)
-        r = tl.arange(0, BLOCK_Q * BLOCK_H)
-        hd, ox = r // BLOCK_Q, ox0 + r % BLOCK_Q
-        rmask = (hd < HEADS) & (ox < Wo)
-        vv = tl.arange(0, BLOCK_V)
-        vmask = vv < V
-        hw, howo = H * W, Ho * Wo
-        g_off = ((b * HEADS + hd) * V)[:, None] * howo + vv[None, :] * howo + oy * Wo + ox[:, None]
-        g = tl.load(gy_ptr + g_off, mask=rmask[:, None] & vmask[None, :], other=0.0).to(ACC)
-        l_row = (b * HEADS + hd) * (U * KH * KW * howo) + oy * Wo + ox
+        l_row = (b * HEADS + hd) * (U * KH * KW * howo) + oy * Wo + ox  # [R] at scope offset 0
+        if LOGIT_GRAD:
+            g = tl.load(y_ptr + y_off, mask=rmask[:, None] & vmask[None, :], other=0.0).to(ACC)
+        else:
+            acc = tl.zeros([BLOCK_Q * BLOCK_H, BLOCK_V], ACC)
         for u in range(U):
             v_base = (b * U + u) * V * hw
             for ky in range(KH):
@@ -125,9 +99,13 @@ def _kernels():
                         m = rmask & (col >= 0) & (col < W)
                         vg = tl.load(v_ptr + v_base + vv[None, :] * hw + row * W + col[:, None],
                                      mask=m[:, None] & vmask[None, :], other=0.0).to(ACC)
-                        gl = tl.sum(g * vg, axis=1)
-                        tl.store(gl_ptr + l_row + ((u * KH + ky) * KW + kx) * howo,
-                                 gl.to(gl_ptr.dtype.element_ty), mask=m)
+                        l_at = l_ptr + l_row + ((u * KH + ky) * KW + kx) * howo
+                        if LOGIT_GRAD:
+                            tl.store(l_at, tl.sum(g * vg, axis=1).to(l_ptr.dtype.element_ty), mask=m)
+                        else:
+                            acc += tl.load(l_at, mask=m, other=0.0).to(ACC)[:, None] * vg
+        if not LOGIT_GRAD:
+            tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
 
     @triton.jit
     def _value_grad(l_ptr, gy_ptr, gv_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, STEP: tl.constexpr, ACC: tl.constexpr,
@@ -162,7 +140,7 @@ def _kernels():
         out = ((b * U + u) * V + vv[None, :]) * (H * W) + r * W + c[:, None]
         tl.store(gv_ptr + out, acc.to(gv_ptr.dtype.element_ty), mask=cmask[:, None] & vmask[None, :])
 
-    return dict(aggregate=_aggregate, logit_grad=_logit_grad, value_grad=_value_grad, tl=tl, triton=triton)
+    return dict(query_rows=_query_rows, value_grad=_value_grad, tl=tl, triton=triton)
 
 
 def runs(q: Tensor, v: Tensor, table: Tensor) -> bool:
@@ -208,8 +186,8 @@ def _logits(q: Tensor, table: Tensor) -> Tensor:
     return torch.bmm(rt.expand(n * h, *rt.shape), q.reshape(n * h, c, ho * wo)).view(n, h, -1, ho, wo)
 
 
-def tiled_forward(q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements: int) -> Tensor:
-    """The position term ``[B, h V, Ho, Wo]`` (contiguous) of the tiled operator."""
+def tiled_forward(q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements: int) -> Optional[Tensor]:
+    """The position term ``[B, h V, Ho, Wo]`` (contiguous) of the tiled operator; None if the kernels cannot run."""
     b, h, c, ho, wo, u, kh, kw, dv, height, width, acc, k = _meta(q, v, table)
     q, v, table = q.contiguous(), v.contiguous(), table.contiguous()
     y = q.new_empty(b, h * dv, ho, wo)
@@ -218,13 +196,15 @@ def tiled_forward(q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements
     bq, bh, bv = _row_tiles(h, wo, dv)
     for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
         logits = _logits(q[b0:b0 + n], table)
-        _launch(k['aggregate'], (k['triton'].cdiv(wo, bq), ho, n),
-                logits, v[b0:b0 + n], y[b0:b0 + n], height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv)
+        if not _launch(k['query_rows'], (k['triton'].cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], y[b0:b0 + n],
+                       height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, False):
+            return None
     return y
 
 
 def tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements: int):
-    """The gradients of ``q``, ``v`` and ``table`` (contiguous; the table's summed in float32 or float64)."""
+    """The gradients of ``q``, ``v`` and ``table`` (contiguous; the table's summed in float32 or float64); None if the
+    kernels cannot run."""
     b, h, c, ho, wo, u, kh, kw, dv, height, width, acc, k = _meta(q, v, table)
     q, v, table, gy = q.contiguous(), v.contiguous(), table.contiguous(), gy.contiguous()
     gq, gv = torch.empty_like(q), torch.empty_like(v)
@@ -238,11 +218,13 @@ def tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, c
     for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
         qc, gyc = q[b0:b0 + n], gy[b0:b0 + n]
         logits = _logits(qc, table)
-        _launch(k['value_grad'], (cdiv(width, step * bp) * step, height, n * u),
-                logits, gyc, gv[b0:b0 + n], height, width, ho, wo, h, u, dv, kh, kw, step, acc, bp, bv)
+        if not _launch(k['value_grad'], (cdiv(width, step * bp) * step, height, n * u), logits, gyc, gv[b0:b0 + n],
+                       height, width, ho, wo, h, u, dv, kh, kw, step, acc, bp, bv):
+            return None
         gl = torch.zeros_like(logits)
-        _launch(k['logit_grad'], (cdiv(wo, bq), ho, n),
-                gyc, v[b0:b0 + n], gl, height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv)
+        if not _launch(k['query_rows'], (cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc,
+                       height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, True):
+            return None
         gl = gl.view(n * h, u * kh * kw, ho * wo)
         torch.bmm(rm.expand(n * h, *rm.shape), gl, out=gq[b0:b0 + n].view(n * h, c, ho * wo))
         gt += torch.bmm(gl, qc.reshape(n * h, c, ho * wo).transpose(1, 2)).to(gt.dtype).sum(0).t()
