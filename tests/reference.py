@@ -11,6 +11,8 @@ embedding table indexed by ``m - n``). They never call the layers' forward code 
 ``timm_lambda.layers`` (the position-lambda implementations, the relative-embedding indexing), so an
 indexing bug there cannot cancel out here.
 """
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -293,3 +295,36 @@ def position_term_reference(q: torch.Tensor, v: torch.Tensor, table: torch.Tenso
         y = _avg_pool_3x3_s2(y.reshape(B, h * dv, height, width), count_include_pad)
         return y.reshape(B, h, dv, y.shape[-2] * y.shape[-1])
     return y
+
+
+def tiled_operator_reference(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, step: int = 1,
+                             content: Optional[torch.Tensor] = None, logits_dtype: Optional[torch.dtype] = None):
+    """The tiled operator's contract (``timm_lambda::tiled_position_lambdas``) query by query in float64: query
+    ``(oy, ox)`` meets ``v[b, u V + j, step oy + ky - (K_h - 1) // 2, step ox + kx - (K_w - 1) // 2]`` through the
+    logit ``q[b, h, :, oy, ox] . table[:, u, ky, kx]`` (zero outside the image), plus ``q . content[b]`` (eq. 2).
+
+    ``q [B, h, c, Ho, Wo]``, ``v [B, u V, H, W]``, ``table [c, u, K_h, K_w]``, ``content [B, c, V]`` -> ``[B, h V, Ho,
+    Wo]``. ``logits_dtype``: round each logit to it first (float32 first, then it), as a low-precision matmul rounds
+    its output.
+    """
+    q, v, table = q.double(), v.double(), table.double()
+    B, h, c, Ho, Wo = q.shape
+    _, u, kh, kw = table.shape
+    H, W, V = v.shape[2], v.shape[3], v.shape[1] // u
+    values = v.reshape(B, u, V, H, W)
+    y = q.new_zeros(B, h, V, Ho, Wo)
+    for oy in range(Ho):
+        for ox in range(Wo):
+            y0, x0 = step * oy - (kh - 1) // 2, step * ox - (kw - 1) // 2
+            ky0, ky1 = max(0, -y0), min(kh, H - y0)
+            kx0, kx1 = max(0, -x0), min(kw, W - x0)
+            if ky1 <= ky0 or kx1 <= kx0:
+                continue
+            logits = torch.einsum('bhc,cuyx->bhuyx', q[..., oy, ox], table[:, :, ky0:ky1, kx0:kx1])
+            if logits_dtype is not None:
+                logits = logits.float().to(logits_dtype).double()
+            window = values[..., y0 + ky0:y0 + ky1, x0 + kx0:x0 + kx1]
+            y[..., oy, ox] = torch.einsum('bhuyx,buvyx->bhv', logits, window)
+    if content is not None:
+        y = y + torch.einsum('bhcyx,bcv->bhvyx', q, content.double())
+    return y.reshape(B, h * V, Ho, Wo)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from reference import position_term_reference
+from reference import position_term_reference, tiled_operator_reference
 from timm_lambda.layers import LambdaLayer
 from timm_lambda.layers import position_lambda as PL
 from timm_lambda.layers.position_lambda import cpu_kernel, custom_ops
@@ -173,17 +173,70 @@ def test_the_cpu_kernel_serves_cpu_tensors_only_and_16_bit_ones_in_float32_at_st
         torch.float32, torch.float64, torch.float32, torch.float32]
     assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.int64)) is None
     assert cpu_kernel.cpu_kernel(torch.zeros(1, device='meta')) is None
-    # stride 2: 16-bit calls run the GEMM path (faster there in bfloat16, docs/benchmarks.md)
+    # stride 2: 16-bit calls run the GEMM path (faster there in bfloat16 than the kernel in float32,
+    # docs/benchmarks.md), but for a bfloat16 forward where the kernel computes in bfloat16 itself
     assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.float32), 2) is not None
-    assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.bfloat16), 2) is None
+    native = cpu_kernel.cpu_kernel(torch.zeros(1)).bf16
+    assert (cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.bfloat16), 2) is not None) == native
+    assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.bfloat16), 2, backward=True) is None
+    assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.float16), 2) is None
+
+
+def _cpu_flags() -> set:
+    with open('/proc/cpuinfo') as f:
+        return set(next((line for line in f if line.startswith('flags')), ':').split(':', 1)[1].split())
+
+
+@pytest.mark.skipif(not os.path.exists('/proc/cpuinfo'), reason='reads the CPU flags from /proc/cpuinfo')
+def test_the_native_bfloat16_forward_is_built_where_the_cpu_has_avx512_bf16():
+    """``-march=native`` compiles ``tiled_forward_bf16`` exactly where the CPU has AVX-512 BF16 (a build that lost it
+    would quietly fall back to float32)."""
+    require_cpu_kernel()
+    assert cpu_kernel.cpu_kernel(torch.zeros(1)).bf16 == ('avx512_bf16' in _cpu_flags())
+
+
+# (B, heads, |k|, |u|, |v|, H, W, scope, step, content lambda)
+BF16_CASES = [
+    (2, 4, 16, 1, 64, 12, 13, 23, 1, False),   # a c4 layer's heads and widths (4 vectors of 16), scope past the image
+    (1, 5, 16, 2, 43, 9, 17, 7, 1, True),      # 4 + 1 heads, |u| 2, |v| 16 + 16 + 11 (the scalar columns)
+    (2, 4, 16, 1, 128, 14, 15, 23, 2, True),   # the first c5 block's stride 2
+    (1, 3, 8, 1, 16, 5, 6, 5, 2, False),       # an even image width, a small scope
+]
+
+
+@pytest.mark.parametrize('case', BF16_CASES, ids=[f'u{c[3]}_v{c[4]}_scope{c[7]}_s{c[8]}' + '_content' * c[9]
+                                                  for c in BF16_CASES])
+def test_bfloat16_forward_in_bfloat16_on_avx512_bf16(case):
+    """Where the kernel has AVX-512 BF16, a bfloat16 forward (CPU autocast) computes as a bfloat16 matmul would: the
+    logits q R rounded to bfloat16, their products with the values summed in float32, the output rounded once. It
+    equals the per-query float64 reference with the logits so rounded within half a unit of the output's last place
+    (against the reference without that rounding it is off by about 1e-3 of the largest output)."""
+    require_cpu_kernel()
+    kernel = cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.bfloat16))
+    if not kernel.bf16:
+        pytest.skip('no AVX-512 BF16 on this CPU: a bfloat16 forward runs in float32 (tested below)')
+    b, h, c, u, dv, hh, ww, scope, step, with_content = case
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(b, h, c, -(-hh // step), -(-ww // step), generator=g).bfloat16()
+    v = torch.randn(b, u * dv, hh, ww, generator=g).bfloat16()
+    table = torch.randn(c, u, scope, scope, generator=g).bfloat16()
+    content = torch.randn(b, c, dv, generator=g).bfloat16() if with_content else None
+    y = custom_ops.tiled_op(q, v, table, step, content)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, kernel.tiled_forward_bf16(q, v, table, content, step))
+    ref = tiled_operator_reference(q, v, table, step, content, logits_dtype=torch.bfloat16)
+    excess = (y.double() - ref).abs() - 2 ** -8 * ref.abs()  # beyond half a bfloat16 unit in the last place
+    assert excess.max() <= 1e-5 * ref.abs().max()
+    unrounded = tiled_operator_reference(q, v, table, step, content)
+    assert ((y.double() - unrounded).abs() - 2 ** -8 * unrounded.abs()).max() > 1e-4 * ref.abs().max()
 
 
 @pytest.mark.parametrize('batch', [1, 2])
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 def test_16_bit_inputs_run_the_cpu_kernel_in_float32(dtype, batch, monkeypatch):
-    """A bfloat16 or float16 call (what CPU autocast passes) equals the kernel's float32 result on the same rounded
-    inputs, rounded once to the 16-bit dtype, outputs and gradients; the GEMM path, which keeps its logits in the
-    16-bit dtype, is farther from the float64 reference."""
+    """A float16 call (what CPU autocast passes), or a bfloat16 one where the kernel has no bfloat16 forward, equals
+    the kernel's float32 result on the same rounded inputs, rounded once to the 16-bit dtype, and the GEMM path, which
+    keeps its logits in the 16-bit dtype, is farther from the float64 reference. The gradients always do: the
+    backward computes in float32."""
     require_cpu_kernel()
     case = (batch, 24, 20, 5, 16, 1, 43, 23, 1, False, 512)
     q, v, table = (t.to(dtype) for t in _inputs(case))
@@ -196,8 +249,11 @@ def test_16_bit_inputs_run_the_cpu_kernel_in_float32(dtype, batch, monkeypatch):
         return [y] + list(torch.autograd.grad(y, inputs, g.to(y.dtype)))
 
     low, full = run(q, v, table), run(q.float(), v.float(), table.float())
-    for got, want in zip(low, full):
+    native = cpu_kernel.native_bfloat16(cpu_kernel.cpu_kernel(q), dtype)
+    for got, want in zip(low[int(native):], full[int(native):]):
         assert got.dtype == dtype and torch.equal(got, want.to(dtype))
+    if native:
+        return
     monkeypatch.setattr(cpu_kernel, 'ENABLED', False)
     gemm = run(q, v, table)
     ref = run(q.double(), v.double(), table.double())[0]

@@ -17,7 +17,7 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from . import tiled_triton
-from .cpu_kernel import compute_dtype, cpu_kernel
+from .cpu_kernel import compute_dtype, cpu_kernel, native_bfloat16
 from .execution import warn_once
 from .plain_ops import content_term, dense_plain, tile, tiled_plain, to_blocks
 
@@ -271,6 +271,8 @@ def _gemm_blocks(q: Tensor, v: Tensor, table: Tensor, step: int):
 @torch.library.custom_op('timm_lambda::tiled_position_lambdas', mutates_args=())
 def _tiled(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None) -> Tensor:
     kernel = cpu_kernel(q, step)
+    if native_bfloat16(kernel, q.dtype):  # bfloat16 on AVX-512 BF16 (CPU autocast)
+        return kernel.tiled_forward_bf16(q, v, table, content, step)
     if kernel is not None:  # a 16-bit input (CPU autocast, stride 1) in float32, the result rounded back
         c = compute_dtype(q.dtype)
         return kernel.tiled_forward(q.to(c), v.to(c), table.to(c), None if content is None else content.to(c),
@@ -301,7 +303,7 @@ def _(q, v, table, step, content=None):
 def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
                     content: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of q, v, table and content (an empty tensor without content)."""
-    kernel = cpu_kernel(q, step)
+    kernel = cpu_kernel(q, step, backward=True)
     if kernel is not None:
         c = compute_dtype(q.dtype)
         gq, gv, gtable, gcontent = kernel.tiled_backward(gy.to(c), q.to(c), v.to(c), table.to(c),

@@ -8,6 +8,7 @@
 // channels in vector registers (GCC/Clang vector extensions: AVX-512, AVX2 or NEON, whatever -march=native has).
 // An optional content lambda lambda^c [B, c, V] (eq. 1) is applied in the same accumulators (eq. 2): y += q lambda^c,
 // as c more context rows whose logits are the query itself; no separate pass over the output.
+// bfloat16 (CPU autocast) where the CPU has AVX-512 BF16: tiled_forward_bf16 below.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -15,6 +16,9 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -236,30 +240,33 @@ void scatter(const T* L, int64_t ls, const T* gy, int64_t H, int64_t V, T* v, in
 // along a row (one logits GEMM per head and run).
 struct Shape {
   static constexpr int64_t Tt = 8;
-  int64_t B, H, C, Ho, Wo, U, KH, KW, CV, V, Rn, step, height, width, y_lo, x_lo, runs;
+  int64_t B, H, C, Ho, Wo, U, KH, KW, CV, V, Rn, step, height, width, y_lo, x_lo, runs, KWs;
   Shape(const torch::Tensor& q, const torch::Tensor& v, const torch::Tensor& table, int64_t step_)
       : B(q.size(0)), H(q.size(1)), C(q.size(2)), Ho(q.size(3)), Wo(q.size(4)), U(table.size(1)), KH(table.size(2)),
         KW(table.size(3)), CV(v.size(1)), V(v.size(1) / table.size(1)),
         Rn(table.size(1) * table.size(2) * table.size(3)), step(step_), height(v.size(2)), width(v.size(3)),
-        y_lo((KH - 1) / 2), x_lo((KW - 1) / 2), runs((Wo + Tt - 1) / Tt) {
+        y_lo((KH - 1) / 2), x_lo((KW - 1) / 2), runs((Wo + Tt - 1) / Tt), KWs(KW) {
     TORCH_CHECK(v.size(0) == B && table.size(0) == C && CV == U * V, "tiled_position_lambdas: q ", q.sizes(),
                 ", v ", v.sizes(), " and table ", table.sizes(), " do not match");
   }
   int64_t plane() const { return Ho * Wo; }
   // qp[h, qx, :] = q[b, h, :, oy, ox0 + qx] for the nq queries of a run, rows qs apart (contiguous rows of the map
   // in, so that the logits GEMM reads no map-sized strides)
-  template <typename T>
-  void pack_queries(const T* q, int64_t b, int64_t oy, int64_t ox0, int64_t nq, T* qp, int64_t qs) const {
+  template <typename S, typename T>
+  void pack_queries(const S* q, int64_t b, int64_t oy, int64_t ox0, int64_t nq, T* qp, int64_t qs) const {
     for (int64_t h = 0; h < H; ++h)
       for (int64_t c = 0; c < C; ++c) {
-        const T* src = q + ((b * H + h) * C + c) * plane() + oy * Wo + ox0;
+        const S* src = q + ((b * H + h) * C + c) * plane() + oy * Wo + ox0;
         for (int64_t qx = 0; qx < nq; ++qx) qp[(h * Tt + qx) * qs + c] = src[qx];
       }
   }
   // The logit columns (u, ky, kx) of the scope rows [ky0, ky1) that meet the image, from the first |u|'s first such
   // row to the last |u|'s last: [first, last) (the same for every query of a run; the other logits are never read and
   // their gradients are zero)
-  std::pair<int64_t, int64_t> columns(int64_t ky0, int64_t ky1) const { return {ky0 * KW, ((U - 1) * KH + ky1) * KW}; }
+  // (KWs: the logits' row length, KW but in the bfloat16 forward)
+  std::pair<int64_t, int64_t> columns(int64_t ky0, int64_t ky1) const {
+    return {ky0 * KWs, ((U - 1) * KH + ky1) * KWs};
+  }
   // L[h, qx, n] = qp[h, qx, :] R[:, n] for the columns n of the scope rows [ky0, ky1) (whole vectors; per head one
   // GEMM: R read once per tile); qp's rows qs apart
   template <typename T>
@@ -535,7 +542,176 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
   return {gq, gv, gtable, gcontent};
 }
 
+#if defined(__AVX512BF16__)
+// bfloat16 inputs (CPU autocast) on AVX-512 BF16: q R in float32 from the bfloat16 operands, the logits rounded once to
+// bfloat16 (as a bfloat16 matmul rounds its output), then y = L v by VDPBF16PS: each pair of scope columns
+// (kx, kx + 1) is one instruction, two multiply-adds per float32 lane, the sums in float32 (as a bfloat16 matmul
+// accumulates), y rounded once to bfloat16. The logits' rows are KWs = KW + 1 rounded up to even long, the columns
+// past KW zero (zero table columns), so a pair that passes the scope's last column adds 0; the value pairs are 0
+// past the image, so a pair that passes the image's last column adds 0 too.
+namespace {
+
+inline float bf16_to_float(uint16_t x) {
+  const uint32_t bits = uint32_t(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// v [B, CV, H, W] bfloat16 (any strides) -> pairs [B, H, W, CV] (uint32): at (y, x, c) the bfloat16 pair
+// (v[c, y, x], v[c, y, x + 1]), low half first, the second 0 past the image; on all threads
+torch::Tensor column_pairs(const torch::Tensor& v) {
+  const int64_t B = v.size(0), CV = v.size(1), H = v.size(2), W = v.size(3), blocks = (W + 63) / 64;
+  const int64_t sb = v.stride(0), sc = v.stride(1), sy = v.stride(2), sx = v.stride(3);
+  auto out = torch::empty({B, H, W, CV}, v.options().dtype(torch::kInt32));
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>());
+  uint32_t* dst = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
+  at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / (H * blocks), y = i / blocks % H, x0 = i % blocks * 64, x1 = std::min(W, x0 + 64);
+      uint32_t* row = dst + ((b * H + y) * W) * CV;
+      for (int64_t c = 0; c < CV; ++c) {
+        const uint16_t* s = src + b * sb + c * sc + y * sy;
+        for (int64_t x = x0; x < x1; ++x)
+          row[x * CV + c] = uint32_t(s[x * sx]) | (x + 1 < W ? uint32_t(s[(x + 1) * sx]) << 16 : 0u);
+      }
+    }
+  });
+  return out;
+}
+
+// y[h * osh + j * osj] = sum_{u, ky, kx} L[h * ls + (u, ky, kx)] v[...] as aggregate_tile, over column pairs: Lb
+// bfloat16 logits (rows KWs long), vp the value pairs (column_pairs; vo, rs in pairs), 16 channels a vector
+template <int MB, int NV>
+__attribute__((noinline)) void aggregate_tile_bf16(const uint16_t* __restrict Lb, int64_t ls, const uint32_t* __restrict vp, int64_t vo,
+                                int64_t U, const Scope& sc, int64_t KWs, int64_t rs, int64_t CV, int64_t V,
+                                int64_t j0, const Content<float>& ct, float* __restrict out, int64_t osj,
+                                int64_t osh) {
+  vec_t<float> acc[MB][NV];  // not __m512: GCC 12 kept those in memory, one store per instruction
+  for (int m = 0; m < MB; ++m) for (int i = 0; i < NV; ++i) acc[m][i] = vec_t<float>{};
+  if (ct.lc != nullptr)
+    for (int64_t c = 0; c < ct.C; ++c) {
+      vec_t<float> vv[NV];
+      for (int i = 0; i < NV; ++i) { vv[i] = loadv(ct.lc + c * V + j0 + i * 16); KEEP_IN_REGISTER(vv[i]); }
+      for (int m = 0; m < MB; ++m) { float l = ct.q[m * ct.qs + c]; for (int i = 0; i < NV; ++i) acc[m][i] += l * vv[i]; }
+    }
+  for (int64_t u = 0; u < U; ++u)
+    for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
+      for (int64_t kx = sc.x0; kx < sc.x1; kx += 2) {
+        const int64_t r = (u * sc.KH + ky) * KWs + kx;
+        const uint32_t* vx = vp + (vo + ky * rs + kx * CV + u * V + j0);
+        __m512bh vv[NV];
+        for (int i = 0; i < NV; ++i) { vv[i] = (__m512bh)_mm512_loadu_si512(vx + i * 16); KEEP_IN_REGISTER(vv[i]); }
+        for (int m = 0; m < MB; ++m) {
+          uint32_t pair;
+          std::memcpy(&pair, Lb + m * ls + r, sizeof(pair));
+          const __m512bh l = (__m512bh)_mm512_set1_epi32(int32_t(pair));
+          for (int i = 0; i < NV; ++i) acc[m][i] = (vec_t<float>)_mm512_dpbf16_ps((__m512)acc[m][i], l, vv[i]);
+        }
+      }
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < NV; ++i) {
+      for (int e = 0; e < 16; ++e) out[m * osh + (j0 + i * 16 + e) * osj] = acc[m][i][e];
+    }
+}
+
+void aggregate_bf16(const uint16_t* Lb, int64_t ls, const uint32_t* vp, int64_t vo, int64_t H, int64_t U,
+                    const Scope& sc, int64_t KWs, int64_t rs, int64_t CV, int64_t V, const Content<float>& content,
+                    float* out, int64_t osj, int64_t osh) {
+  int64_t h = 0;
+  auto cols = [&](auto mb) {
+    constexpr int MB = decltype(mb)::value;
+    int64_t j = 0;
+    const uint16_t* Lh = Lb + h * ls;
+    float* outh = out + h * osh;
+    const Content<float> ct{content.q + h * content.qs, content.qs, content.lc, content.C};
+    for (; j + 64 <= V; j += 64)
+      aggregate_tile_bf16<MB, 4>(Lh, ls, vp, vo, U, sc, KWs, rs, CV, V, j, ct, outh, osj, osh);
+    for (; j + 16 <= V; j += 16)
+      aggregate_tile_bf16<MB, 1>(Lh, ls, vp, vo, U, sc, KWs, rs, CV, V, j, ct, outh, osj, osh);
+    for (; j < V; ++j)
+      for (int m = 0; m < MB; ++m) {
+        float acc = 0;
+        if (ct.lc != nullptr)
+          for (int64_t c = 0; c < ct.C; ++c) acc += ct.q[m * ct.qs + c] * ct.lc[c * V + j];
+        for (int64_t u = 0; u < U; ++u)
+          for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
+            for (int64_t kx = sc.x0; kx < sc.x1; kx += 2) {
+              const uint16_t* l = Lh + m * ls + (u * sc.KH + ky) * KWs + kx;
+              const uint32_t pair = vp[vo + ky * rs + kx * CV + u * V + j];
+              acc += bf16_to_float(l[0]) * bf16_to_float(uint16_t(pair)) +
+                     bf16_to_float(l[1]) * bf16_to_float(uint16_t(pair >> 16));
+            }
+        outh[m * osh + j * osj] = acc;
+      }
+  };
+  for (; h + 4 <= H; h += 4) cols(std::integral_constant<int, 4>());
+  for (; h < H; ++h) cols(std::integral_constant<int, 1>());
+}
+
+}  // namespace
+
+// q [B, h, c, Ho, Wo], v [B, u V, H, W], table [c, u, K_h, K_w], content [B, c, V] or None, all bfloat16 ->
+// y [B, h V, Ho, Wo] bfloat16: tiled_forward's result with the logits and y rounded to bfloat16 (see above)
+torch::Tensor tiled_forward_bf16(torch::Tensor q, torch::Tensor v, torch::Tensor table,
+                                 std::optional<torch::Tensor> content, int64_t step) {
+  for (const auto* t : {&q, &v, &table})
+    TORCH_CHECK(t->scalar_type() == torch::kBFloat16, "tiled_forward_bf16: bfloat16 inputs only");
+  q = q.contiguous();
+  Shape s(q, v, table, step);
+  s.KWs = round_up(s.KW + 1, 2);
+  const torch::Tensor lc = content.has_value() ? content_of(content->to(torch::kFloat), s) : torch::Tensor();
+  constexpr int W = Vec<float>::lanes;
+  const int64_t Rn = s.U * s.KH * s.KWs, Rp = round_up(Rn, W), P = s.plane(), rs = s.width * s.CV;
+  auto R = torch::zeros({s.C, Rp}, table.options().dtype(torch::kFloat));
+  R.narrow(1, 0, Rn).view({s.C, s.U, s.KH, s.KWs}).narrow(3, 0, s.KW).copy_(table);
+  auto vp = column_pairs(v);
+  auto y = torch::empty({s.B, s.H * s.V, s.Ho, s.Wo}, v.options());
+  const float *Rd = R.data_ptr<float>(), *lcd = lc.defined() ? lc.data_ptr<float>() : nullptr;
+  const at::BFloat16* qd = q.data_ptr<at::BFloat16>();
+  const uint32_t* vd = reinterpret_cast<const uint32_t*>(vp.data_ptr<int32_t>());
+  at::BFloat16* yd = y.data_ptr<at::BFloat16>();
+  at::parallel_for(0, s.B * s.Ho * s.runs, 1, [&](int64_t begin, int64_t end) {
+    // a run's queries [h, qx, c] (float32), logits [h, qx, Rp] in float32 and bfloat16, outputs [h, V, qx]
+    std::vector<float> qp(s.H * s.Tt * s.C), L(s.H * s.Tt * Rp), out(s.H * s.V * s.Tt);
+    std::vector<uint16_t> Lb(s.H * s.Tt * Rp);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / (s.Ho * s.runs), oy = i / s.runs % s.Ho, ox0 = i % s.runs * s.Tt;
+      const int64_t nq = std::min(s.Tt, s.Wo - ox0);
+      s.pack_queries(qd, b, oy, ox0, nq, qp.data(), s.C);
+      const Scope rows = s.scope(s.step * oy, s.step * ox0);
+      s.run_logits(qp.data(), s.C, nq, Rd, Rp, rows.y0, rows.y1, L.data());
+      const auto [first, last] = s.columns(rows.y0, rows.y1);
+      for (int64_t hq = 0; hq < s.H * s.Tt; ++hq) {  // the logits that run_logits wrote, rounded to bfloat16
+        if (hq % s.Tt >= nq) continue;
+        for (int64_t n = first / W * W; n < round_up(last, W); n += W)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(Lb.data() + hq * Rp + n),
+                              (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(L.data() + hq * Rp + n)));
+      }
+      for (int64_t qx = 0; qx < nq; ++qx) {
+        const int64_t y0 = s.step * oy, x0 = s.step * (ox0 + qx);
+        const Content<float> ct{qp.data() + qx * s.C, s.Tt * s.C, lcd == nullptr ? nullptr : lcd + b * s.C * s.V,
+                                s.C};
+        aggregate_bf16(Lb.data() + qx * Rp, s.Tt * Rp, vd + b * s.height * rs, (y0 - s.y_lo) * rs + (x0 - s.x_lo) * s.CV,
+                       s.H, s.U, s.scope(y0, x0), s.KWs, rs, s.CV, s.V, ct, out.data() + qx, s.Tt, s.V * s.Tt);
+      }
+      for (int64_t hj = 0; hj < s.H * s.V; ++hj) {
+        at::BFloat16* dst = yd + (b * s.H * s.V + hj) * P + oy * s.Wo + ox0;
+        for (int64_t qx = 0; qx < nq; ++qx) dst[qx] = at::BFloat16(out[hj * s.Tt + qx]);
+      }
+    }
+  });
+  return y;
+}
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tiled_forward", &tiled_forward);
   m.def("tiled_backward", &tiled_backward);
+#if defined(__AVX512BF16__)
+  m.def("tiled_forward_bf16", &tiled_forward_bf16);
+  m.attr("bf16") = true;
+#else
+  m.attr("bf16") = false;
+#endif
 }
