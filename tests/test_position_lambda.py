@@ -174,11 +174,10 @@ def test_the_cpu_kernel_serves_cpu_tensors_only_and_16_bit_ones_in_float32_at_st
     assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.int64)) is None
     assert cpu_kernel.cpu_kernel(torch.zeros(1, device='meta')) is None
     # stride 2: 16-bit calls run the GEMM path (faster there in bfloat16 than the kernel in float32,
-    # docs/benchmarks.md), but for a bfloat16 forward where the kernel computes in bfloat16 itself
+    # docs/benchmarks.md), but bfloat16 ones where the kernel computes in bfloat16 itself
     assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.float32), 2) is not None
     native = cpu_kernel.cpu_kernel(torch.zeros(1)).bf16
     assert (cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.bfloat16), 2) is not None) == native
-    assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.bfloat16), 2, backward=True) is None
     assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.float16), 2) is None
 
 
@@ -206,38 +205,56 @@ BF16_CASES = [
 
 @pytest.mark.parametrize('case', BF16_CASES, ids=[f'u{c[3]}_v{c[4]}_scope{c[7]}_s{c[8]}' + '_content' * c[9]
                                                   for c in BF16_CASES])
-def test_bfloat16_forward_in_bfloat16_on_avx512_bf16(case):
-    """Where the kernel has AVX-512 BF16, a bfloat16 forward (CPU autocast) computes as a bfloat16 matmul would: the
-    logits q R rounded to bfloat16, their products with the values summed in float32, the output rounded once. It
-    equals the per-query float64 reference with the logits so rounded within half a unit of the output's last place
-    (against the reference without that rounding it is off by about 1e-3 of the largest output)."""
+def test_bfloat16_in_bfloat16_on_avx512_bf16(case):
+    """Where the kernel has AVX-512 BF16, a bfloat16 call (CPU autocast) computes as a bfloat16 matmul would: the
+    logits q R rounded to bfloat16, products of bfloat16 operands summed in float32, each result rounded once. The
+    output and the value gradient (``L^T gy``) equal the per-query float64 reference with the logits so rounded, the
+    query, table and content gradients the reference without rounding, each within half a unit of its last place
+    (against the other reference, output and value gradient are off by about 1e-3 of their largest entry)."""
     require_cpu_kernel()
     kernel = cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.bfloat16))
     if not kernel.bf16:
-        pytest.skip('no AVX-512 BF16 on this CPU: a bfloat16 forward runs in float32 (tested below)')
+        pytest.skip('no AVX-512 BF16 on this CPU: a bfloat16 call runs in float32 (tested below)')
     b, h, c, u, dv, hh, ww, scope, step, with_content = case
     g = torch.Generator().manual_seed(0)
     q = torch.randn(b, h, c, -(-hh // step), -(-ww // step), generator=g).bfloat16()
     v = torch.randn(b, u * dv, hh, ww, generator=g).bfloat16()
     table = torch.randn(c, u, scope, scope, generator=g).bfloat16()
-    content = torch.randn(b, c, dv, generator=g).bfloat16() if with_content else None
-    y = custom_ops.tiled_op(q, v, table, step, content)
-    assert y.dtype == torch.bfloat16 and torch.equal(y, kernel.tiled_forward_bf16(q, v, table, content, step))
-    ref = tiled_operator_reference(q, v, table, step, content, logits_dtype=torch.bfloat16)
-    excess = (y.double() - ref).abs() - 2 ** -8 * ref.abs()  # beyond half a bfloat16 unit in the last place
-    assert excess.max() <= 1e-5 * ref.abs().max()
-    unrounded = tiled_operator_reference(q, v, table, step, content)
-    assert ((y.double() - unrounded).abs() - 2 ** -8 * unrounded.abs()).max() > 1e-4 * ref.abs().max()
+    inputs = [q, v, table] + ([torch.randn(b, c, dv, generator=g).bfloat16()] if with_content else [])
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    y = custom_ops.tiled_op(leaves[0], leaves[1], leaves[2], step, *leaves[3:])
+    assert y.dtype == torch.bfloat16 and torch.equal(y, kernel.tiled_forward_bf16(*inputs[:3], *inputs[3:4] or [None],
+                                                                                  step))
+    gy = torch.randn(y.shape, generator=g).bfloat16()
+    got = [y] + list(torch.autograd.grad(y, leaves, gy))
+
+    def reference(logits_dtype):
+        exact = [t.double().requires_grad_() for t in inputs]
+        out = tiled_operator_reference(exact[0], exact[1], exact[2], step, *exact[3:], logits_dtype=logits_dtype)
+        return [out] + list(torch.autograd.grad(out, exact, gy.double()))
+
+    def excess(a, want):  # beyond half a bfloat16 unit in the last place, over the largest entry
+        return (((a.double() - want).abs() - 2 ** -8 * want.abs()).max() / want.abs().max()).item()
+
+    rounded, exact = reference(torch.bfloat16), reference(None)
+    for i, name in enumerate(['output', 'q', 'v', 'table', 'content'][:len(got)]):
+        assert got[i].dtype == torch.bfloat16
+        want, other = (rounded[i], exact[i]) if name in ('output', 'v') else (exact[i], None)
+        assert excess(got[i], want) <= 1e-5, name
+        if other is not None:
+            assert excess(got[i], other) > 1e-4, name
 
 
 @pytest.mark.parametrize('batch', [1, 2])
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 def test_16_bit_inputs_run_the_cpu_kernel_in_float32(dtype, batch, monkeypatch):
-    """A float16 call (what CPU autocast passes), or a bfloat16 one where the kernel has no bfloat16 forward, equals
-    the kernel's float32 result on the same rounded inputs, rounded once to the 16-bit dtype, and the GEMM path, which
-    keeps its logits in the 16-bit dtype, is farther from the float64 reference. The gradients always do: the
-    backward computes in float32."""
+    """A float16 call (what CPU autocast passes), or a bfloat16 one where the kernel has no bfloat16 kernels (forced
+    here), equals the kernel's float32 result on the same rounded inputs, rounded once to the 16-bit dtype, outputs
+    and gradients; the GEMM path, which keeps its logits in the 16-bit dtype, is farther from the float64
+    reference."""
     require_cpu_kernel()
+    for module in (cpu_kernel, custom_ops):
+        monkeypatch.setattr(module, 'native_bfloat16', lambda kernel, dtype: False)
     case = (batch, 24, 20, 5, 16, 1, 43, 23, 1, False, 512)
     q, v, table = (t.to(dtype) for t in _inputs(case))
     g = torch.randn(_call('tiled', case, q.double(), v.double(), table.double()).shape,
@@ -249,11 +266,8 @@ def test_16_bit_inputs_run_the_cpu_kernel_in_float32(dtype, batch, monkeypatch):
         return [y] + list(torch.autograd.grad(y, inputs, g.to(y.dtype)))
 
     low, full = run(q, v, table), run(q.float(), v.float(), table.float())
-    native = cpu_kernel.native_bfloat16(cpu_kernel.cpu_kernel(q), dtype)
-    for got, want in zip(low[int(native):], full[int(native):]):
+    for got, want in zip(low, full):
         assert got.dtype == dtype and torch.equal(got, want.to(dtype))
-    if native:
-        return
     monkeypatch.setattr(cpu_kernel, 'ENABLED', False)
     gemm = run(q, v, table)
     ref = run(q.double(), v.double(), table.double())[0]

@@ -2,13 +2,13 @@
 
 Each query meets exactly its ``K_h x K_w`` scope (the GEMM path pads it to its block's window, 1.7x the work at a
 23x23 scope) and its logits never leave the cache, so the layer runs near the CPU's multiply-add rate
-(docs/benchmarks.md). float32 and float64 on a CPU. A bfloat16 forward (CPU autocast) on a CPU with AVX-512 BF16 runs
-in bfloat16 itself (``tiled_forward_bf16``: the logits rounded to bfloat16, their products with the values summed in
-float32 by VDPBF16PS, as a bfloat16 matmul does), at both strides. Other 16-bit calls run at stride 1 in float32, the
-result rounded back; so does every 16-bit backward at stride 1. At stride 2 the GEMM path's big GEMM (9 |k| deep) runs
-faster in bfloat16 than the kernel in float32 (both measured in docs/benchmarks.md), so the other 16-bit stride-2
-calls, other devices, or a machine where the build fails (a one-time warning says why) run the GEMM path of
-:mod:`.custom_ops`. ``TIMM_LAMBDA_CPU_KERNEL=0`` turns it off.
+(docs/benchmarks.md). float32 and float64 on a CPU. bfloat16 (CPU autocast) on a CPU with AVX-512 BF16 runs in
+bfloat16 itself, at both strides, as a bfloat16 matmul computes: the logits rounded to bfloat16, products of bfloat16
+operands summed in float32 by VDPBF16PS (``tiled_forward_bf16``, ``tiled_backward_bf16``). Other 16-bit calls run at
+stride 1 in float32, the result rounded back; at stride 2 the GEMM path's big GEMM (9 |k| deep) runs faster in
+bfloat16 than the kernel in float32 (both measured in docs/benchmarks.md), so those calls, other devices, or a machine
+where the build fails (a one-time warning says why) run the GEMM path of :mod:`.custom_ops`.
+``TIMM_LAMBDA_CPU_KERNEL=0`` turns it off.
 """
 import functools
 import hashlib
@@ -59,21 +59,21 @@ _SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 @torch.jit.unused
-def cpu_kernel(x: torch.Tensor, step: int = 1, backward: bool = False) -> Optional[object]:
+def cpu_kernel(x: torch.Tensor, step: int = 1) -> Optional[object]:
     """The built kernel module when it serves ``x`` at ``step`` (a CPU tensor in a dtype of ``_SERVED``; a 16-bit
-    one at step 1, computed in :func:`compute_dtype`, or a bfloat16 forward where :func:`native_bfloat16`), else
-    None."""
+    one at step 1, computed in :func:`compute_dtype`, or a bfloat16 one at any step where
+    :func:`native_bfloat16`), else None."""
     if not ENABLED or x.device.type != 'cpu' or x.dtype not in _SERVED:
         return None
     kernel = _build()
-    if step != 1 and compute_dtype(x.dtype) != x.dtype and (backward or not native_bfloat16(kernel, x.dtype)):
+    if step != 1 and compute_dtype(x.dtype) != x.dtype and not native_bfloat16(kernel, x.dtype):
         return None
     return kernel
 
 
 def native_bfloat16(kernel, dtype: torch.dtype) -> bool:
-    """Whether ``kernel`` runs a ``dtype`` forward in bfloat16 itself (``tiled_forward_bf16``: built where the
-    compiler targets AVX-512 BF16), instead of in float32."""
+    """Whether ``kernel`` computes a ``dtype`` call in bfloat16 itself (``tiled_forward_bf16`` and
+    ``tiled_backward_bf16``: built where the compiler targets AVX-512 BF16), instead of in float32."""
     return dtype == torch.bfloat16 and kernel is not None and kernel.bf16
 
 

@@ -303,11 +303,14 @@ def _(q, v, table, step, content=None):
 def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
                     content: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of q, v, table and content (an empty tensor without content)."""
-    kernel = cpu_kernel(q, step, backward=True)
+    kernel = cpu_kernel(q, step)
     if kernel is not None:
         c = compute_dtype(q.dtype)
-        gq, gv, gtable, gcontent = kernel.tiled_backward(gy.to(c), q.to(c), v.to(c), table.to(c),
-                                                         None if content is None else content.to(c), step)
+        if native_bfloat16(kernel, q.dtype):  # float32 gradients of the bfloat16 forward
+            gq, gv, gtable, gcontent = kernel.tiled_backward_bf16(gy.to(q.dtype), q, v, table, content, step)
+        else:
+            gq, gv, gtable, gcontent = kernel.tiled_backward(gy.to(c), q.to(c), v.to(c), table.to(c),
+                                                             None if content is None else content.to(c), step)
         return (gq.to(q.dtype), gv.to(v.dtype), gtable.to(table.dtype),
                 gcontent.to(v.dtype if content is None else content.dtype))
     b, h, c, ho, wo = q.shape

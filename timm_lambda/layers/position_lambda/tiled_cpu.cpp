@@ -649,6 +649,138 @@ void aggregate_bf16(const uint16_t* Lb, int64_t ls, const uint32_t* vp, int64_t 
   for (; h < H; ++h) cols(std::integral_constant<int, 1>());
 }
 
+
+// bfloat16 pairs (lo | hi << 16) of two float32 vectors, each rounded to nearest even
+inline __m512i bf16_pairs(__m512 lo, __m512 hi) {
+  const __m512i l = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(lo));
+  const __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(hi));
+  return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
+}
+
+// v [B, CV = U V, H, W] bfloat16 (any strides) as rows_by_phase, each value a pair of channels (u V + 2 i,
+// u V + 2 i + 1) (0 past V): out[b, y, p, u Vp + i, k] = the pair at padded column k step + p, [B, Hp, step, U Vp, Wq]
+// (uint32; Vp = ceil(V / 2)), on all threads
+torch::Tensor rows_by_phase_pairs(const torch::Tensor& v, int64_t U, int64_t Hp, int64_t Wq, int64_t y0, int64_t x0,
+                                  int64_t step) {
+  const int64_t B = v.size(0), H = v.size(2), W = v.size(3), V = v.size(1) / U, Vp = (V + 1) / 2, CVp = U * Vp;
+  const int64_t sb = v.stride(0), sc = v.stride(1), sy = v.stride(2), sx = v.stride(3);
+  auto out = torch::empty({B, Hp, step, CVp, Wq}, v.options().dtype(torch::kInt32));
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>());
+  uint32_t* dst = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
+  at::parallel_for(0, B * Hp, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / Hp, y = i % Hp - y0;
+      uint32_t* row = dst + i * step * CVp * Wq;
+      if (y < 0 || y >= H) { std::memset(row, 0, step * CVp * Wq * sizeof(uint32_t)); continue; }
+      for (int64_t p = 0; p < step; ++p)
+        for (int64_t c = 0; c < CVp; ++c) {
+          uint32_t* d = row + (p * CVp + c) * Wq;
+          const int64_t j = c % Vp * 2, ch = c / Vp * V + j;
+          const uint16_t* lo = src + b * sb + ch * sc + y * sy;
+          const uint16_t* hi = j + 1 < V ? lo + sc : nullptr;
+          const int64_t k0 = std::min(Wq, std::max<int64_t>(0, (x0 - p + step - 1) / step));
+          const int64_t k1 = std::max(k0, std::min(Wq, (x0 + W - p + step - 1) / step));
+          std::memset(d, 0, k0 * sizeof(uint32_t));
+          for (int64_t k = k0; k < k1; ++k) {
+            const int64_t at = (k * step + p - x0) * sx;
+            d[k] = uint32_t(lo[at]) | (hi != nullptr ? uint32_t(hi[at]) << 16 : 0u);
+          }
+          std::memset(d + k1, 0, (Wq - k1) * sizeof(uint32_t));
+        }
+    }
+  });
+  return out;
+}
+
+// logit_grad_tile over channel pairs: out[(h0 + m) KWq + kx0 + k][q] = sum_i gy[h0 + m][i][q] . v[i bs + off[k] + q]
+// (each term a pair of channels, one VDPBF16PS lane), m < MB, k < KB, q < 8
+template <int MB, int KB>
+__attribute__((noinline)) void logit_grad_tile_bf16(const uint32_t* __restrict gy, int64_t Vp,
+                                                    const uint32_t* __restrict v, int64_t bs, const int64_t* off,
+                                                    float* __restrict out, int64_t KWq) {
+  constexpr int Q = QVec<float>::lanes;
+  qvec_t<float> acc[MB][KB];
+  int64_t o[KB];
+  for (int k = 0; k < KB; ++k) o[k] = off[k];
+  for (int m = 0; m < MB; ++m) for (int k = 0; k < KB; ++k) acc[m][k] = qvec_t<float>{};
+  for (int64_t i = 0; i < Vp; ++i) {
+    __m256bh g[MB];
+    for (int m = 0; m < MB; ++m) g[m] = (__m256bh)_mm256_loadu_si256((const __m256i*)(gy + (m * Vp + i) * Q));
+    for (int k = 0; k < KB; ++k) {
+      __m256bh w = (__m256bh)_mm256_loadu_si256((const __m256i*)(v + i * bs + o[k]));
+      KEEP_IN_REGISTER(w);
+      for (int m = 0; m < MB; ++m) acc[m][k] = (qvec_t<float>)_mm256_dpbf16_ps((__m256)acc[m][k], g[m], w);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int k = 0; k < KB; ++k) std::memcpy(out + (m * KWq + k) * Q, &acc[m][k], sizeof(acc[m][k]));
+}
+
+// run_logit_grads over channel pairs (gy [h, Vp, q] pairs, v the pair rows of rows_by_phase_pairs)
+void run_logit_grads_bf16(const uint32_t* gy, int64_t H, int64_t Vp, const uint32_t* v, int64_t bs, int64_t ps,
+                          int64_t step, int64_t KWq, float* glt) {
+  constexpr int Q = QVec<float>::lanes, KB = QVec<float>::columns;
+  for (int64_t kx0 = 0; kx0 < KWq; kx0 += KB) {
+    int64_t off[KB];
+    for (int k = 0; k < KB; ++k) off[k] = (kx0 + k) % step * ps + (kx0 + k) / step;
+    int64_t h = 0;
+    for (; h + 4 <= H; h += 4)
+      logit_grad_tile_bf16<4, KB>(gy + h * Vp * Q, Vp, v, bs, off, glt + (h * KWq + kx0) * Q, KWq);
+    for (; h < H; ++h) logit_grad_tile_bf16<1, KB>(gy + h * Vp * Q, Vp, v, bs, off, glt + (h * KWq + kx0) * Q, KWq);
+  }
+}
+
+// scatter over head pairs: v[(u, ky, kx) position, j] += sum_p L[p * ls + (u, ky, kx)] . gy[p * V + j] (each a pair of
+// heads (2 p, 2 p + 1), bfloat16), j in [j0, j0 + 16 NV), p < HP
+template <int HP, int NV>
+__attribute__((noinline)) void scatter_tile_bf16(const uint32_t* __restrict L, int64_t ls,
+                                                 const uint32_t* __restrict gy, int64_t V, float* __restrict v,
+                                                 int64_t U, const Scope& sc, int64_t rs, int64_t j0) {
+  __m512bh g[HP][NV];
+  for (int p = 0; p < HP; ++p)
+    for (int i = 0; i < NV; ++i) {
+      g[p][i] = (__m512bh)_mm512_loadu_si512(gy + p * V + j0 + i * 16);
+      KEEP_IN_REGISTER(g[p][i]);
+    }
+  for (int64_t u = 0; u < U; ++u)
+    for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
+      for (int64_t kx = sc.x0, r = (u * sc.KH + ky) * sc.KW + sc.x0; kx < sc.x1; ++kx, ++r) {
+        float* dst = v + ky * rs + kx * U * V + u * V + j0;
+        vec_t<float> acc[NV];
+        for (int i = 0; i < NV; ++i) acc[i] = loadv(dst + i * 16);
+        for (int p = 0; p < HP; ++p) {
+          const __m512bh l = (__m512bh)_mm512_set1_epi32(int32_t(L[p * ls + r]));
+          for (int i = 0; i < NV; ++i) acc[i] = (vec_t<float>)_mm512_dpbf16_ps((__m512)acc[i], l, g[p][i]);
+        }
+        for (int i = 0; i < NV; ++i) storev(dst + i * 16, acc[i]);
+      }
+}
+
+void scatter_bf16(const uint32_t* L, int64_t ls, const uint32_t* gy, int64_t HP, int64_t V, float* v, int64_t U,
+                  const Scope& sc, int64_t rs) {
+  int64_t p = 0;
+  auto cols = [&](auto hp) {
+    constexpr int NP = decltype(hp)::value;
+    int64_t j = 0;
+    for (; j + 64 <= V; j += 64) scatter_tile_bf16<NP, 4>(L + p * ls, ls, gy + p * V, V, v, U, sc, rs, j);
+    for (; j + 16 <= V; j += 16) scatter_tile_bf16<NP, 1>(L + p * ls, ls, gy + p * V, V, v, U, sc, rs, j);
+    for (; j < V; ++j)
+      for (int64_t u = 0; u < U; ++u)
+        for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
+          for (int64_t kx = sc.x0; kx < sc.x1; ++kx) {
+            float acc = 0;
+            for (int m = 0; m < NP; ++m) {
+              const uint32_t l = L[(p + m) * ls + (u * sc.KH + ky) * sc.KW + kx], g = gy[(p + m) * V + j];
+              acc += bf16_to_float(uint16_t(l)) * bf16_to_float(uint16_t(g)) +
+                     bf16_to_float(uint16_t(l >> 16)) * bf16_to_float(uint16_t(g >> 16));
+            }
+            v[ky * rs + kx * U * V + u * V + j] += acc;
+          }
+  };
+  for (; p + 2 <= HP; p += 2) cols(std::integral_constant<int, 2>());
+  for (; p < HP; ++p) cols(std::integral_constant<int, 1>());
+}
+
 }  // namespace
 
 // q [B, h, c, Ho, Wo], v [B, u V, H, W], table [c, u, K_h, K_w], content [B, c, V] or None, all bfloat16 ->
@@ -703,6 +835,143 @@ torch::Tensor tiled_forward_bf16(torch::Tensor q, torch::Tensor v, torch::Tensor
   });
   return y;
 }
+// gradients of tiled_forward_bf16 (gy, q, v, table and content bfloat16) in float32, laid out as the inputs (gcontent
+// empty without a content lambda): the value gradients L^T gy with the logits rounded to bfloat16 as in the forward,
+// and the logit gradients gy . v, by VDPBF16PS over pairs (of heads, of channels) with float32 sums; the query, table
+// and content gradients from those in float32, as tiled_backward computes them
+std::vector<torch::Tensor> tiled_backward_bf16(torch::Tensor gy, torch::Tensor q, torch::Tensor v, torch::Tensor table,
+                                               std::optional<torch::Tensor> content, int64_t step) {
+  for (const auto* t : {&gy, &q, &v, &table})
+    TORCH_CHECK(t->scalar_type() == torch::kBFloat16, "tiled_backward_bf16: bfloat16 inputs only");
+  gy = gy.contiguous(); q = q.contiguous();
+  Shape s(q, v, table, step);
+  const torch::Tensor lc = content.has_value() ? content_of(content->to(torch::kFloat), s) : torch::Tensor();
+  const auto f32 = v.options().dtype(torch::kFloat);
+  auto gq = torch::empty(q.sizes(), f32);
+  torch::Tensor gv, gtable, gcontent = torch::empty({0}, f32);
+  using T = float;
+  constexpr int W = Vec<T>::lanes;
+  const int64_t Rp = round_up(s.Rn, W), Cp = round_up(s.C, W), P = s.plane();
+  const int64_t Tt = s.Tt, KWq = round_up(s.KW, QVec<T>::columns), Vp = (s.V + 1) / 2, HP = (s.H + 1) / 2;
+  const int64_t CVp = s.U * Vp;
+  const int64_t Hp = std::max(s.step * (s.Ho - 1) + s.KH, s.y_lo + s.height);
+  const int64_t Wp = std::max(s.step * (s.Wo - 1) + s.KW, s.x_lo + s.width);
+  const torch::Tensor tf = table.to(torch::kFloat).contiguous();
+  auto R = padded_table(tf, s.C, s.Rn, Rp);
+  auto RT = torch::zeros({s.Rn, Cp}, f32);
+  RT.narrow(1, 0, s.C).copy_(tf.reshape({s.C, s.Rn}).t());
+  const int64_t Wq = (Wp - s.KW) / s.step + Tt + (KWq - 1) / s.step;  // as in tiled_backward
+  auto vt = rows_by_phase_pairs(v, s.U, Hp, Wq, s.y_lo, s.x_lo, s.step);
+  const int nthreads = at::get_num_threads();
+  const bool by_image = s.B >= nthreads;
+  auto gv_parts = torch::empty({by_image ? 1 : nthreads, s.B, Hp, Wp, s.CV}, f32);
+  std::vector<char> used(gv_parts.size(0), by_image && s.B > 0);
+  auto gr_parts = torch::zeros({nthreads, s.Rn, Cp}, f32);
+  torch::Tensor lcT, gc_parts;
+  if (lc.defined()) {
+    lcT = torch::zeros({s.B, s.V, Cp}, f32);
+    lcT.narrow(2, 0, s.C).copy_(lc.transpose(1, 2));
+    gc_parts = torch::zeros({by_image ? 1 : nthreads, s.B, s.V, Cp}, f32);
+  }
+  const bool with_content = lc.defined();
+  const T* lcTd = with_content ? lcT.data_ptr<T>() : nullptr;
+  T* gcd = with_content ? gc_parts.data_ptr<T>() : nullptr;
+  const T *Rd = R.data_ptr<T>(), *RTd = RT.data_ptr<T>();
+  const at::BFloat16* qd = q.data_ptr<at::BFloat16>();
+  const uint16_t* gyd = reinterpret_cast<const uint16_t*>(gy.data_ptr<at::BFloat16>());
+  const uint32_t* vtd = reinterpret_cast<const uint32_t*>(vt.data_ptr<int32_t>());
+  T *gqd = gq.data_ptr<T>(), *gvd = gv_parts.data_ptr<T>(), *grd = gr_parts.data_ptr<T>();
+  const int64_t per_image = s.Ho * s.runs;
+  auto body = [&](int64_t begin, int64_t end) {
+    const int tid = at::get_thread_num();
+    const int64_t image = Hp * Wp * s.CV;
+    T* gvp = by_image ? gvd : gvd + tid * s.B * image;
+    if (by_image) {
+      std::memset(gvp + begin / per_image * image, 0, (end - begin) / per_image * image * sizeof(T));
+    } else if (!used[tid]) {
+      std::memset(gvp, 0, s.B * image * sizeof(T));
+      used[tid] = 1;
+    }
+    T* grT = grd + tid * s.Rn * Cp;
+    // as tiled_backward's, and: the logits of head pairs in bfloat16 [qx, HP, Rp], the output gradients as pairs of
+    // channels [h, Vp, qx] and, for one query, as pairs of heads [HP, V]; in float32 [h, V, qx] for the content rows
+    std::vector<T> qp(s.H * Tt * Cp), L(s.H * Tt * Rp), gqq(s.H * Tt * Cp), glt(s.H * KWq * Tt);
+    std::vector<T> gyr(with_content ? s.H * s.V * Tt : 0);
+    std::vector<uint32_t> Lp(Tt * HP * Rp), gyp(s.H * Vp * Tt), gyq(HP * s.V);
+    std::vector<uint16_t> gy16((2 * HP) * s.V * Tt);  // the run's output gradients [h, V, qx] (a zero head past H)
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / per_image, oy = i / s.runs % s.Ho, ox0 = i % s.runs * Tt, y0 = s.step * oy;
+      const int64_t nq = std::min(Tt, s.Wo - ox0), at = oy * s.Wo + ox0;
+      s.pack_queries(qd, b, oy, ox0, nq, qp.data(), Cp);
+      const Scope rows = s.scope(y0, s.step * ox0);
+      s.run_logits(qp.data(), Cp, nq, Rd, Rp, rows.y0, rows.y1, L.data());
+      const auto [first, last] = s.columns(rows.y0, rows.y1);
+      for (int64_t qx = 0; qx < nq; ++qx)
+        for (int64_t p = 0; p < HP; ++p) {
+          const T* lo = L.data() + (2 * p * Tt + qx) * Rp;
+          const T* hi = 2 * p + 1 < s.H ? lo + Tt * Rp : nullptr;
+          for (int64_t n = first / W * W; n < round_up(last, W); n += W)
+            _mm512_storeu_si512(Lp.data() + (qx * HP + p) * Rp + n,
+                                bf16_pairs(_mm512_loadu_ps(lo + n), hi ? _mm512_loadu_ps(hi + n) : _mm512_setzero_ps()));
+        }
+      for (int64_t hj = 0; hj < s.H * s.V; ++hj)
+        std::memcpy(gy16.data() + hj * Tt, gyd + (b * s.H * s.V + hj) * P + at, nq * sizeof(uint16_t));
+      for (int64_t h = 0; h < s.H; ++h)
+        for (int64_t j = 0; j < s.V; j += 2) {
+          const uint16_t *g0 = gy16.data() + (h * s.V + j) * Tt, *g1 = g0 + Tt;
+          uint32_t* d = gyp.data() + (h * Vp + j / 2) * Tt;
+          for (int64_t qx = 0; qx < nq; ++qx) d[qx] = uint32_t(g0[qx]) | (j + 1 < s.V ? uint32_t(g1[qx]) << 16 : 0u);
+        }
+      if (with_content)
+        for (int64_t hj = 0; hj < s.H * s.V; ++hj)
+          for (int64_t qx = 0; qx < nq; ++qx) gyr[hj * Tt + qx] = bf16_to_float(gy16[hj * Tt + qx]);
+      std::fill(gqq.begin(), gqq.end(), T(0));
+      for (int64_t u = 0; u < s.U; ++u)
+        for (int64_t ky = rows.y0; ky < rows.y1; ++ky) {
+          run_logit_grads_bf16(gyp.data(), s.H, Vp, vtd + (((b * Hp + y0 + ky) * s.step * CVp) + u * Vp) * Wq + ox0,
+                               Wq, CVp * Wq, s.step, KWq, glt.data());
+          const int64_t r = (u * s.KH + ky) * s.KW;
+          for (int64_t h = 0; h < s.H; ++h) {
+            const T* g = glt.data() + h * KWq * Tt;
+            gemm<T, true>(g, 1, Tt, RTd + r * Cp, Cp, nq, s.KW, Cp, gqq.data() + h * Tt * Cp, Cp);
+            gemm<T, true>(g, Tt, 1, qp.data() + h * Tt * Cp, Cp, s.KW, nq, Cp, grT + r * Cp, Cp);
+          }
+        }
+      for (int64_t qx = 0; qx < nq; ++qx) {
+        const int64_t x0 = s.step * (ox0 + qx);
+        for (int64_t p = 0; p < HP; ++p)
+          for (int64_t j = 0; j < s.V; ++j) {
+            const uint16_t* g = gy16.data() + (2 * p * s.V + j) * Tt + qx;
+            gyq[p * s.V + j] = uint32_t(g[0]) | uint32_t(g[s.V * Tt]) << 16;
+          }
+        scatter_bf16(Lp.data() + qx * HP * Rp, Rp, gyq.data(), HP, s.V, gvp + ((b * Hp + y0) * Wp + x0) * s.CV, s.U,
+                     s.scope(y0, x0), Wp * s.CV);
+      }
+      if (with_content) {
+        T* gcT = gcd + ((by_image ? 0 : tid) * s.B + b) * s.V * Cp;
+        for (int64_t h = 0; h < s.H; ++h) {
+          const T* g = gyr.data() + h * s.V * Tt;
+          gemm<T, true>(g, 1, Tt, lcTd + b * s.V * Cp, Cp, nq, s.V, Cp, gqq.data() + h * Tt * Cp, Cp);
+          gemm<T, true>(g, Tt, 1, qp.data() + h * Tt * Cp, Cp, s.V, nq, Cp, gcT, Cp);
+        }
+      }
+      for (int64_t h = 0; h < s.H; ++h)
+        for (int64_t c = 0; c < s.C; ++c) {
+          T* dst = gqd + ((b * s.H + h) * s.C + c) * P + at;
+          for (int64_t qx = 0; qx < nq; ++qx) dst[qx] = gqq[(h * Tt + qx) * Cp + c];
+        }
+    }
+  };
+  if (by_image) {
+    at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) { body(b0 * per_image, b1 * per_image); });
+  } else {
+    at::parallel_for(0, s.B * per_image, 1, body);
+  }
+  gv = sum_parts_channels_first<T>(gv_parts, used, s.y_lo, s.x_lo, s.height, s.width);
+  gtable = gr_parts.sum(0).narrow(1, 0, s.C).t().reshape(table.sizes()).contiguous();
+  if (with_content) gcontent = gc_parts.sum(0).narrow(2, 0, s.C).transpose(1, 2).contiguous();
+  return {gq, gv, gtable, gcontent};
+}
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -710,6 +979,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tiled_backward", &tiled_backward);
 #if defined(__AVX512BF16__)
   m.def("tiled_forward_bf16", &tiled_forward_bf16);
+  m.def("tiled_backward_bf16", &tiled_backward_bf16);
   m.attr("bf16") = true;
 #else
   m.attr("bf16") = false;
