@@ -650,6 +650,100 @@ void aggregate_bf16(const uint16_t* Lb, int64_t ls, const uint32_t* vp, int64_t 
 }
 
 
+// out[m * os + n] (+)= sum_k a[m * as + k * ak] . b[k * bs + n] for m < MB, n in [n0, n0 + 16 NV): each term a
+// pair of bfloat16 products (uint32 pairs, one VDPBF16PS lane), float32 sums
+template <int MB, int NV, bool ACC>
+__attribute__((noinline)) void pair_gemm_tile(const uint32_t* __restrict a, int64_t as, int64_t ak,
+                                              const uint32_t* __restrict b, int64_t bs, int64_t K, int64_t n0,
+                                              float* __restrict out, int64_t os) {
+  vec_t<float> acc[MB][NV];
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < NV; ++i) acc[m][i] = ACC ? loadv(out + m * os + n0 + i * 16) : vec_t<float>{};
+  for (int64_t k = 0; k < K; ++k) {
+    __m512bh bv[NV];
+    for (int i = 0; i < NV; ++i) { bv[i] = (__m512bh)_mm512_loadu_si512(b + k * bs + n0 + i * 16); KEEP_IN_REGISTER(bv[i]); }
+    for (int m = 0; m < MB; ++m) {
+      const __m512bh l = (__m512bh)_mm512_set1_epi32(int32_t(a[m * as + k * ak]));
+      for (int i = 0; i < NV; ++i) acc[m][i] = (vec_t<float>)_mm512_dpbf16_ps((__m512)acc[m][i], l, bv[i]);
+    }
+  }
+  for (int m = 0; m < MB; ++m) for (int i = 0; i < NV; ++i) storev(out + m * os + n0 + i * 16, acc[m][i]);
+}
+
+// out [M, N] (+)= a [M, K] (strides as, ak) b [K, N] over bfloat16 pairs (pair_gemm_tile), N a multiple of 16
+template <bool ACC>
+void pair_gemm(const uint32_t* a, int64_t as, int64_t ak, const uint32_t* b, int64_t bs, int64_t M, int64_t K,
+               int64_t N, float* out, int64_t os) {
+  auto tile = [&](int64_t n, auto nv) {
+    constexpr int NV = decltype(nv)::value;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) pair_gemm_tile<4, NV, ACC>(a + m * as, as, ak, b, bs, K, n, out + m * os, os);
+    for (; m < M; ++m) pair_gemm_tile<1, NV, ACC>(a + m * as, as, ak, b, bs, K, n, out + m * os, os);
+  };
+  int64_t n = 0;
+  for (; n + 64 <= N; n += 64) tile(n, std::integral_constant<int, 4>());
+  for (; n < N; n += 16) tile(n, std::integral_constant<int, 1>());
+}
+
+// The logits of a run over pairs of channels: the queries qp [h, Tt, Cq] (pairs (2 i, 2 i + 1)), the table's pairs
+// R2 [Cq, Rp] (rows KWs long) -> L [h, Tt, Rp] float32 for the columns of scope rows [ky0, ky1), as Shape::run_logits
+void run_logits_bf16(const Shape& s, const uint32_t* qp, int64_t Cq, int64_t nq, const uint32_t* R2, int64_t Rp,
+                     int64_t ky0, int64_t ky1, float* L) {
+  const auto [first, last] = s.columns(ky0, ky1);
+  const int64_t n0 = first / 16 * 16, n1 = round_up(last, 16);
+  if (n1 <= n0) return;
+  for (int64_t h = 0; h < s.H; ++h)
+    pair_gemm<false>(qp + h * s.Tt * Cq, Cq, 1, R2 + n0, Rp, nq, Cq, n1 - n0, L + h * s.Tt * Rp + n0, Rp);
+}
+
+// the queries of a run as channel pairs: qp[(h Tt + qx) Cq + i] = (q[b, h, 2 i, oy, ox0 + qx], q[.., 2 i + 1, ..])
+void pack_query_pairs(const Shape& s, const uint16_t* q, int64_t b, int64_t oy, int64_t ox0, int64_t nq, uint32_t* qp,
+                      int64_t Cq) {
+  const int64_t P = s.plane();
+  for (int64_t h = 0; h < s.H; ++h)
+    for (int64_t i = 0; i < Cq; ++i) {
+      const uint16_t* lo = q + ((b * s.H + h) * s.C + 2 * i) * P + oy * s.Wo + ox0;
+      for (int64_t qx = 0; qx < nq; ++qx)
+        qp[(h * s.Tt + qx) * Cq + i] = uint32_t(lo[qx]) | (2 * i + 1 < s.C ? uint32_t(lo[P + qx]) << 16 : 0u);
+    }
+}
+
+// a bfloat16 table [c, u, K_h, K_w] as channel pairs [ceil(c / 2), Rp] (uint32), each scope row KWs long (zero
+// columns past K_w, zero past Rn and past c)
+torch::Tensor table_pairs(const torch::Tensor& table, int64_t KWs, int64_t Rp) {
+  const int64_t C = table.size(0), U = table.size(1), KH = table.size(2), KW = table.size(3), Cq = (C + 1) / 2;
+  auto t = torch::zeros({2 * Cq, Rp}, table.options());
+  t.narrow(0, 0, C).narrow(1, 0, U * KH * KWs).view({C, U, KH, KWs}).narrow(3, 0, KW).copy_(table);
+  // [2 Cq, Rp] -> [Cq, Rp, 2] -> uint32 pairs
+  return t.view({Cq, 2, Rp}).transpose(1, 2).contiguous().view(torch::kInt32).view({Cq, Rp});
+}
+
+// The logit gradients of one scope row of one head, glt [KWq, 8] (lanes: a run's queries), rounded to bfloat16
+// pairs: over columns ga[kxp * 8 + qx] = (glt[2 kxp][qx], glt[2 kxp + 1][qx]) (0 past K_w), for the query gradients;
+// over queries gb[kx * gs + i] = (glt[kx][2 i], glt[kx][2 i + 1]) (0 past the run's nq), for the table gradient
+void logit_grad_pairs(const float* glt, int64_t KW, int64_t nq, uint32_t* ga, uint32_t* gb, int64_t gs) {
+  constexpr int Q = QVec<float>::lanes;
+  const __mmask8 lanes = __mmask8((1u << nq) - 1);
+  for (int64_t kx = 0; kx < KW; kx += 2) {
+    const __m256 lo = _mm256_maskz_loadu_ps(lanes, glt + kx * Q);
+    const __m256 hi = kx + 1 < KW ? _mm256_maskz_loadu_ps(lanes, glt + (kx + 1) * Q) : _mm256_setzero_ps();
+    const __m128i l16 = (__m128i)_mm256_cvtneps_pbh(lo), h16 = (__m128i)_mm256_cvtneps_pbh(hi);
+    _mm256_storeu_si256((__m256i*)(ga + kx / 2 * Q),
+                        _mm256_or_si256(_mm256_cvtepu16_epi32(l16), _mm256_slli_epi32(_mm256_cvtepu16_epi32(h16), 16)));
+    _mm_storeu_si128((__m128i*)(gb + kx * gs), l16);  // 8 bfloat16 of a row: its 4 query pairs
+    if (kx + 1 < KW) _mm_storeu_si128((__m128i*)(gb + (kx + 1) * gs), h16);
+  }
+}
+
+// a bfloat16 table [c, u, K_h, K_w] as pairs of scope columns for the query gradients: [u K_h, ceil(K_w / 2), Cp]
+// (uint32: (R[c, u, ky, 2 i], R[c, u, ky, 2 i + 1]), 0 past K_w and past c)
+torch::Tensor column_pair_table(const torch::Tensor& table, int64_t Cp) {
+  const int64_t C = table.size(0), UK = table.size(1) * table.size(2), KW = table.size(3), KWp = (KW + 1) / 2;
+  auto t = torch::zeros({UK, 2 * KWp, Cp}, table.options());
+  t.narrow(1, 0, KW).narrow(2, 0, C).copy_(table.reshape({C, UK, KW}).permute({1, 2, 0}));
+  return t.view({UK, KWp, 2, Cp}).transpose(2, 3).contiguous().view(torch::kInt32).view({UK, KWp, Cp});
+}
+
 // bfloat16 pairs (lo | hi << 16) of two float32 vectors, each rounded to nearest even
 inline __m512i bf16_pairs(__m512 lo, __m512 hi) {
   const __m512i l = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(lo));
@@ -795,24 +889,28 @@ torch::Tensor tiled_forward_bf16(torch::Tensor q, torch::Tensor v, torch::Tensor
   const torch::Tensor lc = content.has_value() ? content_of(content->to(torch::kFloat), s) : torch::Tensor();
   constexpr int W = Vec<float>::lanes;
   const int64_t Rn = s.U * s.KH * s.KWs, Rp = round_up(Rn, W), P = s.plane(), rs = s.width * s.CV;
-  auto R = torch::zeros({s.C, Rp}, table.options().dtype(torch::kFloat));
-  R.narrow(1, 0, Rn).view({s.C, s.U, s.KH, s.KWs}).narrow(3, 0, s.KW).copy_(table);
+  const int64_t Cq = (s.C + 1) / 2;  // channel pairs
+  auto R2 = table_pairs(table, s.KWs, Rp);
   auto vp = column_pairs(v);
   auto y = torch::empty({s.B, s.H * s.V, s.Ho, s.Wo}, v.options());
-  const float *Rd = R.data_ptr<float>(), *lcd = lc.defined() ? lc.data_ptr<float>() : nullptr;
+  const uint32_t* R2d = reinterpret_cast<const uint32_t*>(R2.data_ptr<int32_t>());
+  const float* lcd = lc.defined() ? lc.data_ptr<float>() : nullptr;
   const at::BFloat16* qd = q.data_ptr<at::BFloat16>();
   const uint32_t* vd = reinterpret_cast<const uint32_t*>(vp.data_ptr<int32_t>());
   at::BFloat16* yd = y.data_ptr<at::BFloat16>();
   at::parallel_for(0, s.B * s.Ho * s.runs, 1, [&](int64_t begin, int64_t end) {
-    // a run's queries [h, qx, c] (float32), logits [h, qx, Rp] in float32 and bfloat16, outputs [h, V, qx]
+    // a run's queries [h, qx, Cq] as channel pairs and (for the content rows) [h, qx, c] in float32, logits
+    // [h, qx, Rp] in float32 and bfloat16, outputs [h, V, qx]
     std::vector<float> qp(s.H * s.Tt * s.C), L(s.H * s.Tt * Rp), out(s.H * s.V * s.Tt);
     std::vector<uint16_t> Lb(s.H * s.Tt * Rp);
+    std::vector<uint32_t> qp2(s.H * s.Tt * Cq);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / (s.Ho * s.runs), oy = i / s.runs % s.Ho, ox0 = i % s.runs * s.Tt;
       const int64_t nq = std::min(s.Tt, s.Wo - ox0);
-      s.pack_queries(qd, b, oy, ox0, nq, qp.data(), s.C);
+      if (lcd != nullptr) s.pack_queries(qd, b, oy, ox0, nq, qp.data(), s.C);
+      pack_query_pairs(s, reinterpret_cast<const uint16_t*>(qd), b, oy, ox0, nq, qp2.data(), Cq);
       const Scope rows = s.scope(s.step * oy, s.step * ox0);
-      s.run_logits(qp.data(), s.C, nq, Rd, Rp, rows.y0, rows.y1, L.data());
+      run_logits_bf16(s, qp2.data(), Cq, nq, R2d, Rp, rows.y0, rows.y1, L.data());
       const auto [first, last] = s.columns(rows.y0, rows.y1);
       for (int64_t hq = 0; hq < s.H * s.Tt; ++hq) {  // the logits that run_logits wrote, rounded to bfloat16
         if (hq % s.Tt >= nq) continue;
@@ -836,9 +934,10 @@ torch::Tensor tiled_forward_bf16(torch::Tensor q, torch::Tensor v, torch::Tensor
   return y;
 }
 // gradients of tiled_forward_bf16 (gy, q, v, table and content bfloat16) in float32, laid out as the inputs (gcontent
-// empty without a content lambda): the value gradients L^T gy with the logits rounded to bfloat16 as in the forward,
-// and the logit gradients gy . v, by VDPBF16PS over pairs (of heads, of channels) with float32 sums; the query, table
-// and content gradients from those in float32, as tiled_backward computes them
+// empty without a content lambda), as a bfloat16 matmul's backward computes them: the logit gradients gy . v, the
+// value gradients L^T gy (the logits rounded to bfloat16 as in the forward), and from the logit gradients rounded to
+// bfloat16 the query and table gradients, all by VDPBF16PS over pairs (of channels, heads, scope columns, queries)
+// with float32 sums; the content rows in float32, as tiled_backward
 std::vector<torch::Tensor> tiled_backward_bf16(torch::Tensor gy, torch::Tensor q, torch::Tensor v, torch::Tensor table,
                                                std::optional<torch::Tensor> content, int64_t step) {
   for (const auto* t : {&gy, &q, &v, &table})
@@ -856,10 +955,10 @@ std::vector<torch::Tensor> tiled_backward_bf16(torch::Tensor gy, torch::Tensor q
   const int64_t CVp = s.U * Vp;
   const int64_t Hp = std::max(s.step * (s.Ho - 1) + s.KH, s.y_lo + s.height);
   const int64_t Wp = std::max(s.step * (s.Wo - 1) + s.KW, s.x_lo + s.width);
-  const torch::Tensor tf = table.to(torch::kFloat).contiguous();
-  auto R = padded_table(tf, s.C, s.Rn, Rp);
-  auto RT = torch::zeros({s.Rn, Cp}, f32);
-  RT.narrow(1, 0, s.C).copy_(tf.reshape({s.C, s.Rn}).t());
+  const int64_t Cq = (s.C + 1) / 2;  // channel pairs
+  const int64_t KWp = (s.KW + 1) / 2, Qp = Tt / 2;  // column pairs, query pairs
+  auto R2 = table_pairs(table, s.KW, Rp);
+  auto RT2 = column_pair_table(table, Cp);
   const int64_t Wq = (Wp - s.KW) / s.step + Tt + (KWq - 1) / s.step;  // as in tiled_backward
   auto vt = rows_by_phase_pairs(v, s.U, Hp, Wq, s.y_lo, s.x_lo, s.step);
   const int nthreads = at::get_num_threads();
@@ -876,7 +975,8 @@ std::vector<torch::Tensor> tiled_backward_bf16(torch::Tensor gy, torch::Tensor q
   const bool with_content = lc.defined();
   const T* lcTd = with_content ? lcT.data_ptr<T>() : nullptr;
   T* gcd = with_content ? gc_parts.data_ptr<T>() : nullptr;
-  const T *Rd = R.data_ptr<T>(), *RTd = RT.data_ptr<T>();
+  const uint32_t* R2d = reinterpret_cast<const uint32_t*>(R2.data_ptr<int32_t>());
+  const uint32_t* RT2d = reinterpret_cast<const uint32_t*>(RT2.data_ptr<int32_t>());
   const at::BFloat16* qd = q.data_ptr<at::BFloat16>();
   const uint16_t* gyd = reinterpret_cast<const uint16_t*>(gy.data_ptr<at::BFloat16>());
   const uint32_t* vtd = reinterpret_cast<const uint32_t*>(vt.data_ptr<int32_t>());
@@ -897,14 +997,24 @@ std::vector<torch::Tensor> tiled_backward_bf16(torch::Tensor gy, torch::Tensor q
     // channels [h, Vp, qx] and, for one query, as pairs of heads [HP, V]; in float32 [h, V, qx] for the content rows
     std::vector<T> qp(s.H * Tt * Cp), L(s.H * Tt * Rp), gqq(s.H * Tt * Cp), glt(s.H * KWq * Tt);
     std::vector<T> gyr(with_content ? s.H * s.V * Tt : 0);
-    std::vector<uint32_t> Lp(Tt * HP * Rp), gyp(s.H * Vp * Tt), gyq(HP * s.V);
+    std::vector<uint32_t> Lp(Tt * HP * Rp), gyp(s.H * Vp * Tt), gyq(HP * s.V), qp2(s.H * Tt * Cq);
+    // the queries as pairs of queries [h, Qp, Cp] (0 past nq and c), a row's logit gradients as pairs (logit_grad_pairs)
+    std::vector<uint32_t> qq(s.H * Qp * Cp), ga(KWp * Tt), gb(s.KW * s.H * Qp);
     std::vector<uint16_t> gy16((2 * HP) * s.V * Tt);  // the run's output gradients [h, V, qx] (a zero head past H)
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / per_image, oy = i / s.runs % s.Ho, ox0 = i % s.runs * Tt, y0 = s.step * oy;
       const int64_t nq = std::min(Tt, s.Wo - ox0), at = oy * s.Wo + ox0;
       s.pack_queries(qd, b, oy, ox0, nq, qp.data(), Cp);
+      pack_query_pairs(s, reinterpret_cast<const uint16_t*>(qd), b, oy, ox0, nq, qp2.data(), Cq);
+      for (int64_t h = 0; h < s.H; ++h)
+        for (int64_t c = 0; c < s.C; ++c) {
+          const uint16_t* src = reinterpret_cast<const uint16_t*>(qd) + ((b * s.H + h) * s.C + c) * P + at;
+          for (int64_t i = 0; i < Qp; ++i)
+            qq[(h * Qp + i) * Cp + c] = (2 * i < nq ? uint32_t(src[2 * i]) : 0u) |
+                                        (2 * i + 1 < nq ? uint32_t(src[2 * i + 1]) << 16 : 0u);
+        }
       const Scope rows = s.scope(y0, s.step * ox0);
-      s.run_logits(qp.data(), Cp, nq, Rd, Rp, rows.y0, rows.y1, L.data());
+      run_logits_bf16(s, qp2.data(), Cq, nq, R2d, Rp, rows.y0, rows.y1, L.data());
       const auto [first, last] = s.columns(rows.y0, rows.y1);
       for (int64_t qx = 0; qx < nq; ++qx)
         for (int64_t p = 0; p < HP; ++p) {
@@ -930,12 +1040,13 @@ std::vector<torch::Tensor> tiled_backward_bf16(torch::Tensor gy, torch::Tensor q
         for (int64_t ky = rows.y0; ky < rows.y1; ++ky) {
           run_logit_grads_bf16(gyp.data(), s.H, Vp, vtd + (((b * Hp + y0 + ky) * s.step * CVp) + u * Vp) * Wq + ox0,
                                Wq, CVp * Wq, s.step, KWq, glt.data());
-          const int64_t r = (u * s.KH + ky) * s.KW;
-          for (int64_t h = 0; h < s.H; ++h) {
-            const T* g = glt.data() + h * KWq * Tt;
-            gemm<T, true>(g, 1, Tt, RTd + r * Cp, Cp, nq, s.KW, Cp, gqq.data() + h * Tt * Cp, Cp);
-            gemm<T, true>(g, Tt, 1, qp.data() + h * Tt * Cp, Cp, s.KW, nq, Cp, grT + r * Cp, Cp);
+          const int64_t row = u * s.KH + ky, r = row * s.KW;
+          for (int64_t h = 0; h < s.H; ++h) {  // as a bfloat16 matmul's backward: the logit gradients rounded
+            logit_grad_pairs(glt.data() + h * KWq * Tt, s.KW, nq, ga.data(), gb.data() + h * Qp, s.H * Qp);
+            pair_gemm<true>(ga.data(), 1, Tt, RT2d + row * KWp * Cp, Cp, nq, KWp, Cp, gqq.data() + h * Tt * Cp, Cp);
           }
+          // the table gradient over the heads' query pairs at once (qq's zero pairs past nq)
+          pair_gemm<true>(gb.data(), s.H * Qp, 1, qq.data(), Cp, s.KW, s.H * Qp, Cp, grT + r * Cp, Cp);
         }
       for (int64_t qx = 0; qx < nq; ++qx) {
         const int64_t x0 = s.step * (ox0 + qx);
