@@ -7,6 +7,7 @@ to the first baseline, and the load average before and after:
     python tools/benchmark_models.py backbone         # 1024x1024, batch 1: c2..c5 features as the detectors build them
     python tools/benchmark_models.py classification   # 224x224, batch 2: classifiers
     python tools/benchmark_models.py c4               # 512x512, batch 1: LambdaResNet-101-C4 vs its conv twin
+    python tools/benchmark_models.py c4 --dtype bfloat16   # the same under CPU autocast (bfloat16)
     python tools/benchmark_models.py cifar            # resnet50_lambda (global 32x32 scope, 10 classes) vs
                                                       # resnet50, batch 64
     python tools/benchmark_models.py compile          # torch.compile (inductor) training step, 512x512 batch 1
@@ -158,43 +159,45 @@ def table(title, rows, columns, baseline):
         print(f'| {label} | ' + ' | '.join(out) + ' |', flush=True)
 
 
-def peak_memory(built, x, device):
+def peak_memory(built, x, device, dtype=torch.float32):
     """Peak training-step memory (MiB) of each model, printed as a table."""
     print('| model | params (M) | peak training-step memory (MiB) |\n|---|---:|---:|')
     memory = {}
     for label, m in built.items():
-        memory[label] = peak_step_bytes(train_step(m, x), device=device) / 2 ** 20
+        memory[label] = peak_step_bytes(train_step(m, x, dtype), device=device) / 2 ** 20
         print(f'| {label} | {sum(p.numel() for p in m.parameters()) / 1e6:.2f} | {memory[label]:.0f} |', flush=True)
     return memory
 
 
-def compare(which, size, batch, device, repeats, memory_only=False):
+def compare(which, size, batch, device, repeats, memory_only=False, dtype=torch.float32):
     models, default_batch, default_size, kind = COMPARISONS[which]
     size, batch = size or default_size, batch or default_batch
     built = {label: build(name, kw, kind, device) for label, name, kw in models}
     x = torch.randn(batch, 3, size, size, device=device)
     if memory_only:
         print(f'# {which}: {size}x{size}, batch {batch}; {machine(device)}')
-        return dict(comparison=which, size=size, batch=batch, peak_mib=peak_memory(built, x, device))
+        return dict(comparison=which, size=size, batch=batch, peak_mib=peak_memory(built, x, device, dtype))
     steps = {}
     for label, m in built.items():
-        steps[(label, 'training step')] = train_step(m, x)
-        steps[(label, 'inference')] = infer_step(m, x)
+        steps[(label, 'training step')] = train_step(m, x, dtype)
+        steps[(label, 'inference')] = infer_step(m, x, dtype)
     before = load_average()
     times = interleaved_times(steps, repeats=repeats, device=device)
     rows = {label: {kind_: times[(label, kind_)] for kind_ in ('training step', 'inference')} for label in built}
-    table(f'{which}: {size}x{size}, batch {batch}; {machine(device)} (load before: {before})', rows,
+    precision = '' if dtype == torch.float32 else f', {str(dtype).split(".")[1]} autocast'
+    table(f'{which}: {size}x{size}, batch {batch}{precision}; {machine(device)} (load before: {before})', rows,
           ['training step', 'inference'], models[1][0])
     after = load_average()
     skipped = [label for label, _, kw in models if kw.get('skip_lambda_layers')]
     budgets = None
     if skipped:
         counted = {label for cand, _, _ in GOALS.get(which, []) for label in (cand, skipped[0])}
-        macs = {k: step_macs(step) if device == 'cpu' else None for k, step in steps.items() if k[0] in counted}
+        macs = {k: step_macs(step) if device == 'cpu' and dtype == torch.float32 else None  # the float32 limit
+                for k, step in steps.items() if k[0] in counted}
         budgets = goal_budgets(which, rows, macs, skipped[0])
-    memory = peak_memory(built, x, device)
+    memory = peak_memory(built, x, device, dtype)
     print(f'load average after the timing: {after}\n', flush=True)
-    return dict(comparison=which, size=size, batch=batch, machine=machine(device), load_before=before,
+    return dict(comparison=which, size=size, batch=batch, dtype=str(dtype), machine=machine(device), load_before=before,
                 load_after=after, times={f'{k[0]}/{k[1]}': v for k, v in times.items()}, peak_mib=memory,
                 goal_budgets=budgets)
 
@@ -335,6 +338,8 @@ def main(argv=None):
     p.add_argument('--classifier-batch', type=int, default=64, help='cuda: batch of the 224 px classifiers')
     p.add_argument('--json', default=None, help='also write the results here')
     p.add_argument('--memory-only', action='store_true', help='peak memory only, no timing (see above)')
+    p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'],
+                   help=f'{", ".join(sorted(COMPARISONS))}: bfloat16 runs both models under autocast')
     args = p.parse_args(argv)
     if args.memory_only and args.comparison not in COMPARISONS:
         p.error(f'--memory-only applies to {sorted(COMPARISONS)}')
@@ -349,8 +354,8 @@ def main(argv=None):
         results = cuda_comparison(device, args.repeats, args.batch or 4, args.classifier_batch,
                                   tuple(args.sizes) if args.sizes else (1024, 224))
     else:
-        results = [compare(args.comparison, s, args.batch, device, args.repeats, args.memory_only)
-                   for s in args.sizes or [None]]
+        results = [compare(args.comparison, s, args.batch, device, args.repeats, args.memory_only,
+                           getattr(torch, args.dtype)) for s in args.sizes or [None]]
     if args.json and args.memory_only:
         command = shlex.join(['python', 'tools/benchmark_models.py', *(sys.argv[1:] if argv is None else argv)])
         record_memory(args.json, results, dict(
