@@ -315,33 +315,39 @@ torch::Tensor to_channels_last(const torch::Tensor& v) {
 }
 
 // v [B, CV, H, W] (any strides) zero-padded to Hp rows (image rows from y0) and its columns (image columns from x0)
-// split by phase: out[b, y, p, c, i] = padded v[b, c, y, i step + p], [B, Hp, step, CV, Wq], on all threads
-template <typename T>
-torch::Tensor rows_by_phase(const torch::Tensor& v, int64_t Hp, int64_t Wq, int64_t y0, int64_t x0, int64_t step) {
-  const int64_t B = v.size(0), CV = v.size(1), H = v.size(2), W = v.size(3);
-  const int64_t sb = v.stride(0), sc = v.stride(1), sy = v.stride(2), sx = v.stride(3);
-  auto out = torch::empty({B, Hp, step, CV, Wq}, v.options());
-  const T* src = v.data_ptr<T>();
-  T* dst = out.data_ptr<T>();
+// split by phase: out[b, y, p, c, i] = padded v[b, c, y, i step + p], [B, Hp, step, CV, Wq], on all threads (of any
+// C channels whose value at image position (y, x) at(b, c, y, x) gives)
+template <typename Out, typename At>
+torch::Tensor rows_by_phase_of(int64_t B, int64_t C, int64_t H, int64_t W, int64_t Hp, int64_t Wq, int64_t y0,
+                               int64_t x0, int64_t step, const torch::TensorOptions& o, At at) {
+  auto out = torch::empty({B, Hp, step, C, Wq}, o);
+  Out* dst = reinterpret_cast<Out*>(out.data_ptr());
   at::parallel_for(0, B * Hp, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / Hp, y = i % Hp - y0;
-      T* row = dst + i * step * CV * Wq;
-      if (y < 0 || y >= H) { std::memset(row, 0, step * CV * Wq * sizeof(T)); continue; }
+      Out* row = dst + i * step * C * Wq;
+      if (y < 0 || y >= H) { std::memset(row, 0, step * C * Wq * sizeof(Out)); continue; }
       for (int64_t p = 0; p < step; ++p)
-        for (int64_t c = 0; c < CV; ++c) {
-          T* d = row + (p * CV + c) * Wq;
-          const T* srow = src + b * sb + c * sc + y * sy;
+        for (int64_t c = 0; c < C; ++c) {
+          Out* d = row + (p * C + c) * Wq;
           // padded column k = i step + p meets image column k - x0 for i in [i0, i1)
           const int64_t i0 = std::min(Wq, std::max<int64_t>(0, (x0 - p + step - 1) / step));
           const int64_t i1 = std::max(i0, std::min(Wq, (x0 + W - p + step - 1) / step));
-          std::memset(d, 0, i0 * sizeof(T));
-          for (int64_t k = i0; k < i1; ++k) d[k] = srow[(k * step + p - x0) * sx];
-          std::memset(d + i1, 0, (Wq - i1) * sizeof(T));
+          std::memset(d, 0, i0 * sizeof(Out));
+          for (int64_t k = i0; k < i1; ++k) d[k] = at(b, c, y, k * step + p - x0);
+          std::memset(d + i1, 0, (Wq - i1) * sizeof(Out));
         }
     }
   });
   return out;
+}
+
+template <typename T>
+torch::Tensor rows_by_phase(const torch::Tensor& v, int64_t Hp, int64_t Wq, int64_t y0, int64_t x0, int64_t step) {
+  const int64_t sb = v.stride(0), sc = v.stride(1), sy = v.stride(2), sx = v.stride(3);
+  const T* src = v.data_ptr<T>();
+  return rows_by_phase_of<T>(v.size(0), v.size(1), v.size(2), v.size(3), Hp, Wq, y0, x0, step, v.options(),
+                             [&](int64_t b, int64_t c, int64_t y, int64_t x) { return src[b * sb + c * sc + y * sy + x * sx]; });
 }
 
 // gv [B, CV, H, W] = sum over the used parts p of parts[p, b, y0 + y, x0 + x, :] (channels last, padded [Hp, Wp]):
@@ -369,6 +375,82 @@ torch::Tensor sum_parts_channels_first(const torch::Tensor& parts, const std::ve
   });
   return out;
 }
+
+// What the backward passes share: the padded value map [Hp, Wp] (query (oy, ox)'s scope starts at (s oy, s ox)
+// there), the per-thread accumulators (value gradients channels last, one part per thread or one shared when threads
+// own whole images, each zeroed by the thread that writes it; the table gradient transposed [Rn, Cp]; with a content
+// lambda its gradient transposed [B, V, Cp] and the lambda itself transposed for the query gradients), the parallel
+// loop over a run of queries at a time, and the sums at the end
+template <typename T>
+struct Backward {
+  const Shape& s;
+  const int64_t Cp, Hp, Wp, per_image;
+  const int nthreads;
+  const bool by_image;  // threads own whole images: no shared value gradient
+  torch::Tensor gq, gv_parts, gr_parts, lcT, gc_parts;
+  std::vector<char> used;  // the value-gradient parts to sum
+  Backward(const Shape& shape, const torch::Tensor& lc, const torch::TensorOptions& o)
+      : s(shape), Cp(round_up(s.C, Vec<T>::lanes)), Hp(std::max(s.step * (s.Ho - 1) + s.KH, s.y_lo + s.height)),
+        Wp(std::max(s.step * (s.Wo - 1) + s.KW, s.x_lo + s.width)), per_image(s.Ho * s.runs),
+        nthreads(at::get_num_threads()), by_image(s.B >= nthreads) {
+    gq = torch::empty({s.B, s.H, s.C, s.Ho, s.Wo}, o);
+    gv_parts = torch::empty({by_image ? 1 : nthreads, s.B, Hp, Wp, s.CV}, o);
+    used.assign(gv_parts.size(0), by_image && s.B > 0);
+    gr_parts = torch::zeros({nthreads, s.Rn, Cp}, o);
+    if (lc.defined()) {
+      lcT = torch::zeros({s.B, s.V, Cp}, o);
+      lcT.narrow(2, 0, s.C).copy_(lc.transpose(1, 2));
+      gc_parts = torch::zeros({by_image ? 1 : nthreads, s.B, s.V, Cp}, o);
+    }
+  }
+  // the value gradients [B, Hp, Wp, CV] of thread tid, taking the runs [begin, end)
+  T* values(int tid, int64_t begin, int64_t end) {
+    const int64_t image = Hp * Wp * s.CV;
+    T* gvp = gv_parts.data_ptr<T>() + (by_image ? 0 : tid * s.B * image);
+    if (by_image) {  // the images [begin, end) cover
+      std::memset(gvp + begin / per_image * image, 0, (end - begin) / per_image * image * sizeof(T));
+    } else if (!used[tid]) {
+      std::memset(gvp, 0, s.B * image * sizeof(T));
+      used[tid] = 1;
+    }
+    return gvp;
+  }
+  T* table(int tid) { return gr_parts.data_ptr<T>() + tid * s.Rn * Cp; }
+  // the content rows of a run of image b (gyr [h, V, Tt] float32/T, qp [h, Tt, Cp]): gq[h, qx, :] += gy[h, :, qx]
+  // lambda^c^T, gcontent^T += gy[h, :, qx] q[h, qx, :] over the run
+  void content_rows(int tid, int64_t b, const T* gyr, const T* qp, int64_t nq, T* gqq) {
+    if (!lcT.defined()) return;
+    T* gcT = gc_parts.data_ptr<T>() + ((by_image ? 0 : tid) * s.B + b) * s.V * Cp;
+    for (int64_t h = 0; h < s.H; ++h) {
+      const T* g = gyr + h * s.V * Shape::Tt;
+      gemm<T, true>(g, 1, Shape::Tt, lcT.data_ptr<T>() + b * s.V * Cp, Cp, nq, s.V, Cp, gqq + h * Shape::Tt * Cp, Cp);
+      gemm<T, true>(g, Shape::Tt, 1, qp + h * Shape::Tt * Cp, Cp, s.V, nq, Cp, gcT, Cp);
+    }
+  }
+  // gq[b, h, c, oy, ox0 + qx] = gqq[(h Tt + qx) Cp + c]
+  void store_query_grads(const T* gqq, int64_t b, int64_t at, int64_t nq) {
+    T* gqd = gq.data_ptr<T>();
+    for (int64_t h = 0; h < s.H; ++h)
+      for (int64_t c = 0; c < s.C; ++c) {
+        T* dst = gqd + ((b * s.H + h) * s.C + c) * s.plane() + at;
+        for (int64_t qx = 0; qx < nq; ++qx) dst[qx] = gqq[(h * Shape::Tt + qx) * Cp + c];
+      }
+  }
+  // body(begin, end) over the runs of queries, whole images a thread where by_image; then {gq, gv, gtable, gcontent}
+  template <typename F>
+  std::vector<torch::Tensor> run(F body, const torch::Tensor& table) {
+    if (by_image) {
+      at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) { body(b0 * per_image, b1 * per_image); });
+    } else {
+      at::parallel_for(0, s.B * per_image, 1, body);
+    }
+    auto gv = sum_parts_channels_first<T>(gv_parts, used, s.y_lo, s.x_lo, s.height, s.width);
+    auto gtable = gr_parts.sum(0).narrow(1, 0, s.C).t().reshape(table.sizes()).contiguous();
+    auto gcontent = lcT.defined() ? gc_parts.sum(0).narrow(2, 0, s.C).transpose(1, 2).contiguous()
+                                  : torch::empty({0}, gq.options());
+    return {gq, gv, gtable, gcontent};
+  }
+};
 
 }  // namespace
 
@@ -425,17 +507,14 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
   gy = gy.contiguous(); q = q.contiguous(); table = table.contiguous();
   Shape s(q, v, table, step);
   const torch::Tensor lc = content_of(content, s);
-  auto gq = torch::empty_like(q, at::MemoryFormat::Contiguous);
-  torch::Tensor gv, gtable, gcontent = torch::empty({0}, v.options());
+  std::vector<torch::Tensor> grads;
   AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "tiled_backward", [&] {
     using T = scalar_t;
     constexpr int W = Vec<T>::lanes;
-    const int64_t Rp = round_up(s.Rn, W), Cp = round_up(s.C, W), P = s.plane();
+    Backward<T> bw(s, lc, v.options());
+    const int64_t Rp = round_up(s.Rn, W), Cp = bw.Cp, P = s.plane(), Hp = bw.Hp, Wp = bw.Wp;
     const int64_t Tt = s.Tt, KWq = round_up(s.KW, QVec<T>::columns);
     static_assert(Shape::Tt == QVec<T>::lanes, "a run's queries are the lanes of the logit gradients");
-    // the values zero-padded around the image: query (oy, ox)'s scope starts at (s oy, s ox) there
-    const int64_t Hp = std::max(s.step * (s.Ho - 1) + s.KH, s.y_lo + s.height);
-    const int64_t Wp = std::max(s.step * (s.Wo - 1) + s.KW, s.x_lo + s.width);
     auto R = padded_table(table, s.C, s.Rn, Rp);
     auto RT = torch::zeros({s.Rn, Cp}, table.options());
     RT.narrow(1, 0, s.C).copy_(table.reshape({s.C, s.Rn}).t());
@@ -445,46 +524,17 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
     // last column, (Wp - 1) / step, since Tt > 2)
     const int64_t Wq = (Wp - s.KW) / s.step + Tt + (KWq - 1) / s.step;
     auto vt = rows_by_phase<T>(v, Hp, Wq, s.y_lo, s.x_lo, s.step);
-    const int nthreads = at::get_num_threads();
-    const bool by_image = s.B >= nthreads;  // threads own whole images: no shared value gradient
-    // value gradients per thread (one shared part when threads own whole images), each zeroed by the thread that
-    // writes it (in parallel, and only where a thread takes part); `used`: the parts to sum
-    auto gv_parts = torch::empty({by_image ? 1 : nthreads, s.B, Hp, Wp, s.CV}, v.options());
-    std::vector<char> used(gv_parts.size(0), by_image && s.B > 0);
-    // the table gradient per thread, transposed: [Rn, Cp]
-    auto gr_parts = torch::zeros({nthreads, s.Rn, Cp}, table.options());
-    // the content lambda: lcT [B, V, Cp] (transposed, for the query gradients) and the gradient's per-thread parts,
-    // transposed: [B, V, Cp]
-    torch::Tensor lcT, gc_parts;
-    if (lc.defined()) {
-      lcT = torch::zeros({s.B, s.V, Cp}, v.options());
-      lcT.narrow(2, 0, s.C).copy_(lc.transpose(1, 2));
-      gc_parts = torch::zeros({by_image ? 1 : nthreads, s.B, s.V, Cp}, v.options());
-    }
-    const bool with_content = lc.defined();
-    const T* lcTd = with_content ? lcT.data_ptr<T>() : nullptr;
-    T* gcd = with_content ? gc_parts.data_ptr<T>() : nullptr;
     const T *Rd = R.data_ptr<T>(), *RTd = RT.data_ptr<T>(), *qd = q.data_ptr<T>();
     const T *vtd = vt.data_ptr<T>(), *gyd = gy.data_ptr<T>();
-    T *gqd = gq.data_ptr<T>(), *gvd = gv_parts.data_ptr<T>(), *grd = gr_parts.data_ptr<T>();
-    const int64_t per_image = s.Ho * s.runs;
     auto body = [&](int64_t begin, int64_t end) {
       const int tid = at::get_thread_num();
-      const int64_t image = Hp * Wp * s.CV;
-      T* gvp = by_image ? gvd : gvd + tid * s.B * image;
-      if (by_image) {  // the images [begin, end) cover
-        std::memset(gvp + begin / per_image * image, 0, (end - begin) / per_image * image * sizeof(T));
-      } else if (!used[tid]) {
-        std::memset(gvp, 0, s.B * image * sizeof(T));
-        used[tid] = 1;
-      }
-      T* grT = grd + tid * s.Rn * Cp;
+      T *gvp = bw.values(tid, begin, end), *grT = bw.table(tid);
       // a run's queries [h, qx, Cp] (channel pads 0), logits [h, qx, Rp], output gradients [h, V, qx] and one query's
       // [h, V], query gradients [h, qx, Cp], logit gradients of one scope row [h, kx, qx]
       std::vector<T> qp(s.H * Tt * Cp), L(s.H * Tt * Rp), gyr(s.H * s.V * Tt), gyq(s.H * s.V), gqq(s.H * Tt * Cp);
       std::vector<T> glt(s.H * KWq * Tt);
       for (int64_t i = begin; i < end; ++i) {
-        const int64_t b = i / per_image, oy = i / s.runs % s.Ho, ox0 = i % s.runs * Tt, y0 = s.step * oy;
+        const int64_t b = i / bw.per_image, oy = i / s.runs % s.Ho, ox0 = i % s.runs * Tt, y0 = s.step * oy;
         const int64_t nq = std::min(Tt, s.Wo - ox0), at = oy * s.Wo + ox0;
         s.pack_queries(qd, b, oy, ox0, nq, qp.data(), Cp);
         const Scope rows = s.scope(y0, s.step * ox0);  // the run's scope rows that meet the image
@@ -513,33 +563,13 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
           scatter<T>(L.data() + qx * Rp, Tt * Rp, gyq.data(), s.H, s.V, gvp + ((b * Hp + y0) * Wp + x0) * s.CV, s.U,
                      s.scope(y0, x0), Wp * s.CV);
         }
-        if (with_content) {
-          // the content rows: gq[h, qx, :] += gy[h, :, qx] lambda^c^T, gcontent^T += gy[h, :, qx] q[h, qx, :] over
-          // the run
-          T* gcT = gcd + ((by_image ? 0 : tid) * s.B + b) * s.V * Cp;
-          for (int64_t h = 0; h < s.H; ++h) {
-            const T* g = gyr.data() + h * s.V * Tt;
-            gemm<T, true>(g, 1, Tt, lcTd + b * s.V * Cp, Cp, nq, s.V, Cp, gqq.data() + h * Tt * Cp, Cp);
-            gemm<T, true>(g, Tt, 1, qp.data() + h * Tt * Cp, Cp, s.V, nq, Cp, gcT, Cp);
-          }
-        }
-        for (int64_t h = 0; h < s.H; ++h)
-          for (int64_t c = 0; c < s.C; ++c) {
-            T* dst = gqd + ((b * s.H + h) * s.C + c) * P + at;
-            for (int64_t qx = 0; qx < nq; ++qx) dst[qx] = gqq[(h * Tt + qx) * Cp + c];
-          }
+        bw.content_rows(tid, b, gyr.data(), qp.data(), nq, gqq.data());
+        bw.store_query_grads(gqq.data(), b, at, nq);
       }
     };
-    if (by_image) {
-      at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) { body(b0 * per_image, b1 * per_image); });
-    } else {
-      at::parallel_for(0, s.B * per_image, 1, body);
-    }
-    gv = sum_parts_channels_first<T>(gv_parts, used, s.y_lo, s.x_lo, s.height, s.width);
-    gtable = gr_parts.sum(0).narrow(1, 0, s.C).t().reshape(table.sizes()).contiguous();
-    if (with_content) gcontent = gc_parts.sum(0).narrow(2, 0, s.C).transpose(1, 2).contiguous();
+    grads = bw.run(body, table);
   });
-  return {gq, gv, gtable, gcontent};
+  return grads;
 }
 
 #if defined(__AVX512BF16__)
@@ -756,34 +786,16 @@ inline __m512i bf16_pairs(__m512 lo, __m512 hi) {
 // (uint32; Vp = ceil(V / 2)), on all threads
 torch::Tensor rows_by_phase_pairs(const torch::Tensor& v, int64_t U, int64_t Hp, int64_t Wq, int64_t y0, int64_t x0,
                                   int64_t step) {
-  const int64_t B = v.size(0), H = v.size(2), W = v.size(3), V = v.size(1) / U, Vp = (V + 1) / 2, CVp = U * Vp;
+  const int64_t V = v.size(1) / U, Vp = (V + 1) / 2;
   const int64_t sb = v.stride(0), sc = v.stride(1), sy = v.stride(2), sx = v.stride(3);
-  auto out = torch::empty({B, Hp, step, CVp, Wq}, v.options().dtype(torch::kInt32));
   const uint16_t* src = reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>());
-  uint32_t* dst = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
-  at::parallel_for(0, B * Hp, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t b = i / Hp, y = i % Hp - y0;
-      uint32_t* row = dst + i * step * CVp * Wq;
-      if (y < 0 || y >= H) { std::memset(row, 0, step * CVp * Wq * sizeof(uint32_t)); continue; }
-      for (int64_t p = 0; p < step; ++p)
-        for (int64_t c = 0; c < CVp; ++c) {
-          uint32_t* d = row + (p * CVp + c) * Wq;
-          const int64_t j = c % Vp * 2, ch = c / Vp * V + j;
-          const uint16_t* lo = src + b * sb + ch * sc + y * sy;
-          const uint16_t* hi = j + 1 < V ? lo + sc : nullptr;
-          const int64_t k0 = std::min(Wq, std::max<int64_t>(0, (x0 - p + step - 1) / step));
-          const int64_t k1 = std::max(k0, std::min(Wq, (x0 + W - p + step - 1) / step));
-          std::memset(d, 0, k0 * sizeof(uint32_t));
-          for (int64_t k = k0; k < k1; ++k) {
-            const int64_t at = (k * step + p - x0) * sx;
-            d[k] = uint32_t(lo[at]) | (hi != nullptr ? uint32_t(hi[at]) << 16 : 0u);
-          }
-          std::memset(d + k1, 0, (Wq - k1) * sizeof(uint32_t));
-        }
-    }
-  });
-  return out;
+  return rows_by_phase_of<uint32_t>(
+      v.size(0), U * Vp, v.size(2), v.size(3), Hp, Wq, y0, x0, step, v.options().dtype(torch::kInt32),
+      [&](int64_t b, int64_t c, int64_t y, int64_t x) {
+        const int64_t j = c % Vp * 2;
+        const uint16_t* lo = src + b * sb + (c / Vp * V + j) * sc + y * sy + x * sx;
+        return uint32_t(lo[0]) | (j + 1 < V ? uint32_t(lo[sc]) << 16 : 0u);
+      });
 }
 
 // logit_grad_tile over channel pairs: out[(h0 + m) KWq + kx0 + k][q] = sum_i gy[h0 + m][i][q] . v[i bs + off[k] + q]
@@ -945,73 +957,45 @@ std::vector<torch::Tensor> tiled_backward_bf16(torch::Tensor gy, torch::Tensor q
   gy = gy.contiguous(); q = q.contiguous();
   Shape s(q, v, table, step);
   const torch::Tensor lc = content.has_value() ? content_of(content->to(torch::kFloat), s) : torch::Tensor();
-  const auto f32 = v.options().dtype(torch::kFloat);
-  auto gq = torch::empty(q.sizes(), f32);
-  torch::Tensor gv, gtable, gcontent = torch::empty({0}, f32);
   using T = float;
-  constexpr int W = Vec<T>::lanes;
-  const int64_t Rp = round_up(s.Rn, W), Cp = round_up(s.C, W), P = s.plane();
-  const int64_t Tt = s.Tt, KWq = round_up(s.KW, QVec<T>::columns), Vp = (s.V + 1) / 2, HP = (s.H + 1) / 2;
-  const int64_t CVp = s.U * Vp;
-  const int64_t Hp = std::max(s.step * (s.Ho - 1) + s.KH, s.y_lo + s.height);
-  const int64_t Wp = std::max(s.step * (s.Wo - 1) + s.KW, s.x_lo + s.width);
-  const int64_t Cq = (s.C + 1) / 2;  // channel pairs
-  const int64_t KWp = (s.KW + 1) / 2, Qp = Tt / 2;  // column pairs, query pairs
+  Backward<T> bw(s, lc, v.options().dtype(torch::kFloat));
+  const int64_t Rp = round_up(s.Rn, Vec<T>::lanes), Cp = bw.Cp, P = s.plane(), Hp = bw.Hp, Wp = bw.Wp, Tt = s.Tt;
+  const int64_t KWq = round_up(s.KW, QVec<T>::columns);
+  // pairs of: channels of q (Cq) and of v (Vp), heads (HP), scope columns (KWp), queries of a run (Qp)
+  const int64_t Cq = (s.C + 1) / 2, Vp = (s.V + 1) / 2, CVp = s.U * Vp, HP = (s.H + 1) / 2, KWp = (s.KW + 1) / 2;
+  const int64_t Qp = Tt / 2;
   auto R2 = table_pairs(table, s.KW, Rp);
   auto RT2 = column_pair_table(table, Cp);
   const int64_t Wq = (Wp - s.KW) / s.step + Tt + (KWq - 1) / s.step;  // as in tiled_backward
   auto vt = rows_by_phase_pairs(v, s.U, Hp, Wq, s.y_lo, s.x_lo, s.step);
-  const int nthreads = at::get_num_threads();
-  const bool by_image = s.B >= nthreads;
-  auto gv_parts = torch::empty({by_image ? 1 : nthreads, s.B, Hp, Wp, s.CV}, f32);
-  std::vector<char> used(gv_parts.size(0), by_image && s.B > 0);
-  auto gr_parts = torch::zeros({nthreads, s.Rn, Cp}, f32);
-  torch::Tensor lcT, gc_parts;
-  if (lc.defined()) {
-    lcT = torch::zeros({s.B, s.V, Cp}, f32);
-    lcT.narrow(2, 0, s.C).copy_(lc.transpose(1, 2));
-    gc_parts = torch::zeros({by_image ? 1 : nthreads, s.B, s.V, Cp}, f32);
-  }
-  const bool with_content = lc.defined();
-  const T* lcTd = with_content ? lcT.data_ptr<T>() : nullptr;
-  T* gcd = with_content ? gc_parts.data_ptr<T>() : nullptr;
-  const uint32_t* R2d = reinterpret_cast<const uint32_t*>(R2.data_ptr<int32_t>());
-  const uint32_t* RT2d = reinterpret_cast<const uint32_t*>(RT2.data_ptr<int32_t>());
-  const at::BFloat16* qd = q.data_ptr<at::BFloat16>();
+  const uint16_t* qd = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
   const uint16_t* gyd = reinterpret_cast<const uint16_t*>(gy.data_ptr<at::BFloat16>());
   const uint32_t* vtd = reinterpret_cast<const uint32_t*>(vt.data_ptr<int32_t>());
-  T *gqd = gq.data_ptr<T>(), *gvd = gv_parts.data_ptr<T>(), *grd = gr_parts.data_ptr<T>();
-  const int64_t per_image = s.Ho * s.runs;
+  const uint32_t* R2d = reinterpret_cast<const uint32_t*>(R2.data_ptr<int32_t>());
+  const uint32_t* RT2d = reinterpret_cast<const uint32_t*>(RT2.data_ptr<int32_t>());
   auto body = [&](int64_t begin, int64_t end) {
     const int tid = at::get_thread_num();
-    const int64_t image = Hp * Wp * s.CV;
-    T* gvp = by_image ? gvd : gvd + tid * s.B * image;
-    if (by_image) {
-      std::memset(gvp + begin / per_image * image, 0, (end - begin) / per_image * image * sizeof(T));
-    } else if (!used[tid]) {
-      std::memset(gvp, 0, s.B * image * sizeof(T));
-      used[tid] = 1;
-    }
-    T* grT = grd + tid * s.Rn * Cp;
-    // as tiled_backward's, and: the logits of head pairs in bfloat16 [qx, HP, Rp], the output gradients as pairs of
-    // channels [h, Vp, qx] and, for one query, as pairs of heads [HP, V]; in float32 [h, V, qx] for the content rows
+    T *gvp = bw.values(tid, begin, end), *grT = bw.table(tid);
+    // as tiled_backward's (qp and gyr for the content rows only), and: the queries as channel pairs [h, Tt, Cq] and
+    // as query pairs [h, Qp, Cp] (0 past nq and c), the logits of head pairs in bfloat16 [qx, HP, Rp], the run's
+    // output gradients [h, V, qx] (a zero head past H), as channel pairs [h, Vp, qx] and, for one query, as head
+    // pairs [HP, V]; a scope row's logit gradients as pairs (logit_grad_pairs)
     std::vector<T> qp(s.H * Tt * Cp), L(s.H * Tt * Rp), gqq(s.H * Tt * Cp), glt(s.H * KWq * Tt);
-    std::vector<T> gyr(with_content ? s.H * s.V * Tt : 0);
-    std::vector<uint32_t> Lp(Tt * HP * Rp), gyp(s.H * Vp * Tt), gyq(HP * s.V), qp2(s.H * Tt * Cq);
-    // the queries as pairs of queries [h, Qp, Cp] (0 past nq and c), a row's logit gradients as pairs (logit_grad_pairs)
-    std::vector<uint32_t> qq(s.H * Qp * Cp), ga(KWp * Tt), gb(s.KW * s.H * Qp);
-    std::vector<uint16_t> gy16((2 * HP) * s.V * Tt);  // the run's output gradients [h, V, qx] (a zero head past H)
+    std::vector<T> gyr(lc.defined() ? s.H * s.V * Tt : 0);
+    std::vector<uint32_t> qp2(s.H * Tt * Cq), qq(s.H * Qp * Cp), Lp(Tt * HP * Rp), gyp(s.H * Vp * Tt), gyq(HP * s.V);
+    std::vector<uint32_t> ga(KWp * Tt), gb(s.KW * s.H * Qp);
+    std::vector<uint16_t> gy16((2 * HP) * s.V * Tt);
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t b = i / per_image, oy = i / s.runs % s.Ho, ox0 = i % s.runs * Tt, y0 = s.step * oy;
+      const int64_t b = i / bw.per_image, oy = i / s.runs % s.Ho, ox0 = i % s.runs * Tt, y0 = s.step * oy;
       const int64_t nq = std::min(Tt, s.Wo - ox0), at = oy * s.Wo + ox0;
-      s.pack_queries(qd, b, oy, ox0, nq, qp.data(), Cp);
-      pack_query_pairs(s, reinterpret_cast<const uint16_t*>(qd), b, oy, ox0, nq, qp2.data(), Cq);
+      if (lc.defined()) s.pack_queries(reinterpret_cast<const at::BFloat16*>(qd), b, oy, ox0, nq, qp.data(), Cp);
+      pack_query_pairs(s, qd, b, oy, ox0, nq, qp2.data(), Cq);
       for (int64_t h = 0; h < s.H; ++h)
         for (int64_t c = 0; c < s.C; ++c) {
-          const uint16_t* src = reinterpret_cast<const uint16_t*>(qd) + ((b * s.H + h) * s.C + c) * P + at;
-          for (int64_t i = 0; i < Qp; ++i)
-            qq[(h * Qp + i) * Cp + c] = (2 * i < nq ? uint32_t(src[2 * i]) : 0u) |
-                                        (2 * i + 1 < nq ? uint32_t(src[2 * i + 1]) << 16 : 0u);
+          const uint16_t* src = qd + ((b * s.H + h) * s.C + c) * P + at;
+          for (int64_t k = 0; k < Qp; ++k)
+            qq[(h * Qp + k) * Cp + c] = (2 * k < nq ? uint32_t(src[2 * k]) : 0u) |
+                                        (2 * k + 1 < nq ? uint32_t(src[2 * k + 1]) << 16 : 0u);
         }
       const Scope rows = s.scope(y0, s.step * ox0);
       run_logits_bf16(s, qp2.data(), Cq, nq, R2d, Rp, rows.y0, rows.y1, L.data());
@@ -1020,7 +1004,7 @@ std::vector<torch::Tensor> tiled_backward_bf16(torch::Tensor gy, torch::Tensor q
         for (int64_t p = 0; p < HP; ++p) {
           const T* lo = L.data() + (2 * p * Tt + qx) * Rp;
           const T* hi = 2 * p + 1 < s.H ? lo + Tt * Rp : nullptr;
-          for (int64_t n = first / W * W; n < round_up(last, W); n += W)
+          for (int64_t n = first / 16 * 16; n < round_up(last, 16); n += 16)
             _mm512_storeu_si512(Lp.data() + (qx * HP + p) * Rp + n,
                                 bf16_pairs(_mm512_loadu_ps(lo + n), hi ? _mm512_loadu_ps(hi + n) : _mm512_setzero_ps()));
         }
@@ -1032,7 +1016,7 @@ std::vector<torch::Tensor> tiled_backward_bf16(torch::Tensor gy, torch::Tensor q
           uint32_t* d = gyp.data() + (h * Vp + j / 2) * Tt;
           for (int64_t qx = 0; qx < nq; ++qx) d[qx] = uint32_t(g0[qx]) | (j + 1 < s.V ? uint32_t(g1[qx]) << 16 : 0u);
         }
-      if (with_content)
+      if (lc.defined())
         for (int64_t hj = 0; hj < s.H * s.V; ++hj)
           for (int64_t qx = 0; qx < nq; ++qx) gyr[hj * Tt + qx] = bf16_to_float(gy16[hj * Tt + qx]);
       std::fill(gqq.begin(), gqq.end(), T(0));
@@ -1058,30 +1042,11 @@ std::vector<torch::Tensor> tiled_backward_bf16(torch::Tensor gy, torch::Tensor q
         scatter_bf16(Lp.data() + qx * HP * Rp, Rp, gyq.data(), HP, s.V, gvp + ((b * Hp + y0) * Wp + x0) * s.CV, s.U,
                      s.scope(y0, x0), Wp * s.CV);
       }
-      if (with_content) {
-        T* gcT = gcd + ((by_image ? 0 : tid) * s.B + b) * s.V * Cp;
-        for (int64_t h = 0; h < s.H; ++h) {
-          const T* g = gyr.data() + h * s.V * Tt;
-          gemm<T, true>(g, 1, Tt, lcTd + b * s.V * Cp, Cp, nq, s.V, Cp, gqq.data() + h * Tt * Cp, Cp);
-          gemm<T, true>(g, Tt, 1, qp.data() + h * Tt * Cp, Cp, s.V, nq, Cp, gcT, Cp);
-        }
-      }
-      for (int64_t h = 0; h < s.H; ++h)
-        for (int64_t c = 0; c < s.C; ++c) {
-          T* dst = gqd + ((b * s.H + h) * s.C + c) * P + at;
-          for (int64_t qx = 0; qx < nq; ++qx) dst[qx] = gqq[(h * Tt + qx) * Cp + c];
-        }
+      bw.content_rows(tid, b, gyr.data(), qp.data(), nq, gqq.data());
+      bw.store_query_grads(gqq.data(), b, at, nq);
     }
   };
-  if (by_image) {
-    at::parallel_for(0, s.B, 1, [&](int64_t b0, int64_t b1) { body(b0 * per_image, b1 * per_image); });
-  } else {
-    at::parallel_for(0, s.B * per_image, 1, body);
-  }
-  gv = sum_parts_channels_first<T>(gv_parts, used, s.y_lo, s.x_lo, s.height, s.width);
-  gtable = gr_parts.sum(0).narrow(1, 0, s.C).t().reshape(table.sizes()).contiguous();
-  if (with_content) gcontent = gc_parts.sum(0).narrow(2, 0, s.C).transpose(1, 2).contiguous();
-  return {gq, gv, gtable, gcontent};
+  return bw.run(body, table);
 }
 #endif
 
