@@ -114,7 +114,7 @@ INSTALLED = ("timm_lambda", "timm_lambda_mmdet", "mmdet_plugin")  # the packages
 
 
 def test_wheel_holds_what_users_import(tmp_path):
-    """A wheel built from this tree holds every module of the installed packages, the CPU kernel's C++ source and the
+    """A wheel built from this tree holds every module of the installed packages, the CPU kernel's C++ sources and the
     autoload hook, and nothing else: no development code (tools/dev/, imported as ``dev``), no tests, no configs."""
     src = tmp_path / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
@@ -126,9 +126,9 @@ def test_wheel_holds_what_users_import(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     names = {n for n in zipfile.ZipFile(next((tmp_path / "whl").glob("timm_lambda-*.whl"))).namelist()
              if ".dist-info/" not in n}
-    modules = {p.relative_to(REPO).as_posix() for package in INSTALLED for pattern in ("*.py", "*.cpp")
+    modules = {p.relative_to(REPO).as_posix() for package in INSTALLED for pattern in ("*.py", "*.cpp", "*.h")
                for p in (REPO / package).rglob(pattern)}
-    assert "timm_lambda/layers/position_lambda/tiled_cpu.cpp" in modules
+    assert {f"timm_lambda/layers/position_lambda/tiled_cpu{name}" for name in (".cpp", "_bf16.cpp", ".h")} <= modules
     assert modules and modules <= names, sorted(modules - names)
     hook = {"timm_lambda_autoload.py", "timm_lambda_autoload.pth"}
     assert names == modules | hook, f"extra: {sorted(names - modules - hook)}, missing: {sorted(hook - names)}"

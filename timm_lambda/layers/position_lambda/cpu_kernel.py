@@ -1,4 +1,5 @@
-"""The tiled form's exact CPU kernels (``tiled_cpu.cpp``): built with the machine's C++ compiler on first use.
+"""The tiled form's exact CPU kernels (``tiled_cpu.h``; ``tiled_cpu.cpp``: float32 and float64; ``tiled_cpu_bf16.cpp``:
+bfloat16): built with the machine's C++ compiler on first use.
 
 Each query meets exactly its ``K_h x K_w`` scope (the GEMM path pads it to its block's window, 1.7x the work at a
 23x23 scope) and its logits never leave the cache, so the layer runs near the CPU's multiply-add rate
@@ -24,17 +25,21 @@ from .execution import warn_once
 __all__ = ['cpu_kernel', 'compute_dtype', 'native_bfloat16']
 
 ENABLED = os.environ.get('TIMM_LAMBDA_CPU_KERNEL', '1') != '0'
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'tiled_cpu.cpp')
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCES = [os.path.join(_HERE, name) for name in ('tiled_cpu.cpp', 'tiled_cpu_bf16.cpp')]
+_HEADER = os.path.join(_HERE, 'tiled_cpu.h')
 
 
 def _machine_tag() -> str:
-    """A build name per CPU and torch (``-march=native`` code must not load on another CPU sharing the cache; torch
-    itself rebuilds when the source or the flags change, not for another CPU or torch)."""
+    """A build name per CPU, torch and header (``-march=native`` code must not load on another CPU sharing the cache;
+    torch itself rebuilds when a source file or the flags change, not for another CPU or torch, nor for a header)."""
     flags = ''
     if os.path.exists('/proc/cpuinfo'):
         with open('/proc/cpuinfo') as f:
             flags = next((line for line in f if line.startswith(('flags', 'Features'))), '')
-    return hashlib.sha1(f'{platform.machine()} {flags} {torch.__version__}'.encode()).hexdigest()[:12]
+    with open(_HEADER) as f:
+        header = f.read()
+    return hashlib.sha1(f'{platform.machine()} {flags} {torch.__version__} {header}'.encode()).hexdigest()[:12]
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,7 +52,7 @@ def _build():
     except ImportError:
         pass
     try:
-        return cpp_extension.load(f'timm_lambda_tiled_cpu_{_machine_tag()}', [_SOURCE],
+        return cpp_extension.load(f'timm_lambda_tiled_cpu_{_machine_tag()}', _SOURCES,
                                   extra_cflags=['-O3', '-march=native', '-fopenmp'], extra_ldflags=['-fopenmp'])
     except Exception as e:  # no compiler, no ninja, no OpenMP: the GEMM path
         warn_once('cpu_kernel', f'the tiled form\'s CPU kernel could not be built ({type(e).__name__}: {e}); the '
