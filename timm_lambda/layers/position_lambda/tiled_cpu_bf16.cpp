@@ -139,6 +139,8 @@ void pair_gemm(const uint32_t* a, int64_t as, int64_t ak, const uint32_t* b, int
   auto tile = [&](int64_t n, auto nv) {
     constexpr int NV = decltype(nv)::value;
     int64_t m = 0;
+    if constexpr (NV == 1)  // 8 accumulator chains: VDPBF16PS's latency needs more in flight than 4
+      for (; m + 8 <= M; m += 8) pair_gemm_tile<8, NV, ACC>(a + m * as, as, ak, b, bs, K, n, out + m * os, os);
     for (; m + 4 <= M; m += 4) pair_gemm_tile<4, NV, ACC>(a + m * as, as, ak, b, bs, K, n, out + m * os, os);
     for (; m < M; ++m) pair_gemm_tile<1, NV, ACC>(a + m * as, as, ak, b, bs, K, n, out + m * os, os);
   };
