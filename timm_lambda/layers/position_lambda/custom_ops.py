@@ -272,7 +272,7 @@ def _gemm_blocks(q: Tensor, v: Tensor, table: Tensor, step: int):
 def _tiled(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None) -> Tensor:
     kernel = cpu_kernel(q, step)
     if native_bfloat16(kernel, q.dtype):  # bfloat16 on AVX-512 BF16 (CPU autocast)
-        return kernel.tiled_forward_bf16(q, v, table, content, step)
+        return kernel.tiled_forward_bf16(q, v.to(q.dtype), table.to(q.dtype), content, step)
     if kernel is not None:  # a 16-bit input (CPU autocast, stride 1) in float32, the result rounded back
         c = compute_dtype(q.dtype)
         return kernel.tiled_forward(q.to(c), v.to(c), table.to(c), None if content is None else content.to(c),
@@ -307,7 +307,8 @@ def _tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
     if kernel is not None:
         c = compute_dtype(q.dtype)
         if native_bfloat16(kernel, q.dtype):  # float32 gradients of the bfloat16 forward
-            gq, gv, gtable, gcontent = kernel.tiled_backward_bf16(gy.to(q.dtype), q, v, table, content, step)
+            gq, gv, gtable, gcontent = kernel.tiled_backward_bf16(gy.to(q.dtype), q, v.to(q.dtype),
+                                                                  table.to(q.dtype), content, step)
         else:
             gq, gv, gtable, gcontent = kernel.tiled_backward(gy.to(c), q.to(c), v.to(c), table.to(c),
                                                              None if content is None else content.to(c), step)

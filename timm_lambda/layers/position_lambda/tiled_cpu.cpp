@@ -178,7 +178,9 @@ torch::Tensor rows_by_phase(const torch::Tensor& v, int64_t Hp, int64_t Wq, int6
   const int64_t sb = v.stride(0), sc = v.stride(1), sy = v.stride(2), sx = v.stride(3);
   const T* src = v.data_ptr<T>();
   return rows_by_phase_of<T>(v.size(0), v.size(1), v.size(2), v.size(3), Hp, Wq, y0, x0, step, v.options(),
-                             [&](int64_t b, int64_t c, int64_t y, int64_t x) { return src[b * sb + c * sc + y * sy + x * sx]; });
+                             [&](int64_t b, int64_t c, int64_t y, int64_t x) {
+                               return src[b * sb + c * sc + y * sy + x * sx];
+                             });
 }
 
 }  // namespace

@@ -4,12 +4,15 @@
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 
-// bfloat16 inputs (CPU autocast) on AVX-512 BF16: q R in float32 from the bfloat16 operands, the logits rounded once to
-// bfloat16 (as a bfloat16 matmul rounds its output), then y = L v by VDPBF16PS: each pair of scope columns
-// (kx, kx + 1) is one instruction, two multiply-adds per float32 lane, the sums in float32 (as a bfloat16 matmul
-// accumulates), y rounded once to bfloat16. The logits' rows are KWs = KW + 1 rounded up to even long, the columns
-// past KW zero (zero table columns), so a pair that passes the scope's last column adds 0; the value pairs are 0
-// past the image, so a pair that passes the image's last column adds 0 too.
+// bfloat16 inputs (CPU autocast) on AVX-512 BF16, computed as a bfloat16 matmul and its backward compute: products
+// of bfloat16 operands by VDPBF16PS (two multiply-adds per float32 lane, over a pair of the reduced dimension: scope
+// columns, channels, heads or queries), sums in float32, each result rounded once. Forward: the logits q R, rounded
+// to bfloat16, then y = L v over pairs of scope columns (kx, kx + 1). The logits' rows are KWs = KW + 1 rounded up
+// to even long, the columns past KW zero (zero table columns), so a pair that passes the scope's last column adds 0;
+// the value pairs are 0 past the image, so a pair that passes the image's last column adds 0 too. Backward: the logit
+// gradients gy . v over channel pairs, the value gradients L^T gy over head pairs (the logits rounded as in the
+// forward), and from the logit gradients rounded to bfloat16 the query and table gradients over scope-column and
+// query pairs; an odd count's last pair is padded with zero.
 namespace {
 using namespace tiled_cpu;
 
@@ -45,17 +48,21 @@ torch::Tensor column_pairs(const torch::Tensor& v) {
 // y[h * osh + j * osj] = sum_{u, ky, kx} L[h * ls + (u, ky, kx)] v[...] as aggregate_tile, over column pairs: Lb
 // bfloat16 logits (rows KWs long), vp the value pairs (column_pairs; vo, rs in pairs), 16 channels a vector
 template <int MB, int NV>
-__attribute__((noinline)) void aggregate_tile_bf16(const uint16_t* __restrict Lb, int64_t ls, const uint32_t* __restrict vp, int64_t vo,
-                                int64_t U, const Scope& sc, int64_t KWs, int64_t rs, int64_t CV, int64_t V,
-                                int64_t j0, const Content<float>& ct, float* __restrict out, int64_t osj,
-                                int64_t osh) {
+__attribute__((noinline)) void aggregate_tile_bf16(const uint16_t* __restrict Lb, int64_t ls,
+                                                   const uint32_t* __restrict vp, int64_t vo, int64_t U,
+                                                   const Scope& sc, int64_t KWs, int64_t rs, int64_t CV, int64_t V,
+                                                   int64_t j0, const Content<float>& ct, float* __restrict out,
+                                                   int64_t osj, int64_t osh) {
   vec_t<float> acc[MB][NV];  // not __m512: GCC 12 kept those in memory, one store per instruction
   for (int m = 0; m < MB; ++m) for (int i = 0; i < NV; ++i) acc[m][i] = vec_t<float>{};
   if (ct.lc != nullptr)
     for (int64_t c = 0; c < ct.C; ++c) {
       vec_t<float> vv[NV];
       for (int i = 0; i < NV; ++i) { vv[i] = loadv(ct.lc + c * V + j0 + i * 16); KEEP_IN_REGISTER(vv[i]); }
-      for (int m = 0; m < MB; ++m) { float l = ct.q[m * ct.qs + c]; for (int i = 0; i < NV; ++i) acc[m][i] += l * vv[i]; }
+      for (int m = 0; m < MB; ++m) {
+        const float l = ct.q[m * ct.qs + c];
+        for (int i = 0; i < NV; ++i) acc[m][i] += l * vv[i];
+      }
     }
   for (int64_t u = 0; u < U; ++u)
     for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
@@ -123,7 +130,10 @@ __attribute__((noinline)) void pair_gemm_tile(const uint32_t* __restrict a, int6
     for (int i = 0; i < NV; ++i) acc[m][i] = ACC ? loadv(out + m * os + n0 + i * 16) : vec_t<float>{};
   for (int64_t k = 0; k < K; ++k) {
     __m512bh bv[NV];
-    for (int i = 0; i < NV; ++i) { bv[i] = (__m512bh)_mm512_loadu_si512(b + k * bs + n0 + i * 16); KEEP_IN_REGISTER(bv[i]); }
+    for (int i = 0; i < NV; ++i) {
+      bv[i] = (__m512bh)_mm512_loadu_si512(b + k * bs + n0 + i * 16);
+      KEEP_IN_REGISTER(bv[i]);
+    }
     for (int m = 0; m < MB; ++m) {
       const __m512bh l = (__m512bh)_mm512_set1_epi32(int32_t(a[m * as + k * ak]));
       for (int i = 0; i < NV; ++i) acc[m][i] = (vec_t<float>)_mm512_dpbf16_ps((__m512)acc[m][i], l, bv[i]);
@@ -368,7 +378,8 @@ torch::Tensor tiled_forward_bf16(torch::Tensor q, torch::Tensor v, torch::Tensor
         const int64_t y0 = s.step * oy, x0 = s.step * (ox0 + qx);
         const Content<float> ct{qp.data() + qx * s.C, s.Tt * s.C, lcd == nullptr ? nullptr : lcd + b * s.C * s.V,
                                 s.C};
-        aggregate_bf16(Lb.data() + qx * Rp, s.Tt * Rp, vd + b * s.height * rs, (y0 - s.y_lo) * rs + (x0 - s.x_lo) * s.CV,
+        aggregate_bf16(Lb.data() + qx * Rp, s.Tt * Rp, vd + b * s.height * rs,
+                       (y0 - s.y_lo) * rs + (x0 - s.x_lo) * s.CV,
                        s.H, s.U, s.scope(y0, x0), s.KWs, rs, s.CV, s.V, ct, out.data() + qx, s.Tt, s.V * s.Tt);
       }
       for (int64_t hj = 0; hj < s.H * s.V; ++hj) {
@@ -440,7 +451,8 @@ std::vector<torch::Tensor> tiled_backward_bf16(torch::Tensor gy, torch::Tensor q
           const T* hi = 2 * p + 1 < s.H ? lo + Tt * Rp : nullptr;
           for (int64_t n = first / 16 * 16; n < round_up(last, 16); n += 16)
             _mm512_storeu_si512(Lp.data() + (qx * HP + p) * Rp + n,
-                                bf16_pairs(_mm512_loadu_ps(lo + n), hi ? _mm512_loadu_ps(hi + n) : _mm512_setzero_ps()));
+                                bf16_pairs(_mm512_loadu_ps(lo + n),
+                                           hi ? _mm512_loadu_ps(hi + n) : _mm512_setzero_ps()));
         }
       for (int64_t hj = 0; hj < s.H * s.V; ++hj)
         std::memcpy(gy16.data() + hj * Tt, gyd + (b * s.H * s.V + hj) * P + at, nq * sizeof(uint16_t));
