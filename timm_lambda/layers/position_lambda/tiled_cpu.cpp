@@ -75,30 +75,26 @@ inline void aggregate_tile(const T* __restrict L, int64_t ls, const T* __restric
 template <typename T>
 void aggregate(const T* L, int64_t ls, const T* v, int64_t vo, int64_t H, int64_t U, const Scope& sc, int64_t rs,
                int64_t V, const Content<T>& content, T* out, int64_t osj, int64_t osh) {
-  constexpr int W = Vec<T>::lanes;
-  int64_t h = 0;
-  auto cols = [&](auto mb) {
-    constexpr int MB = decltype(mb)::value;
-    int64_t j = 0;
-    const T* Lh = L + h * ls;
-    T* outh = out + h * osh;
-    const Content<T> ct{content.q + h * content.qs, content.qs, content.lc, content.C};
-    for (; j + 4 * W <= V; j += 4 * W) aggregate_tile<T, MB, 4>(Lh, ls, v, vo, U, sc, rs, V, j, ct, outh, osj, osh);
-    for (; j + W <= V; j += W) aggregate_tile<T, MB, 1>(Lh, ls, v, vo, U, sc, rs, V, j, ct, outh, osj, osh);
-    for (; j < V; ++j)
-      for (int m = 0; m < MB; ++m) {
-        T acc = 0;
-        if (ct.lc != nullptr)
-          for (int64_t c = 0; c < ct.C; ++c) acc += ct.q[m * ct.qs + c] * ct.lc[c * V + j];
-        for (int64_t u = 0; u < U; ++u)
-          for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
-            for (int64_t kx = sc.x0; kx < sc.x1; ++kx)
-              acc += L[(h + m) * ls + (u * sc.KH + ky) * sc.KW + kx] * v[vo + ky * rs + kx * U * V + u * V + j];
-        out[(h + m) * osh + j * osj] = acc;
-      }
-  };
-  for (; h + 4 <= H; h += 4) cols(std::integral_constant<int, 4>());
-  for (; h < H; ++h) cols(std::integral_constant<int, 1>());
+  auto rows = [&](int64_t h) { return Content<T>{content.q + h * content.qs, content.qs, content.lc, content.C}; };
+  for_tiles<Vec<T>::lanes, 4>(
+      H, V,
+      [&](auto mb, auto nv, int64_t h, int64_t j) {
+        aggregate_tile<T, decltype(mb)::value, decltype(nv)::value>(L + h * ls, ls, v, vo, U, sc, rs, V, j, rows(h),
+                                                                    out + h * osh, osj, osh);
+      },
+      [&](auto mb, int64_t h, int64_t j) {
+        const Content<T> ct = rows(h);
+        for (int m = 0; m < decltype(mb)::value; ++m) {
+          T acc = 0;
+          if (ct.lc != nullptr)
+            for (int64_t c = 0; c < ct.C; ++c) acc += ct.q[m * ct.qs + c] * ct.lc[c * V + j];
+          for (int64_t u = 0; u < U; ++u)
+            for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
+              for (int64_t kx = sc.x0; kx < sc.x1; ++kx)
+                acc += L[(h + m) * ls + (u * sc.KH + ky) * sc.KW + kx] * v[vo + ky * rs + kx * U * V + u * V + j];
+          out[(h + m) * osh + j * osj] = acc;
+        }
+      });
 }
 
 // v[(u, ky, kx) position, j] += sum_h L[h * ls + (u, ky, kx)] gy[h * V + j], j in [j0, j0 + NV lanes), h < MB
@@ -125,24 +121,21 @@ __attribute__((noinline)) void scatter_tile(const T* __restrict L, int64_t ls, c
 
 template <typename T>
 void scatter(const T* L, int64_t ls, const T* gy, int64_t H, int64_t V, T* v, int64_t U, const Scope& sc, int64_t rs) {
-  constexpr int W = Vec<T>::lanes;
-  int64_t h = 0;
-  auto cols = [&](auto mb) {
-    constexpr int MB = decltype(mb)::value;
-    int64_t j = 0;
-    for (; j + 4 * W <= V; j += 4 * W) scatter_tile<T, MB, 4>(L + h * ls, ls, gy + h * V, V, v, U, sc, rs, j);
-    for (; j + W <= V; j += W) scatter_tile<T, MB, 1>(L + h * ls, ls, gy + h * V, V, v, U, sc, rs, j);
-    for (; j < V; ++j)
-      for (int64_t u = 0; u < U; ++u)
-        for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
-          for (int64_t kx = sc.x0; kx < sc.x1; ++kx) {
-            T acc = 0;
-            for (int m = 0; m < MB; ++m) acc += L[(h + m) * ls + (u * sc.KH + ky) * sc.KW + kx] * gy[(h + m) * V + j];
-            v[ky * rs + kx * U * V + u * V + j] += acc;
-          }
-  };
-  for (; h + 4 <= H; h += 4) cols(std::integral_constant<int, 4>());
-  for (; h < H; ++h) cols(std::integral_constant<int, 1>());
+  for_tiles<Vec<T>::lanes, 4>(
+      H, V,
+      [&](auto mb, auto nv, int64_t h, int64_t j) {
+        scatter_tile<T, decltype(mb)::value, decltype(nv)::value>(L + h * ls, ls, gy + h * V, V, v, U, sc, rs, j);
+      },
+      [&](auto mb, int64_t h, int64_t j) {
+        for (int64_t u = 0; u < U; ++u)
+          for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
+            for (int64_t kx = sc.x0; kx < sc.x1; ++kx) {
+              T acc = 0;
+              for (int m = 0; m < decltype(mb)::value; ++m)
+                acc += L[(h + m) * ls + (u * sc.KH + ky) * sc.KW + kx] * gy[(h + m) * V + j];
+              v[ky * rs + kx * U * V + u * V + j] += acc;
+            }
+      });
 }
 
 torch::Tensor padded_table(const torch::Tensor& table, int64_t C, int64_t Rn, int64_t Rp) {

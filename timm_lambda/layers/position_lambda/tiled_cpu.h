@@ -38,6 +38,22 @@ template <typename T> inline void storev(T* p, vec_t<T> v) { std::memcpy(p, &v, 
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// The walk of the kernels' head x channel tiles: rows in blocks of MB (then 1), channels in blocks of 4 W lanes (then
+// W); tile(mb, nv, h, j) runs one block (mb, nv: std::integral_constant), rest(mb, h, j) one channel past the last
+// whole vector
+template <int W, int MB, typename Tile, typename Rest>
+void for_tiles(int64_t rows, int64_t V, Tile tile, Rest rest) {
+  auto cols = [&](int64_t h, auto mb) {
+    int64_t j = 0;
+    for (; j + 4 * W <= V; j += 4 * W) tile(mb, std::integral_constant<int, 4>(), h, j);
+    for (; j + W <= V; j += W) tile(mb, std::integral_constant<int, 1>(), h, j);
+    for (; j < V; ++j) rest(mb, h, j);
+  };
+  int64_t h = 0;
+  for (; h + MB <= rows; h += MB) cols(h, std::integral_constant<int, MB>());
+  for (; h < rows; ++h) cols(h, std::integral_constant<int, 1>());
+}
+
 // out[m * os + n] (+)= sum_k a[m * as + k * ak] b[k * bs + n], m < MB, n in [n0, n0 + NV lanes)
 template <typename T, int MB, int NV, bool ACC>
 inline void gemm_tile(const T* __restrict a, int64_t as, int64_t ak, const T* __restrict b, int64_t bs, int64_t K,

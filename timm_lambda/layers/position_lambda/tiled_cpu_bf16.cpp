@@ -87,35 +87,30 @@ __attribute__((noinline)) void aggregate_tile_bf16(const uint16_t* __restrict Lb
 void aggregate_bf16(const uint16_t* Lb, int64_t ls, const uint32_t* vp, int64_t vo, int64_t H, int64_t U,
                     const Scope& sc, int64_t KWs, int64_t rs, int64_t CV, int64_t V, const Content<float>& content,
                     float* out, int64_t osj, int64_t osh) {
-  int64_t h = 0;
-  auto cols = [&](auto mb) {
-    constexpr int MB = decltype(mb)::value;
-    int64_t j = 0;
-    const uint16_t* Lh = Lb + h * ls;
-    float* outh = out + h * osh;
-    const Content<float> ct{content.q + h * content.qs, content.qs, content.lc, content.C};
-    for (; j + 64 <= V; j += 64)
-      aggregate_tile_bf16<MB, 4>(Lh, ls, vp, vo, U, sc, KWs, rs, CV, V, j, ct, outh, osj, osh);
-    for (; j + 16 <= V; j += 16)
-      aggregate_tile_bf16<MB, 1>(Lh, ls, vp, vo, U, sc, KWs, rs, CV, V, j, ct, outh, osj, osh);
-    for (; j < V; ++j)
-      for (int m = 0; m < MB; ++m) {
-        float acc = 0;
-        if (ct.lc != nullptr)
-          for (int64_t c = 0; c < ct.C; ++c) acc += ct.q[m * ct.qs + c] * ct.lc[c * V + j];
-        for (int64_t u = 0; u < U; ++u)
-          for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
-            for (int64_t kx = sc.x0; kx < sc.x1; kx += 2) {
-              const uint16_t* l = Lh + m * ls + (u * sc.KH + ky) * KWs + kx;
-              const uint32_t pair = vp[vo + ky * rs + kx * CV + u * V + j];
-              acc += bf16_to_float(l[0]) * bf16_to_float(uint16_t(pair)) +
-                     bf16_to_float(l[1]) * bf16_to_float(uint16_t(pair >> 16));
-            }
-        outh[m * osh + j * osj] = acc;
-      }
-  };
-  for (; h + 4 <= H; h += 4) cols(std::integral_constant<int, 4>());
-  for (; h < H; ++h) cols(std::integral_constant<int, 1>());
+  auto rows = [&](int64_t h) { return Content<float>{content.q + h * content.qs, content.qs, content.lc, content.C}; };
+  for_tiles<16, 4>(
+      H, V,
+      [&](auto mb, auto nv, int64_t h, int64_t j) {
+        aggregate_tile_bf16<decltype(mb)::value, decltype(nv)::value>(Lb + h * ls, ls, vp, vo, U, sc, KWs, rs, CV, V,
+                                                                      j, rows(h), out + h * osh, osj, osh);
+      },
+      [&](auto mb, int64_t h, int64_t j) {
+        const Content<float> ct = rows(h);
+        for (int m = 0; m < decltype(mb)::value; ++m) {
+          float acc = 0;
+          if (ct.lc != nullptr)
+            for (int64_t c = 0; c < ct.C; ++c) acc += ct.q[m * ct.qs + c] * ct.lc[c * V + j];
+          for (int64_t u = 0; u < U; ++u)
+            for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
+              for (int64_t kx = sc.x0; kx < sc.x1; kx += 2) {
+                const uint16_t* l = Lb + (h + m) * ls + (u * sc.KH + ky) * KWs + kx;
+                const uint32_t pair = vp[vo + ky * rs + kx * CV + u * V + j];
+                acc += bf16_to_float(l[0]) * bf16_to_float(uint16_t(pair)) +
+                       bf16_to_float(l[1]) * bf16_to_float(uint16_t(pair >> 16));
+              }
+          out[(h + m) * osh + j * osj] = acc;
+        }
+      });
 }
 
 
@@ -308,27 +303,24 @@ __attribute__((noinline)) void scatter_tile_bf16(const uint32_t* __restrict L, i
 
 void scatter_bf16(const uint32_t* L, int64_t ls, const uint32_t* gy, int64_t HP, int64_t V, float* v, int64_t U,
                   const Scope& sc, int64_t rs) {
-  int64_t p = 0;
-  auto cols = [&](auto hp) {
-    constexpr int NP = decltype(hp)::value;
-    int64_t j = 0;
-    for (; j + 64 <= V; j += 64) scatter_tile_bf16<NP, 4>(L + p * ls, ls, gy + p * V, V, v, U, sc, rs, j);
-    for (; j + 16 <= V; j += 16) scatter_tile_bf16<NP, 1>(L + p * ls, ls, gy + p * V, V, v, U, sc, rs, j);
-    for (; j < V; ++j)
-      for (int64_t u = 0; u < U; ++u)
-        for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
-          for (int64_t kx = sc.x0; kx < sc.x1; ++kx) {
-            float acc = 0;
-            for (int m = 0; m < NP; ++m) {
-              const uint32_t l = L[(p + m) * ls + (u * sc.KH + ky) * sc.KW + kx], g = gy[(p + m) * V + j];
-              acc += bf16_to_float(uint16_t(l)) * bf16_to_float(uint16_t(g)) +
-                     bf16_to_float(uint16_t(l >> 16)) * bf16_to_float(uint16_t(g >> 16));
+  for_tiles<16, 2>(
+      HP, V,
+      [&](auto mp, auto nv, int64_t p, int64_t j) {
+        scatter_tile_bf16<decltype(mp)::value, decltype(nv)::value>(L + p * ls, ls, gy + p * V, V, v, U, sc, rs, j);
+      },
+      [&](auto mp, int64_t p, int64_t j) {
+        for (int64_t u = 0; u < U; ++u)
+          for (int64_t ky = sc.y0; ky < sc.y1; ++ky)
+            for (int64_t kx = sc.x0; kx < sc.x1; ++kx) {
+              float acc = 0;
+              for (int m = 0; m < decltype(mp)::value; ++m) {
+                const uint32_t l = L[(p + m) * ls + (u * sc.KH + ky) * sc.KW + kx], g = gy[(p + m) * V + j];
+                acc += bf16_to_float(uint16_t(l)) * bf16_to_float(uint16_t(g)) +
+                       bf16_to_float(uint16_t(l >> 16)) * bf16_to_float(uint16_t(g >> 16));
+              }
+              v[ky * rs + kx * U * V + u * V + j] += acc;
             }
-            v[ky * rs + kx * U * V + u * V + j] += acc;
-          }
-  };
-  for (; p + 2 <= HP; p += 2) cols(std::integral_constant<int, 2>());
-  for (; p < HP; ++p) cols(std::integral_constant<int, 1>());
+      });
 }
 
 }  // namespace
