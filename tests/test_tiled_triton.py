@@ -27,26 +27,30 @@ def test_triton_execution_interpreted_equals_the_reference():
 
 
 def test_triton_runs_on_cuda_for_small_calls_and_maps_within_the_scope(monkeypatch):
-    """The CUDA executions' rule (tiled_triton.runs, measured on an H200): Triton for calls of at most 4096 queries
-    and for maps no larger than the scope, the GEMM path elsewhere; never for CPU tensors; ``TIMM_LAMBDA_TRITON``
-    ``1`` / ``0`` force it on or off."""
+    """The CUDA executions' rule (tiled_triton.runs): the tensor-core kernels for every 16-bit and float32 call; for
+    float64 (CUDA cores) calls of at most 4096 queries and maps no larger than the scope, the GEMM path elsewhere
+    (measured on an H200); never for CPU tensors; ``TIMM_LAMBDA_TRITON`` ``1`` / ``0`` force it on or off."""
     pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
     import torch
 
     from timm_lambda.layers.position_lambda import tiled_triton
 
-    def call(batch, side, scope=23, cuda=True, dtype=torch.float32):
+    def call(batch, side, scope=23, cuda=True, dtype=torch.float64):
         q = types.SimpleNamespace(is_cuda=cuda, dtype=dtype, shape=(batch, 4, 16, side, side))
         return tiled_triton.runs(q, types.SimpleNamespace(shape=(batch, 64, side, side)),
                                  types.SimpleNamespace(shape=(16, 1, scope, scope)))
 
-    assert call(1, 64) and call(4, 32) and call(64, 14) and call(2, 23)  # small calls; maps within the scope
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):  # tensor cores (TF32 or exact for float32)
+        assert call(8, 64, dtype=dtype) and call(1, 8, dtype=dtype) and not call(1, 8, cuda=False, dtype=dtype)
+    assert call(1, 64) and call(4, 32) and call(64, 14) and call(2, 23)  # float64: small calls; maps within the scope
     assert not call(8, 64) and not call(8, 32) and not call(2, 64) and not call(64, 14, scope=7)
     assert not call(1, 8, cuda=False) and not call(1, 8, dtype=torch.int32)
+    monkeypatch.setattr(tiled_triton, 'TENSOR_CORES', False)  # the CUDA-core kernels for every dtype
+    assert not call(8, 64, dtype=torch.float32) and call(1, 64, dtype=torch.float32)
     monkeypatch.setattr(tiled_triton, 'MODE', '1')
     assert call(8, 64) and not call(1, 8, cuda=False)
     monkeypatch.setattr(tiled_triton, 'MODE', '0')
-    assert not call(1, 8)
+    assert not call(1, 8) and not call(1, 8, dtype=torch.float32)
     monkeypatch.setattr(tiled_triton, 'MODE', 'yes')
     with pytest.raises(ValueError, match="TIMM_LAMBDA_TRITON must be 'auto', '1' or '0', got 'yes'"):
         call(1, 8)
@@ -82,3 +86,21 @@ def test_a_failing_first_launch_turns_triton_off_and_the_gemm_path_answers(monke
     assert tiled_triton.MODE == '0'
     torch.testing.assert_close(y, position_term_reference(q, v, table, case[1], case[2], case[8], case[9]),
                                rtol=1e-10, atol=1e-10)
+
+
+def test_a_failing_launch_raises_in_strict_mode(monkeypatch):
+    """``TIMM_LAMBDA_STRICT`` (tests, tools/gpu_check.py): a kernel that fails raises instead of handing the call to
+    the GEMM path, whose correct answer would otherwise hide it; the launch counter counts only launches that
+    returned."""
+    from timm_lambda.layers.position_lambda import tiled_triton
+
+    def broken(*args, **meta):
+        raise RuntimeError('no compiler for this GPU')
+
+    monkeypatch.setattr(tiled_triton, 'STRICT', True)
+    monkeypatch.setattr(tiled_triton, '_LAUNCHED', False)
+    before = tiled_triton.LAUNCHES
+    with pytest.raises(RuntimeError, match='no compiler for this GPU'):
+        tiled_triton._launch({(1,): broken}, (1,))
+    assert tiled_triton.MODE != '0' and tiled_triton.LAUNCHES == before
+    assert tiled_triton._launch({(1,): lambda *a, **m: None}, (1,)) and tiled_triton.LAUNCHES == before + 1

@@ -277,9 +277,10 @@ def _tiled(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Ten
         c = compute_dtype(q.dtype)
         return kernel.tiled_forward(q.to(c), v.to(c), table.to(c), None if content is None else content.to(c),
                                     step).to(q.dtype)
-    y = tiled_triton.tiled_forward(q, v, table, step, DEVICE_CHUNK_ELEMENTS) if tiled_triton.runs(q, v, table) else None
-    if y is not None:
-        return y if content is None else _content_term(q, content) + y
+    y = tiled_triton.tiled_forward(q, v, table, step, DEVICE_CHUNK_ELEMENTS, content) \
+        if tiled_triton.runs(q, v, table) else None
+    if y is not None:  # content lambda included
+        return y
     b, h, _, ho, wo = q.shape
     table = table.contiguous()
     qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table, step)

@@ -39,26 +39,31 @@ from .execution import warn_once
 __all__ = ['runs', 'tiled_forward', 'tiled_backward', 'MODE']
 
 MODE = os.environ.get('TIMM_LAMBDA_TRITON', 'auto')  # 'auto', '1' (wherever it can run) or '0' (never)
+# a failed launch raises instead of turning Triton off (tests, tools/gpu_check.py)
+STRICT = os.environ.get('TIMM_LAMBDA_STRICT', '0').strip().lower() in ('1', 'true', 'yes', 'on')
+LAUNCHES = 0  # kernel launches that returned in this process: what tests read to see that a kernel ran
 SMALL_CALL = 4096  # queries (images x output positions) of a call up to which Triton runs in 'auto'
 _SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _LAUNCHED = False  # a kernel has run in this process: later errors are errors, not an unusable Triton
 
 
-def _launch(kernel, grid, *args) -> bool:
+def _launch(kernel, grid, *args, **meta) -> bool:
     """Run ``kernel``; False where it is the process's first launch and it fails (this execution is then off: the
     caller takes the GEMM path)."""
-    global MODE, _LAUNCHED
-    if _LAUNCHED:
-        kernel[grid](*args)
+    global MODE, _LAUNCHED, LAUNCHES
+    if _LAUNCHED or STRICT:
+        kernel[grid](*args, **meta)
+        LAUNCHES += 1
         return True
     try:
-        kernel[grid](*args)
+        kernel[grid](*args, **meta)
     except Exception as e:
         MODE = '0'
         warn_once('triton', f'the tiled form\'s Triton kernels failed at their first launch ({type(e).__name__}: '
                             f'{str(e)[:300]}); the position lambdas run as batched GEMMs instead (correct, slower)')
         return False
     _LAUNCHED = True
+    LAUNCHES += 1
     return True
 
 
@@ -140,19 +145,120 @@ def _kernels():
         out = ((b * U + u) * V + vv[None, :]) * (H * W) + r * W + c[:, None]
         tl.store(gv_ptr + out, acc.to(gv_ptr.dtype.element_ty), mask=cmask[:, None] & vmask[None, :])
 
-    return dict(query_rows=_query_rows, value_grad=_value_grad, tl=tl, triton=triton)
+    @triton.jit
+    def _tc_rows(l_ptr, v_ptr, y_ptr, q_ptr, c_ptr, H, W, Ho, Wo, HEADS, U, V, C, KH, KW, STEP: tl.constexpr,
+                 PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
+                 BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, LOGIT_GRAD: tl.constexpr, CONTENT: tl.constexpr):
+        """Tensor cores: rows (head, query) of ``BLOCK_Q`` queries of one output row, all heads (they share the
+        values), against the ``BLOCK_W`` value columns that hold their scopes, one scope row at a time. Forward:
+        ``y += A V`` with ``A[(h, q), w] = L[h, q, ky, w - STEP q]`` gathered from the query-major compact logits
+        (zero off the band), plus ``q lambda^c`` with ``CONTENT``. ``LOGIT_GRAD``: ``dA = dY V^T``, its band
+        stored into ``l`` (``y`` holds ``dY``)."""
+        ox0, oy, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1), tl.program_id(2).to(tl.int64)
+        r = tl.arange(0, BLOCK_H * BLOCK_Q)
+        hd, j = r // BLOCK_Q, r % BLOCK_Q
+        ox = ox0 + j
+        rmask = (hd < HEADS) & (ox < Wo)
+        vv = tl.arange(0, BLOCK_V)
+        vmask = vv < V
+        w = tl.arange(0, BLOCK_W)
+        col = ox0 * STEP - (KW - 1) // 2 + w  # the window's value columns
+        cmask = (col >= 0) & (col < W)
+        kx = w[None, :] - STEP * j[:, None]  # [R, BW]: the scope column of (row, window column)
+        kmask = rmask[:, None] & (kx >= 0) & (kx < KW)
+        hw, howo, ukk = H * W, Ho * Wo, U * KH * KW
+        l_row = ((b * HEADS + hd) * howo + oy * Wo + ox) * ukk  # [R]: the row's compact logits
+        y_off = ((b * HEADS + hd) * V)[:, None] * howo + vv[None, :] * howo + oy * Wo + ox[:, None]
+        if LOGIT_GRAD:
+            g = tl.load(y_ptr + y_off, mask=rmask[:, None] & vmask[None, :], other=0.0)
+        else:
+            acc = tl.zeros([BLOCK_H * BLOCK_Q, BLOCK_V], tl.float32)
+        for u in range(U):
+            v_base = (b * U + u) * V * hw
+            for ky in range(KH):
+                row = oy * STEP - (KH - 1) // 2 + ky
+                if (row >= 0) & (row < H):
+                    vt = tl.load(v_ptr + v_base + vv[None, :] * hw + row * W + col[:, None],
+                                 mask=cmask[:, None] & vmask[None, :], other=0.0)  # [BW, BV], zero off the image
+                    l_at = l_ptr + l_row[:, None] + (u * KH + ky) * KW + kx
+                    if LOGIT_GRAD:
+                        da = tl.dot(g, tl.trans(vt), input_precision=PREC)
+                        tl.store(l_at, da.to(l_ptr.dtype.element_ty), mask=kmask)
+                    else:
+                        a = tl.load(l_at, mask=kmask, other=0.0)
+                        acc = tl.dot(a, vt, acc, input_precision=PREC)
+        if not LOGIT_GRAD:
+            if CONTENT:
+                cc = tl.arange(0, BLOCK_C)
+                qm = tl.load(q_ptr + ((b * HEADS + hd) * C)[:, None] * howo + cc[None, :] * howo + oy * Wo
+                             + ox[:, None], mask=rmask[:, None] & (cc < C)[None, :], other=0.0)
+                cm = tl.load(c_ptr + b * C * V + cc[:, None] * V + vv[None, :],
+                             mask=(cc < C)[:, None] & vmask[None, :], other=0.0)
+                acc = tl.dot(qm, cm, acc, input_precision=PREC)
+            tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
+
+    @triton.jit
+    def _tc_value_grad(l_ptr, gy_ptr, gv_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, STEP: tl.constexpr,
+                       PREC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr):
+        """Tensor cores: ``dv`` at ``BLOCK_P`` value columns of row ``r`` as ``sum_{h, ky} A^T dY`` over the
+        ``BLOCK_W`` queries of output row ``(r + p_y - ky) / STEP`` whose scopes reach them (no atomics)."""
+        c0, r, bu = tl.program_id(0) * BLOCK_P, tl.program_id(1), tl.program_id(2).to(tl.int64)
+        b, u = bu // U, bu % U
+        c = c0 + tl.arange(0, BLOCK_P)
+        pmask = c < W
+        vv = tl.arange(0, BLOCK_V)
+        vmask = vv < V
+        t = c0 + (KW - 1) // 2 - (KW - 1)  # STEP * (first query reaching c0), rounded up below
+        ox = ((t + STEP - 1) >> (STEP - 1)) + tl.arange(0, BLOCK_W)  # ceil(t / STEP) on: STEP is 1 or 2
+        qmask = (ox >= 0) & (ox < Wo)
+        kx = c[:, None] + (KW - 1) // 2 - STEP * ox[None, :]  # [BP, BW]
+        m = pmask[:, None] & qmask[None, :] & (kx >= 0) & (kx < KW)
+        howo, ukk = Ho * Wo, U * KH * KW
+        acc = tl.zeros([BLOCK_P, BLOCK_V], tl.float32)
+        for ky in range(KH):
+            num = r + (KH - 1) // 2 - ky  # = STEP oy
+            oy = num // STEP
+            if (num >= 0) & (num % STEP == 0) & (oy < Ho):
+                for hd in range(HEADS):
+                    q_row = (b * HEADS + hd) * howo + oy * Wo + ox  # [BW]
+                    at = tl.load(l_ptr + (q_row * ukk)[None, :] + (u * KH + ky) * KW + kx, mask=m, other=0.0)
+                    g = tl.load(gy_ptr + ((b * HEADS + hd) * V + vv[None, :]) * howo + oy * Wo + ox[:, None],
+                                mask=qmask[:, None] & vmask[None, :], other=0.0)  # [BW, BV]
+                    acc = tl.dot(at, g, acc, input_precision=PREC)
+        out = ((b * U + u) * V + vv[None, :]) * (H * W) + r * W + c[:, None]
+        tl.store(gv_ptr + out, acc.to(gv_ptr.dtype.element_ty), mask=pmask[:, None] & vmask[None, :])
+
+    return dict(query_rows=_query_rows, value_grad=_value_grad, tc_rows=_tc_rows, tc_value_grad=_tc_value_grad,
+                tl=tl, triton=triton)
 
 
 def runs(q: Tensor, v: Tensor, table: Tensor) -> bool:
-    """True where this execution runs the tiled operator's call (see above): CUDA tensors of a served dtype, Triton
-    importable, not turned off, and in ``'auto'`` a call of at most ``SMALL_CALL`` queries or a map no larger than
-    the (pooled) table."""
+    """True where this execution runs the tiled operator's call: CUDA tensors of a served dtype, Triton importable,
+    not turned off; in ``'auto'`` every call the tensor-core kernels serve (:func:`tensor_cores`), and for the
+    others (float64) calls of at most ``SMALL_CALL`` queries or a map no larger than the (pooled) table."""
     if MODE not in ('auto', '1', '0'):
         raise ValueError(f"TIMM_LAMBDA_TRITON must be 'auto', '1' or '0', got {MODE!r}")
     if MODE == '0' or not q.is_cuda or q.dtype not in _SERVED or _kernels() is None:
         return False
+    if MODE == '1' or tensor_cores(q.dtype):
+        return True
     small = q.shape[0] * q.shape[3] * q.shape[4] <= SMALL_CALL
-    return MODE == '1' or small or (v.shape[2] <= table.shape[2] and v.shape[3] <= table.shape[3])
+    return small or (v.shape[2] <= table.shape[2] and v.shape[3] <= table.shape[3])
+
+
+TENSOR_CORES = True  # the tensor-core kernels for 16-bit and float32 calls (False: the CUDA-core ones for every dtype)
+
+
+def tensor_cores(dtype: torch.dtype) -> bool:
+    """Whether the tensor-core kernels (``tl.dot``) serve a call in ``dtype``: float16, bfloat16 and float32 (TF32
+    where torch allows it in matmuls, ``torch.backends.cuda.matmul.allow_tf32``, else exact float32 products);
+    float64 runs the CUDA-core kernels."""
+    return TENSOR_CORES and dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision: TF32 for float32 where torch's matmuls may use it, else exact."""
+    return 'tf32' if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else 'ieee'
 
 
 def _pow2(n: int, least: int = 1) -> int:
@@ -174,6 +280,38 @@ def _row_tiles(h: int, wo: int, dv: int):
     return bq, bh, bv
 
 
+def _tc_row_tiles(h: int, wo: int, kw: int, step: int):
+    """Tensor-core forward tiles: ``(queries, heads padded, window columns)`` of a program. The window (a power of
+    2, at least 16) is the MMA's depth: the fewest columns per query row first (the padded multiply-adds), then the
+    most queries sharing them; the rows ``heads x queries`` between 16 and 128."""
+    bh = _pow2(h)
+    best = None
+    for bq in (1, 2, 4, 8, 16, 32, 64):
+        if not 16 <= bh * bq <= 128 or (bq > _pow2(wo) and bh * bq > 16):
+            continue
+        bw = _pow2(step * (bq - 1) + kw, 16)
+        if best is None or (bw, -bq) < (best[2], -best[0]):
+            best = (bq, bh, bw)
+    return best
+
+
+def _tc_value_tiles(width: int, kw: int, step: int):
+    """Tensor-core value-gradient tiles: ``(value columns, queries)`` of a program, the most columns per padded
+    query (16 columns at least: the MMA's rows)."""
+    best = None
+    for bp in (16, 32, 64):
+        if bp > _pow2(width, 16):
+            break
+        bw = _pow2((bp - 1 + kw - 1) // step + 1, 16)
+        if best is None or bp * best[1] > best[0] * bw:
+            best = (bp, bw)
+    return best
+
+
+def _warps(*tiles: int) -> int:
+    return 4 if max(tiles) <= 8192 else 8
+
+
 def _chunks(batch: int, per_image: int, chunk_elements: int):
     n = max(1, chunk_elements // max(per_image, 1))
     return [(b0, min(n, batch - b0)) for b0 in range(0, batch, n)]
@@ -186,12 +324,42 @@ def _logits(q: Tensor, table: Tensor) -> Tensor:
     return torch.bmm(rt.expand(n * h, *rt.shape), q.reshape(n * h, c, ho * wo)).view(n, h, -1, ho, wo)
 
 
-def tiled_forward(q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements: int) -> Optional[Tensor]:
-    """The position term ``[B, h V, Ho, Wo]`` (contiguous) of the tiled operator; None if the kernels cannot run."""
+def _query_major_logits(q: Tensor, table: Tensor) -> Tensor:
+    """``[n, h, C, Ho, Wo] -> [n h, Ho Wo, u K_h K_w]``: the compact logits with each query's scope contiguous (what
+    the tensor-core kernels gather their banded tiles from), by one batched GEMM."""
+    n, h, c, ho, wo = q.shape
+    rm = table.reshape(c, -1)
+    return torch.bmm(q.reshape(n * h, c, ho * wo).transpose(1, 2), rm.expand(n * h, *rm.shape))
+
+
+def _content(q: Tensor, content: Tensor) -> Tensor:
+    """``q lambda^c``: ``[B, h, C, Ho, Wo]``, ``[B, C, V]`` -> ``[B, h V, Ho, Wo]``."""
+    b, h, c, ho, wo = q.shape
+    return torch.matmul(content.transpose(1, 2).unsqueeze(1), q.reshape(b, h, c, ho * wo)).view(b, -1, ho, wo)
+
+
+def tiled_forward(q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements: int,
+                  content: Optional[Tensor] = None) -> Optional[Tensor]:
+    """The position term ``[B, h V, Ho, Wo]`` (contiguous) of the tiled operator, plus ``q lambda^c`` for a content
+    lambda ``[B, C, V]`` (inside the tensor-core kernel's accumulators); None if the kernels cannot run."""
     b, h, c, ho, wo, u, kh, kw, dv, height, width, acc, k = _meta(q, v, table)
     q, v, table = q.contiguous(), v.contiguous(), table.contiguous()
     y = q.new_empty(b, h * dv, ho, wo)
     if y.numel() == 0:
+        return y
+    if tensor_cores(q.dtype):
+        bq, bh, bw = _tc_row_tiles(h, wo, kw, step)
+        bv, bc = _pow2(dv, 16), _pow2(c, 16)
+        if content is not None:
+            content = content.contiguous()
+        for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
+            logits = _query_major_logits(q[b0:b0 + n], table)
+            cn = None if content is None else content[b0:b0 + n]
+            if not _launch(k['tc_rows'], (k['triton'].cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], y[b0:b0 + n],
+                           q[b0:b0 + n], logits if cn is None else cn, height, width, ho, wo, h, u, dv, c, kh, kw,
+                           step, _precision(q.dtype), bq, bh, bw, bv, bc, False, cn is not None,
+                           num_warps=_warps(bh * bq * bv, bh * bq * bw)):
+                return None
         return y
     bq, bh, bv = _row_tiles(h, wo, dv)
     for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
@@ -199,7 +367,7 @@ def tiled_forward(q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements
         if not _launch(k['query_rows'], (k['triton'].cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], y[b0:b0 + n],
                        height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, False):
             return None
-    return y
+    return y if content is None else y + _content(q, content.to(q.dtype))
 
 
 def tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements: int):
@@ -211,10 +379,31 @@ def tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, c
     gt = torch.zeros(c, u * kh * kw, dtype=torch.promote_types(table.dtype, torch.float32), device=q.device)
     if q.numel() == 0 or v.numel() == 0:
         return gq.zero_(), gv.zero_(), gt.to(table.dtype).view_as(table)
-    bq, bh, bv = _row_tiles(h, wo, dv)
-    bp = max(1, min(_pow2(-(-width // step)), 4096 // bv))
     cdiv = k['triton'].cdiv
     rm = table.view(c, u * kh * kw)
+    if tensor_cores(q.dtype):
+        prec = _precision(q.dtype)
+        bq, bh, bw = _tc_row_tiles(h, wo, kw, step)
+        bp, bwv = _tc_value_tiles(width, kw, step)
+        bv = _pow2(dv, 16)
+        for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
+            qc, gyc = q[b0:b0 + n], gy[b0:b0 + n]
+            logits = _query_major_logits(qc, table)  # [n h, Ho Wo, u K_h K_w]
+            if not _launch(k['tc_value_grad'], (cdiv(width, bp), height, n * u), logits, gyc, gv[b0:b0 + n],
+                           height, width, ho, wo, h, u, dv, kh, kw, step, prec, bp, bwv, bv,
+                           num_warps=_warps(bp * bv, bp * bwv, bwv * bv)):
+                return None
+            gl = torch.zeros_like(logits)  # scope rows outside the image stay zero
+            if not _launch(k['tc_rows'], (cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc, qc, gl,
+                           height, width, ho, wo, h, u, dv, c, kh, kw, step, prec, bq, bh, bw, bv, 16, True, False,
+                           num_warps=_warps(bh * bq * bv, bh * bq * bw)):
+                return None
+            torch.bmm(rm.expand(n * h, *rm.shape), gl.transpose(1, 2), out=gq[b0:b0 + n].view(n * h, c, ho * wo))
+            qt = qc.reshape(n * h, c, ho * wo).transpose(0, 1).reshape(c, n * h * ho * wo)
+            gt += torch.mm(qt, gl.view(n * h * ho * wo, -1)).to(gt.dtype)
+        return gq, gv, gt.to(table.dtype).view_as(table)
+    bq, bh, bv = _row_tiles(h, wo, dv)
+    bp = max(1, min(_pow2(-(-width // step)), 4096 // bv))
     for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
         qc, gyc = q[b0:b0 + n], gy[b0:b0 + n]
         logits = _logits(qc, table)
