@@ -1,9 +1,19 @@
-"""Run by tests/test_tiled_triton.py in a process with ``TRITON_INTERPRET=1``: the tiled operator's Triton execution
-(timm_lambda/layers/position_lambda/tiled_triton.py), interpreted on the CPU, against the float64 per-query
-reference, with and without a content lambda, outputs and every gradient. Arguments: indices into
-tests/test_position_lambda.py's CASES, ``c`` appended for a content lambda (default: every case with and without; the
-interpreter takes about 12 minutes for them all). Every second run puts one image in a chunk. Prints one line per run
-and a summary; exits non-zero on the first mismatch."""
+"""Run by tests/test_tiled_triton.py in a process with ``TRITON_INTERPRET=1``: the tiled operator's Triton kernels
+(timm_lambda/layers/position_lambda/tiled_triton.py), interpreted on the CPU, in strict mode (a kernel that fails
+raises; a run in which no kernel launched fails).
+
+Arguments, one run each:
+
+* ``<i>`` or ``<i>c``: tests/test_position_lambda.py's ``CASES[i]`` in float64 (the CUDA-core kernels), ``c`` with a
+  content lambda: output and every gradient equal the float64 per-query reference (1e-10); every second run puts
+  one image in a chunk; ``f32:<i>[c]``: the same in float32 through the layer's entry point (the tensor-core kernels,
+  exact float32 products: stride-2 pooling with ``count_include_pad``, global scopes), within 1e-5;
+* ``tc:<dtype>:<i>``: tests/_sixteen_bit.py's ``SIXTEEN_BIT_CASES[i]`` on the tensor-core kernels. ``float32`` (exact
+  float32 products: TF32 is off, as torch's matmuls have it by default): within 1e-5 of the float64 reference, which
+  a 16-bit or TF32 computation is not; ``bfloat16`` / ``float16``: rounded as a matmul in that dtype
+  (:func:`_sixteen_bit.check_rounding`).
+
+Prints one line per run and a summary; exits non-zero on the first mismatch."""
 import os
 import sys
 import time
@@ -12,6 +22,7 @@ import torch
 
 assert os.environ.get('TRITON_INTERPRET') == '1', 'run with TRITON_INTERPRET=1'
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _sixteen_bit as SB  # noqa: E402
 from reference import position_term_reference  # noqa: E402
 from test_position_lambda import CASES, IDS, _content_reference, _inputs  # noqa: E402
 from timm_lambda.layers import position_lambda as PL  # noqa: E402
@@ -20,17 +31,16 @@ from timm_lambda.layers.position_lambda import cpu_kernel, custom_ops, tiled_tri
 cpu_kernel.ENABLED = False  # the CPU kernel would serve these CPU tensors first
 tiled_triton.runs = lambda q, v, table: q.dtype in tiled_triton._SERVED and tiled_triton._kernels() is not None
 tiled_triton.STRICT = True  # a kernel that fails raises (no GEMM-path answer)
+torch.backends.cuda.matmul.allow_tf32 = False  # float32: the exact tl.dot
 
-runs = [(int(a.rstrip('c')), a.endswith('c')) for a in sys.argv[1:]] or \
-    [(i, content) for i in range(len(CASES)) for content in (False, True)]
-checked = 0
-for run, (index, with_content) in enumerate(runs):
-    case, name = CASES[index], IDS[index]
+
+def float64_run(run, index, with_content, dtype=torch.float64):
+    case = CASES[index]
     _, hh, ww, _, k, _, dv, scope, stride, cip, _ = case
     custom_ops.DEVICE_CHUNK_ELEMENTS = 1 if run % 2 else 1 << 26  # one image a chunk, or all in one
-    start = time.time()
     q, v, table = _inputs(case)
     leaves = [q, v, table]
+    assert tiled_triton.tensor_cores(dtype) == (dtype != torch.float64)
     content = None
     if with_content:
         content = torch.randn(case[0], k, dv, generator=torch.Generator().manual_seed(7), dtype=q.dtype)
@@ -40,14 +50,47 @@ for run, (index, with_content) in enumerate(runs):
     ref = position_term_reference(q, v, table, hh, ww, stride, cip)
     if with_content:
         ref = ref + _content_reference(content, q, case)
-    launches = tiled_triton.LAUNCHES
-    y = PL.position_lambdas(q, v, table, hh, ww, 'tiled', scope is None, stride, cip, None, content)
-    assert tiled_triton.LAUNCHES > launches, 'no Triton kernel launched'
+    low = [t.detach().to(dtype).requires_grad_() for t in leaves]
+    y = PL.position_lambdas(*low[:3], hh, ww, 'tiled', scope is None, stride, cip, None, *low[3:])
     y = y.reshape(ref.shape)
-    torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-10)
     g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=ref.dtype)
-    for got, want in zip(torch.autograd.grad(y, leaves, g), torch.autograd.grad(ref, leaves, g)):
-        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    checked += 1
-    print(f'{name} content={with_content}: equal ({time.time() - start:.1f} s)', flush=True)
-print(f'{checked} runs equal the reference')
+    got, want = [y] + list(torch.autograd.grad(y, low, g.to(dtype))), [ref] + list(torch.autograd.grad(ref, leaves, g))
+    if dtype == torch.float64:
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+        return f'{IDS[index]} content={with_content}: equal'
+    errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(got, want)]
+    assert all(a.dtype == dtype for a in got) and max(errs) < 1e-5, errs
+    return f'{IDS[index]} content={with_content} {dtype}: ' + ', '.join(f'{e:.1e}' for e in errs)
+
+
+def tensor_core_run(dtype, index):
+    assert tiled_triton.tensor_cores(dtype)
+    case = SB.SIXTEEN_BIT_CASES[index]
+    g = torch.Generator().manual_seed(0)
+    inputs = SB.operator_inputs(case, lambda *shape: torch.randn(shape, generator=g), dtype)
+    gy = torch.randn(SB.output_shape(case), generator=g).to(dtype)
+    got = SB.operator_call(custom_ops.tiled_op, case, inputs, gy)
+    if dtype == torch.float32:
+        want = SB.reference_call(case, inputs, gy)
+        errs = {n: ((a.double() - b).norm() / b.norm()).item() for n, a, b in zip(SB.NAMES, got, want)}
+        assert all(e < 1e-5 for e in errs.values()), errs
+        return f'tc {SB.SIXTEEN_BIT_IDS[index]} float32: ' + ', '.join(f'{n} {e:.1e}' for n, e in errs.items())
+    seen = SB.check_rounding(got, case, inputs, gy, dtype)
+    return f'tc {SB.SIXTEEN_BIT_IDS[index]} {dtype}: {seen}'
+
+
+runs = sys.argv[1:] or [str(i) + c for i in range(len(CASES)) for c in ('', 'c')]
+for run, arg in enumerate(runs):
+    start, launches = time.time(), tiled_triton.LAUNCHES
+    if arg.startswith('tc:'):
+        _, dtype, index = arg.split(':')
+        line = tensor_core_run(getattr(torch, dtype), int(index))
+    elif arg.startswith('f32:'):
+        index = arg[4:]
+        line = float64_run(run, int(index.rstrip('c')), index.endswith('c'), torch.float32)
+    else:
+        line = float64_run(run, int(arg.rstrip('c')), arg.endswith('c'))
+    assert tiled_triton.LAUNCHES > launches, f'{arg}: no Triton kernel launched'
+    print(f'{line} ({time.time() - start:.1f} s)', flush=True)
+print(f'{len(runs)} runs equal the reference')

@@ -14,6 +14,7 @@ import pytest
 import timm
 import torch
 
+import _sixteen_bit as SB
 import timm_lambda
 from reference import position_term_reference
 from test_batch_one import BLOCK_BY_BLOCK, _input_size, _model_params, _worst, check_model_batch_one
@@ -118,13 +119,46 @@ def test_forms_under_autocast_close_to_float32(case, impl, execution, dtype, tol
     q, v, t = _on_device(inputs)
     with torch.autocast(DEV, dtype=dtype):
         y = _call(impl, case, q, v, t)
-    assert y.dtype in (dtype, torch.float32) and torch.isfinite(y).all()
+    assert y.dtype == dtype and torch.isfinite(y).all()  # computed in the autocast dtype, as a matmul is
     err = ((y.float() - y32).norm() / y32.norm()).item()
     assert err < tol, f'{dtype} autocast output differs from float32 by a relative {err:.3g}'
     for a, b in zip(torch.autograd.grad(y, (q, v, t), g.to(y.dtype)), grads32):
         assert a.dtype == torch.float32  # gradients in the inputs' dtype
         err = ((a - b).norm() / b.norm()).item()
         assert err < 2 * tol, f'{dtype} autocast gradient differs from float32 by a relative {err:.3g}'
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16], ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('case', SB.SIXTEEN_BIT_CASES, ids=SB.SIXTEEN_BIT_IDS)
+def test_tensor_cores_round_as_a_16_bit_matmul_on_cuda(case, dtype, monkeypatch):
+    """The tensor-core kernels on the device: output and gradients rounded as a 16-bit matmul's
+    (tests/_sixteen_bit.py: the logits rounded once, float32 sums), not as a float32 computation's."""
+    launched = _use('triton', monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    inputs = SB.operator_inputs(case, lambda *shape: torch.randn(shape, generator=g), dtype)
+    gy = torch.randn(SB.output_shape(case), generator=g).to(dtype)
+    got = SB.operator_call(custom_ops.tiled_op, case, [t.to(DEV) for t in inputs], gy.to(DEV))
+    assert launched() and tiled_triton.tensor_cores(dtype)
+    SB.check_rounding(got, case, inputs, gy, dtype)
+
+
+@pytest.mark.parametrize('case', SB.SIXTEEN_BIT_CASES[:3], ids=SB.SIXTEEN_BIT_IDS[:3])
+def test_float32_on_tf32_only_where_torch_allows_it(case, monkeypatch):
+    """float32 on the tensor-core kernels: exact float32 products by default (torch's matmuls too), within 1e-5 of
+    the float64 reference; TF32 products where ``torch.backends.cuda.matmul.allow_tf32`` allows them, as cuBLAS's,
+    farther from it (about 1e-4) but within TF32's rounding."""
+    launched = _use('triton', monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    inputs = SB.operator_inputs(case, lambda *shape: torch.randn(shape, generator=g), torch.float32)
+    gy = torch.randn(SB.output_shape(case), generator=g)
+    want = SB.reference_call(case, inputs, gy)
+    errs = {}
+    for tf32 in (False, True):
+        monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', tf32)
+        got = SB.operator_call(custom_ops.tiled_op, case, [t.to(DEV) for t in inputs], gy.to(DEV))
+        errs[tf32] = max(((a.double().cpu() - b).norm() / b.norm()).item() for a, b in zip(got, want))
+    assert launched()
+    assert errs[False] < 1e-5 < 2e-5 < errs[True] < 5e-3, errs
 
 
 # --------------------------------------------------------------------------

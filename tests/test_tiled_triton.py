@@ -12,18 +12,33 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.slow
-def test_triton_execution_interpreted_equals_the_reference():
+def _interpreted(runs):
     pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
     env = dict(os.environ, TRITON_INTERPRET='1', PYTHONPATH=os.pathsep.join(
         [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
-    # stride 1 and 2, |u| 1 and 2, a local and a global scope, 5 heads and |v| = 43 (not powers of 2), with and without
-    # a content lambda, one and several images a chunk (the whole list takes the interpreter about 12 minutes)
-    runs = ['0', '2c', '6c', '7c']
     out = subprocess.run([sys.executable, os.path.join(ROOT, 'tests', '_triton_interpreted.py')] + runs, env=env,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f'{len(runs)} runs equal the reference' in out.stdout, out.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_cuda_core_kernels_interpreted_equal_the_reference_in_float64():
+    """float64 (the CUDA-core kernels): stride 1 and 2, |u| 1 and 2, a local and a global scope, 5 heads and |v| = 43
+    (not powers of 2), with and without a content lambda, one and several images a chunk (the whole list takes the
+    interpreter about 12 minutes)."""
+    _interpreted(['0', '2c', '6c', '7c'])
+
+
+@pytest.mark.slow
+def test_tensor_core_kernels_interpreted_round_as_they_claim():
+    """The tensor-core kernels (tests/_triton_interpreted.py, ``tc:`` and ``f32:`` runs): float32 within 1e-5 of the
+    float64 reference (exact float32 products) through the layer's entry point (stride 2 with ``count_include_pad``,
+    a global scope with a content lambda, batch 1 at the 23x23 scope) and the operator; bfloat16 and float16 rounded
+    as a matmul in that dtype, not as float32 (scopes 23, 25 (stride 2's pooled table), 7 and 5; |u| 2; 5 heads;
+    |v| 43; batch 1 and 2; with and without the content lambda)."""
+    _interpreted(['f32:3', 'f32:5c', 'f32:4', 'tc:float32:1', 'tc:bfloat16:0', 'tc:bfloat16:2', 'tc:float16:1',
+                  'tc:float16:3'])
 
 
 def test_triton_runs_on_cuda_for_small_calls_and_maps_within_the_scope(monkeypatch):
@@ -104,3 +119,55 @@ def test_a_failing_launch_raises_in_strict_mode(monkeypatch):
         tiled_triton._launch({(1,): broken}, (1,))
     assert tiled_triton.MODE != '0' and tiled_triton.LAUNCHES == before
     assert tiled_triton._launch({(1,): lambda *a, **m: None}, (1,)) and tiled_triton.LAUNCHES == before + 1
+
+
+# LambdaResNet-101's lambda layers at 1024 px (heads, |k|, |v|, map side, stride: the table is pooled to 25x25 at
+# stride 2) and a small odd one
+_SM90_SHAPES = [(4, 16, 64, 64, 1), (4, 16, 128, 64, 2), (4, 16, 128, 32, 1), (5, 9, 43, 13, 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('heads, dim_k, dim_v, side, step', _SM90_SHAPES, ids=['c4', 'c5_s2', 'c5', 'odd'])
+def test_tensor_core_kernels_compile_for_sm90_with_mma(heads, dim_k, dim_v, side, step):
+    """Every tensor-core kernel as the wrappers launch it at these shapes, compiled ahead of time for sm_90 (H100 and
+    H200) by Triton on this CPU: the 16-bit and TF32 variants contain tensor-core instructions (``mma``/``wgmma`` in
+    the PTX), the exact float32 one compiles too, and each fits the SM's shared memory (227 KiB a block)."""
+    triton = pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
+    import re
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from timm_lambda.layers.position_lambda import tiled_triton as T
+
+    k = T._kernels()
+    kw = 23 + 2 * (step == 2)
+    width = side
+    wo = -(-side // step)
+    bq, bh, bw = T._tc_row_tiles(heads, wo, kw, step)
+    bp, bwv = T._tc_value_tiles(width, kw, step)
+    bv, bc = T._pow2(dim_v, 16), T._pow2(9 * dim_k if step == 2 else dim_k, 16)
+    row_ints = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'C', 'KH', 'KW']
+    value_ints = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'KH', 'KW']
+    variants = [('bf16', 'ieee', True), ('fp16', 'ieee', True), ('fp32', 'tf32', True)]
+    if heads == 4 and step == 1 and dim_v == 64:
+        variants.append(('fp32', 'ieee', False))
+    for dtype, prec, mma in variants:
+        launches = []
+        for logit_grad in (False, True):
+            consts = dict(STEP=step, PREC=prec, BLOCK_Q=bq, BLOCK_H=bh, BLOCK_W=bw, BLOCK_V=bv, BLOCK_C=bc,
+                          LOGIT_GRAD=logit_grad, CONTENT=not logit_grad and step == 1, WIDEN=False)
+            sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'v_ptr', 'y_ptr', 'q_ptr', 'c_ptr')},
+                       **{n: 'i32' for n in row_ints}, **{n: 'constexpr' for n in consts})
+            launches.append((k['tc_rows'], sig, consts, T._warps(bh * bq * bv, bh * bq * bw)))
+        consts = dict(STEP=step, PREC=prec, BLOCK_P=bp, BLOCK_W=bwv, BLOCK_V=bv, WIDEN=False)
+        sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'gy_ptr', 'gv_ptr')}, **{n: 'i32' for n in value_ints},
+                   **{n: 'constexpr' for n in consts})
+        launches.append((k['tc_value_grad'], sig, consts, T._warps(bp * bv, bp * bwv, bwv * bv)))
+        for fn, sig, consts, warps in launches:
+            compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
+                                      target=GPUTarget('cuda', 90, 32), options=dict(num_warps=warps))
+            name = f"{fn.fn.__name__ if hasattr(fn, 'fn') else fn} {dtype} {prec} {consts}"
+            ops = set(re.findall(r'\b(wgmma|mma)\.', compiled.asm['ptx']))
+            assert bool(ops) == mma, f'{name}: tensor-core instructions {ops or "none"}'
+            assert compiled.metadata.shared <= 227 * 1024, f'{name}: {compiled.metadata.shared} bytes of shared memory'

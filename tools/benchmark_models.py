@@ -295,7 +295,7 @@ def cuda_comparison(device, repeats, backbone_batch, classifier_batch, sizes=(10
                 steps[(label, 'training step')] = train_step(m, x, dtype)
                 steps[(label, 'inference')] = infer_step(m, x, dtype)
             before = load_average()
-            times = interleaved_times(steps, repeats=repeats, warmup=3, device=device)
+            times = interleaved_times(steps, repeats=repeats, warmup=min(3, repeats), device=device)
             rows = {label: {k: times[(label, k)] for k in ('training step', 'inference')} for label in built}
             table(f'{which}, {str(dtype).split(".")[-1]}: {size}x{size}, batch {batch}; {machine(device)} '
                   f'(load before: {before})', rows, ['training step', 'inference'], models[1][0])

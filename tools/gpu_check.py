@@ -31,6 +31,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -121,8 +122,12 @@ class Run:
 
     def step(self, name: str, cmd, limit: float, cwd=ROOT, env=None) -> int:
         """Run ``cmd`` with its output in ``<name>.log``, for at most ``limit`` seconds and what the budget
-        leaves (10 s kept for packing); its exit code (124 when stopped at the limit, None when never started)."""
-        limit = min(limit, self.left() - 10)
+        leaves (25 s kept for stopping and packing); its exit code (124 when stopped at the limit, None when never
+        started)."""
+        if self.dry_run:  # a CPU at tiny sizes, maybe shared (CI): slower than the GPU, and no budget to keep
+            limit *= 4
+        else:
+            limit = min(limit, self.left() - 25)
         log_path = os.path.join(self.work, f'{name}.log')
         entry = dict(name=name, command=shlex.join(cmd), log=os.path.relpath(log_path, self.out), limit_s=round(limit))
         self.record['steps'].append(entry)
@@ -133,10 +138,17 @@ class Run:
         t = time.time()
         print(f'[gpu_check] {name}: {entry["command"][:300]}', flush=True)
         with open(log_path, 'w') as log:
+            proc = subprocess.Popen(cmd, cwd=cwd, env=dict(self.env, **(env or {})), stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                rc = subprocess.run(cmd, cwd=cwd, env=dict(self.env, **(env or {})), stdout=log,
-                                    stderr=subprocess.STDOUT, timeout=limit).returncode
-            except subprocess.TimeoutExpired:
+                rc = proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:  # SIGINT first: pytest and Python scripts then write what they have
+                os.killpg(proc.pid, signal.SIGINT)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
                 rc = 124
         entry.update(rc=rc, seconds=round(time.time() - t, 1), timed_out=rc == 124)
         with open(log_path, errors='replace') as f:
@@ -212,50 +224,133 @@ def junit_counts(path: str) -> dict:
 
 LAYER_SETS = [(dtype, batch, mode) for mode in ('train', 'eval') for batch in (1, 8)
               for dtype in ('float32', 'bfloat16')]
+# the tiled operator's CUDA executions, as tiled_triton's switches select them (what 'auto' picks is the first)
+EXECUTIONS = {'tensor_cores': dict(MODE='auto', TENSOR_CORES=True), 'gemm': dict(MODE='0', TENSOR_CORES=True),
+              'cuda_cores': dict(MODE='1', TENSOR_CORES=False)}
+
+
+def _use_execution(name: str) -> None:
+    from timm_lambda.layers.position_lambda import tiled_triton
+    for k, v in EXECUTIONS[name].items():
+        setattr(tiled_triton, k, v)
 
 
 def layer_benchmarks(out: str, dry_run: bool) -> None:
-    """One process for every (dtype, batch, mode): tools/benchmark_lambda_layer.py's table, one JSON."""
+    """One process for every (execution, dtype, batch, mode): tools/benchmark_lambda_layer.py's table (TF32 on, as
+    cuDNN's conv has it by default), one JSON (rewritten after each table). The tensor-core kernels at every setting,
+    the GEMM path and the CUDA-core kernels at the training steps."""
     import benchmark_lambda_layer as bl
     if dry_run:
         bl.fma_peak_gmacs = lambda: None  # the CPU's float32 limit (a 30 s measurement) is no GPU figure
     results = []
-    for dtype, batch, mode in LAYER_SETS:
-        path = os.path.join(out, f'layer_{dtype}_b{batch}_{mode}.json')
+    todo = [('tensor_cores', s) for s in LAYER_SETS] + [(e, s) for e in ('gemm', 'cuda_cores') for s in LAYER_SETS
+                                                         if s[2] == 'train']
+    if dry_run:  # every execution, dtype and mode once
+        todo = [t for t in todo if t[1][1] == 1 and (t[0] == 'tensor_cores' or t[1][0] == 'float32')]
+    for execution, (dtype, batch, mode) in todo:
+        _use_execution(execution)
+        path = os.path.join(out, f'layer_{execution}_{dtype}_b{batch}_{mode}.json')
         argv = ['--dtype', dtype, '--batch', str(batch), '--mode', mode, '--json', path]
         argv += ['--image-size', '64', '--repeats', '1'] if dry_run else ['--device', 'cuda', '--tf32', '--repeats',
-                                                                          '15']
-        print(f'## benchmark_lambda_layer.py {shlex.join(argv)}', flush=True)
-        bl.main(argv)
+                                                                          '10']
+        print(f'## {execution}: benchmark_lambda_layer.py {shlex.join(argv)}', flush=True)
+        from timm_lambda.layers.position_lambda import tiled_triton
+        launches = tiled_triton.LAUNCHES
+        try:
+            bl.main(argv)
+        except Exception as e:  # one failing table (strict mode: a kernel that fails) costs only itself
+            results.append(dict(execution=execution, settings=dict(dtype=dtype, batch=batch, mode=mode),
+                                error=f'{type(e).__name__}: {e}'[:2000]))
+            print(f'FAILED: {results[-1]["error"]}', flush=True)
+            continue
         with open(path) as f:
-            results.append(json.load(f))
-    with open(os.path.join(out, 'layer_benchmarks.json'), 'w') as f:
-        json.dump(results, f, indent=1)
+            results.append(dict(json.load(f), execution=execution, triton_launches=tiled_triton.LAUNCHES - launches))
+        with open(os.path.join(out, 'layer_benchmarks.json'), 'w') as f:
+            json.dump(results, f, indent=1)
+    _use_execution('tensor_cores')
+    graphs = graph_benchmarks(dry_run)
+    with open(os.path.join(out, 'graphs.json'), 'w') as f:
+        json.dump(graphs, f, indent=1)
+
+
+def graph_benchmarks(dry_run: bool) -> list:
+    """Batch 1: the launch overhead, a training step eager against the same step replayed from a CUDA graph
+    (``torch.cuda.make_graphed_callables``), float32 with TF32: one lambda layer and its conv at each shape, and
+    LambdaResNet-101's and ResNet-RS-101+SE's feature extractors at 1024 px (64 px in a dry run, which has no graphs:
+    eager twice)."""
+    import torch
+
+    import benchmark_lambda_layer as bl
+    import benchmark_models as bm
+    from dev.benchmarks.measure import interleaved_times, spread
+    device = 'cpu' if dry_run else 'cuda'
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    size = 64 if dry_run else 1024
+    cases = []
+    for width, side, stride in bl.backbone_shapes(size):
+        layers = bl._candidates(width, stride, ['auto'], device)
+        cases += [(f'{name} {width}ch {side}px s{stride}', m, (1, width, side, side)) for name, m in layers.items()]
+    for label, name, kw in (bm.LAMBDA101, bm.RS101):
+        cases.append((label + f' features {size}px', bm.build(name, kw, 'features', device), (1, 3, size, size)))
+    rows = []
+    for label, module, shape in cases:
+        module.train()
+        x = torch.randn(*shape, device=device, requires_grad=True)
+        try:
+            graphed = module if dry_run else torch.cuda.make_graphed_callables(module, (x,))
+        except Exception as e:  # a module that cannot be captured: say why, measure the others
+            rows.append(dict(case=label, error=f'{type(e).__name__}: {e}'[:1000]))
+            print(rows[-1], flush=True)
+            continue
+
+        def step(m):
+            def run():
+                out = m(x)
+                out = torch.cat([o.flatten() for o in out]) if isinstance(out, (list, tuple)) else out
+                out.float().sum().backward()
+            return run
+        times = interleaved_times({'eager': step(module), 'graphed': step(graphed)}, repeats=1 if dry_run else 15,
+                                  warmup=0 if dry_run else 3, device=device)
+        eager, graph = spread(times['eager'])[1], spread(times['graphed'])[1]
+        rows.append(dict(case=label, eager_ms=round(1e3 * eager, 3), graphed_ms=round(1e3 * graph, 3),
+                         ratio=round(graph / eager, 3)))
+        print(rows[-1], flush=True)
+        del graphed, module
+    return rows
 
 
 def layer_summary(path: str) -> list:
-    """Per (dtype, batch, mode): the layer's time over the conv's at each shape and summed."""
+    """Per (execution, dtype, batch, mode): the layer's time over the conv's at each shape and summed."""
     with open(path) as f:
         runs = json.load(f)
     rows = []
     for r in runs:
         s = r['settings']
+        if 'error' in r:
+            rows.append(dict(execution=r['execution'], **s, error=r['error']))
+            continue
         shapes = [(f"{x['width']}ch {x['size']}px s{x['stride']}", x['auto']['ms'], x['conv3x3']['ms'],
-                   x['auto']['peak_mib']) for x in r['results']]
-        rows.append(dict(dtype=s['dtype'], batch=s['batch'], mode=s['mode'], tf32=s['tf32'],
+                   x['auto']['peak_mib'], x['conv3x3']['peak_mib']) for x in r['results']]
+        rows.append(dict(execution=r['execution'], dtype=s['dtype'], batch=s['batch'], mode=s['mode'], tf32=s['tf32'],
+                         triton_launches=r.get('triton_launches'),
                          shapes={k: dict(layer_ms=round(a, 3), conv_ms=round(c, 3), ratio=round(a / c, 2),
-                                         layer_peak_mib=round(m, 1)) for k, a, c, m in shapes},
-                         ratio_summed=round(sum(a for _, a, _, _ in shapes) / sum(c for _, _, c, _ in shapes), 2)))
+                                         layer_peak_mib=round(m, 1), conv_peak_mib=round(cm, 1))
+                                 for k, a, c, m, cm in shapes},
+                         ratio_summed=round(sum(x[1] for x in shapes) / sum(x[2] for x in shapes), 2)))
     return rows
 
 
 def section_layer(run: Run, args) -> None:
     install(run, args.bundle)
-    pytest_step(run, 'cuda_tests_kernels', KERNEL_TESTS, args.workers, 200)
-    rc = run.step('layer_benchmarks', [PY, os.path.abspath(__file__), '_layer_benchmarks', '--into', run.path()]
-                  + (['--dry-run'] if run.dry_run else []), 150)
-    if rc == 0:
+    pytest_step(run, 'cuda_tests_kernels', KERNEL_TESTS, args.workers, 110)
+    run.step('layer_benchmarks', [PY, os.path.abspath(__file__), '_layer_benchmarks', '--into', run.path()]
+             + (['--dry-run'] if run.dry_run else []), 140)
+    if os.path.exists(run.path('layer_benchmarks.json')):  # what was measured, also where the step ran out of time
         run.record['results']['layer_vs_conv'] = layer_summary(run.path('layer_benchmarks.json'))
+    if os.path.exists(run.path('graphs.json')):
+        with open(run.path('graphs.json')) as f:
+            run.record['results']['cuda_graphs_batch1'] = json.load(f)
+    model_benchmarks(run, MODEL_BENCHMARKS[:1])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -280,12 +375,12 @@ def mask_rcnn(run: Run) -> None:
     opts = dict(image_size=size, classes=classes, num_classes=len(classes), validate=False)
     work, test_dir = run.path('mmdet_train'), run.path('mmdet_test')
     rc = run.step('mmdet_train', [PY, os.path.join(tools, 'train.py'), config, '--work-dir', work, '--cfg-options']
-                  + to_cli_options(small_run_overrides(root, max_iters=iters, batch_size=2, **opts)), 200)
+                  + to_cli_options(small_run_overrides(root, max_iters=iters, batch_size=2, **opts)), 100)
     ckpt = os.path.join(work, f'iter_{iters}.pth')
     res = dict(config=os.path.relpath(config, ROOT), image_size=size, iterations=iters, train_rc=rc)
     res['losses'] = _mmdet_losses(work)
     rc = run.step('mmdet_test', [PY, os.path.join(tools, 'test.py'), config, ckpt, '--work-dir', test_dir,
-                                 '--cfg-options'] + to_cli_options(small_run_overrides(root, **opts)), 120)
+                                 '--cfg-options'] + to_cli_options(small_run_overrides(root, **opts)), 60)
     res['test_rc'] = rc
     res['metrics'] = _mmdet_metrics(test_dir)
     run.record['results']['mask_rcnn'] = res
@@ -348,7 +443,7 @@ def timm_scripts(run: Run, bundle) -> None:
                                  '--val-split', 'val', '-b', '8' if run.dry_run else '32', '--epochs', '2',
                                  '--warmup-epochs', '0', '--lr', '0.02', '--output', out, '--experiment', 'run',
                                  '--log-interval', '1', '--checkpoint-hist', '1'] + common
-                  + (['--device', 'cpu', '--no-prefetcher', '--amp-dtype', 'bfloat16'] if run.dry_run else []), 150)
+                  + (['--device', 'cpu', '--no-prefetcher', '--amp-dtype', 'bfloat16'] if run.dry_run else []), 80)
     res['train_rc'] = rc
     summary = os.path.join(out, 'run', 'summary.csv')
     if os.path.exists(summary):
@@ -360,7 +455,7 @@ def timm_scripts(run: Run, bundle) -> None:
     rc = run.step('timm_validate', [PY, os.path.join(scripts, 'validate.py'), '--data-dir', data, '--split', 'val',
                                     '--checkpoint', ckpt, '-b', '16', '--results-file', results_file,
                                     '--results-format', 'json'] + common
-                  + (['--device', 'cpu', '--no-prefetcher', '--amp-dtype', 'bfloat16'] if run.dry_run else []), 90)
+                  + (['--device', 'cpu', '--no-prefetcher', '--amp-dtype', 'bfloat16'] if run.dry_run else []), 40)
     res['validate_rc'] = rc
     if os.path.exists(results_file):
         with open(results_file) as f:
@@ -370,20 +465,18 @@ def timm_scripts(run: Run, bundle) -> None:
 MODEL_BENCHMARKS = [  # name, arguments (GPU), arguments (dry run)
     ('models_backbone_b1', ['backbone', '--device', 'cuda', '--repeats', '10'],
      ['backbone', '--sizes', '64', '--repeats', '1']),
-    ('models_backbone_b4', ['backbone', '--device', 'cuda', '--batch', '4', '--repeats', '10'],
-     ['backbone', '--sizes', '64', '--batch', '2', '--repeats', '1']),
     ('models_c4', ['c4', '--device', 'cuda', '--repeats', '10'], ['c4', '--sizes', '64', '--repeats', '1']),
     ('models_cuda', ['cuda', '--repeats', '10'],
      ['cuda', '--device', 'cpu', '--sizes', '64', '32', '--batch', '1', '--classifier-batch', '2', '--repeats', '1']),
 ]
 
 
-def model_benchmarks(run: Run) -> None:
+def model_benchmarks(run: Run, which) -> None:
     res = run.record['results'].setdefault('models', {})
-    for name, gpu, dry in MODEL_BENCHMARKS:
+    for name, gpu, dry in which:
         path = run.path(f'{name}.json')
         rc = run.step(name, [PY, os.path.join(TOOLS, 'benchmark_models.py')] + (dry if run.dry_run else gpu)
-                      + ['--json', path], 100)
+                      + ['--json', path], 70)
         if rc == 0 and os.path.exists(path):
             with open(path) as f:
                 res[name] = json.load(f)
@@ -391,10 +484,10 @@ def model_benchmarks(run: Run) -> None:
 
 def section_mission(run: Run, args) -> None:
     install(run, args.bundle)
-    pytest_step(run, 'cuda_tests_models', MODEL_TESTS, args.workers, 150)
+    pytest_step(run, 'cuda_tests_models', MODEL_TESTS, args.workers, 90)
     mask_rcnn(run)
     timm_scripts(run, args.bundle)
-    model_benchmarks(run)
+    model_benchmarks(run, MODEL_BENCHMARKS[1:])
 
 
 def main(argv=None):

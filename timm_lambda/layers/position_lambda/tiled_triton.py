@@ -148,12 +148,14 @@ def _kernels():
     @triton.jit
     def _tc_rows(l_ptr, v_ptr, y_ptr, q_ptr, c_ptr, H, W, Ho, Wo, HEADS, U, V, C, KH, KW, STEP: tl.constexpr,
                  PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
-                 BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, LOGIT_GRAD: tl.constexpr, CONTENT: tl.constexpr):
+                 BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, LOGIT_GRAD: tl.constexpr, CONTENT: tl.constexpr,
+                 WIDEN: tl.constexpr):
         """Tensor cores: rows (head, query) of ``BLOCK_Q`` queries of one output row, all heads (they share the
         values), against the ``BLOCK_W`` value columns that hold their scopes, one scope row at a time. Forward:
         ``y += A V`` with ``A[(h, q), w] = L[h, q, ky, w - STEP q]`` gathered from the query-major compact logits
         (zero off the band), plus ``q lambda^c`` with ``CONTENT``. ``LOGIT_GRAD``: ``dA = dY V^T``, its band
-        stored into ``l`` (``y`` holds ``dY``)."""
+        stored into ``l`` (``y`` holds ``dY``). ``WIDEN``: 16-bit tiles widened to float32 before each product
+        (exact; Triton's interpreter has no bfloat16 matmul)."""
         ox0, oy, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1), tl.program_id(2).to(tl.int64)
         r = tl.arange(0, BLOCK_H * BLOCK_Q)
         hd, j = r // BLOCK_Q, r % BLOCK_Q
@@ -171,6 +173,8 @@ def _kernels():
         y_off = ((b * HEADS + hd) * V)[:, None] * howo + vv[None, :] * howo + oy * Wo + ox[:, None]
         if LOGIT_GRAD:
             g = tl.load(y_ptr + y_off, mask=rmask[:, None] & vmask[None, :], other=0.0)
+            if WIDEN:
+                g = g.to(tl.float32)
         else:
             acc = tl.zeros([BLOCK_H * BLOCK_Q, BLOCK_V], tl.float32)
         for u in range(U):
@@ -180,12 +184,16 @@ def _kernels():
                 if (row >= 0) & (row < H):
                     vt = tl.load(v_ptr + v_base + vv[None, :] * hw + row * W + col[:, None],
                                  mask=cmask[:, None] & vmask[None, :], other=0.0)  # [BW, BV], zero off the image
+                    if WIDEN:
+                        vt = vt.to(tl.float32)
                     l_at = l_ptr + l_row[:, None] + (u * KH + ky) * KW + kx
                     if LOGIT_GRAD:
                         da = tl.dot(g, tl.trans(vt), input_precision=PREC)
                         tl.store(l_at, da.to(l_ptr.dtype.element_ty), mask=kmask)
                     else:
                         a = tl.load(l_at, mask=kmask, other=0.0)
+                        if WIDEN:
+                            a = a.to(tl.float32)
                         acc = tl.dot(a, vt, acc, input_precision=PREC)
         if not LOGIT_GRAD:
             if CONTENT:
@@ -194,12 +202,15 @@ def _kernels():
                              + ox[:, None], mask=rmask[:, None] & (cc < C)[None, :], other=0.0)
                 cm = tl.load(c_ptr + b * C * V + cc[:, None] * V + vv[None, :],
                              mask=(cc < C)[:, None] & vmask[None, :], other=0.0)
+                if WIDEN:
+                    qm, cm = qm.to(tl.float32), cm.to(tl.float32)
                 acc = tl.dot(qm, cm, acc, input_precision=PREC)
             tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
 
     @triton.jit
     def _tc_value_grad(l_ptr, gy_ptr, gv_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, STEP: tl.constexpr,
-                       PREC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr):
+                       PREC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr,
+                       WIDEN: tl.constexpr):
         """Tensor cores: ``dv`` at ``BLOCK_P`` value columns of row ``r`` as ``sum_{h, ky} A^T dY`` over the
         ``BLOCK_W`` queries of output row ``(r + p_y - ky) / STEP`` whose scopes reach them (no atomics)."""
         c0, r, bu = tl.program_id(0) * BLOCK_P, tl.program_id(1), tl.program_id(2).to(tl.int64)
@@ -224,6 +235,8 @@ def _kernels():
                     at = tl.load(l_ptr + (q_row * ukk)[None, :] + (u * KH + ky) * KW + kx, mask=m, other=0.0)
                     g = tl.load(gy_ptr + ((b * HEADS + hd) * V + vv[None, :]) * howo + oy * Wo + ox[:, None],
                                 mask=qmask[:, None] & vmask[None, :], other=0.0)  # [BW, BV]
+                    if WIDEN:
+                        at, g = at.to(tl.float32), g.to(tl.float32)
                     acc = tl.dot(at, g, acc, input_precision=PREC)
         out = ((b * U + u) * V + vv[None, :]) * (H * W) + r * W + c[:, None]
         tl.store(gv_ptr + out, acc.to(gv_ptr.dtype.element_ty), mask=pmask[:, None] & vmask[None, :])
@@ -259,6 +272,17 @@ def tensor_cores(dtype: torch.dtype) -> bool:
 def _precision(dtype: torch.dtype) -> str:
     """``tl.dot``'s input precision: TF32 for float32 where torch's matmuls may use it, else exact."""
     return 'tf32' if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else 'ieee'
+
+
+# Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) keeps bfloat16 as raw 16-bit integers: its tl.dot would
+# multiply the bit patterns and its casts to bfloat16 truncate. There the tensor-core kernels widen bfloat16 tiles to
+# float32 before each product (exact, as the tensor cores' products are) and write float32 results that torch rounds
+# to bfloat16 (to nearest, as the GPU's conversion does).
+_INTERPRETED = os.environ.get('TRITON_INTERPRET', '0') == '1'
+
+
+def _widen(dtype: torch.dtype) -> bool:
+    return _INTERPRETED and dtype == torch.bfloat16
 
 
 def _pow2(n: int, least: int = 1) -> int:
@@ -350,17 +374,19 @@ def tiled_forward(q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements
     if tensor_cores(q.dtype):
         bq, bh, bw = _tc_row_tiles(h, wo, kw, step)
         bv, bc = _pow2(dv, 16), _pow2(c, 16)
+        widen = _widen(q.dtype)
+        out = y.float() if widen else y
         if content is not None:
             content = content.contiguous()
         for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
             logits = _query_major_logits(q[b0:b0 + n], table)
             cn = None if content is None else content[b0:b0 + n]
-            if not _launch(k['tc_rows'], (k['triton'].cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], y[b0:b0 + n],
+            if not _launch(k['tc_rows'], (k['triton'].cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], out[b0:b0 + n],
                            q[b0:b0 + n], logits if cn is None else cn, height, width, ho, wo, h, u, dv, c, kh, kw,
-                           step, _precision(q.dtype), bq, bh, bw, bv, bc, False, cn is not None,
+                           step, _precision(q.dtype), bq, bh, bw, bv, bc, False, cn is not None, widen,
                            num_warps=_warps(bh * bq * bv, bh * bq * bw)):
                 return None
-        return y
+        return out.to(y.dtype) if widen else y
     bq, bh, bv = _row_tiles(h, wo, dv)
     for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
         logits = _logits(q[b0:b0 + n], table)
@@ -386,21 +412,26 @@ def tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, c
         bq, bh, bw = _tc_row_tiles(h, wo, kw, step)
         bp, bwv = _tc_value_tiles(width, kw, step)
         bv = _pow2(dv, 16)
+        widen = _widen(q.dtype)
+        gvw = gv.float() if widen else gv
         for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
             qc, gyc = q[b0:b0 + n], gy[b0:b0 + n]
             logits = _query_major_logits(qc, table)  # [n h, Ho Wo, u K_h K_w]
-            if not _launch(k['tc_value_grad'], (cdiv(width, bp), height, n * u), logits, gyc, gv[b0:b0 + n],
-                           height, width, ho, wo, h, u, dv, kh, kw, step, prec, bp, bwv, bv,
+            if not _launch(k['tc_value_grad'], (cdiv(width, bp), height, n * u), logits, gyc, gvw[b0:b0 + n],
+                           height, width, ho, wo, h, u, dv, kh, kw, step, prec, bp, bwv, bv, widen,
                            num_warps=_warps(bp * bv, bp * bwv, bwv * bv)):
                 return None
-            gl = torch.zeros_like(logits)  # scope rows outside the image stay zero
+            gl = torch.zeros(logits.shape, dtype=torch.float32 if widen else logits.dtype, device=logits.device)
             if not _launch(k['tc_rows'], (cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc, qc, gl,
                            height, width, ho, wo, h, u, dv, c, kh, kw, step, prec, bq, bh, bw, bv, 16, True, False,
-                           num_warps=_warps(bh * bq * bv, bh * bq * bw)):
+                           widen, num_warps=_warps(bh * bq * bv, bh * bq * bw)):
                 return None
+            gl = gl.to(logits.dtype)  # the logit gradients in the 16-bit dtype, as a matmul's backward has them
             torch.bmm(rm.expand(n * h, *rm.shape), gl.transpose(1, 2), out=gq[b0:b0 + n].view(n * h, c, ho * wo))
             qt = qc.reshape(n * h, c, ho * wo).transpose(0, 1).reshape(c, n * h * ho * wo)
             gt += torch.mm(qt, gl.view(n * h * ho * wo, -1)).to(gt.dtype)
+        if widen:
+            gv.copy_(gvw)
         return gq, gv, gt.to(table.dtype).view_as(table)
     bq, bh, bv = _row_tiles(h, wo, dv)
     bp = max(1, min(_pow2(-(-width // step)), 4096 // bv))

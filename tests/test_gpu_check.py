@@ -1,0 +1,148 @@
+"""The GPU check (tools/gpu_check.py) and its offline bundle (tools/gpu_bundle.py) cannot rot between GPU runs: both
+commands run here on the CPU at tiny sizes (``--dry-run``), every step starting and writing its output; the bundle
+is built with pip and git stood in for (they would need the network) and checked the way the GPU machine installs
+it. timm's train.py and validate.py are not in timm's wheel or sdist: the mission's timm step runs where
+``TIMM_SCRIPTS`` names a folder holding them, and otherwise records that it did not."""
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import zipfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOL = os.path.join(ROOT, 'tools', 'gpu_check.py')
+BUNDLE = os.path.join(ROOT, 'tools', 'gpu_bundle.py')
+sys.path.insert(0, os.path.join(ROOT, 'tools'))
+import gpu_bundle  # noqa: E402
+
+
+def _run(args, timeout=900, **env):
+    return subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **env))
+
+
+def _wheel(path):
+    with zipfile.ZipFile(path, 'w') as z:
+        z.writestr('placeholder.txt', os.path.basename(path))
+
+
+def test_bundle_builds_offline_parts_and_installs_only_what_matches_its_manifest(tmp_path):
+    """``build``: pip's downloads (stood in for by a script that writes a wheel per requirement, recording its
+    arguments), the mmcv wheel from a folder named for the target, timm's scripts from a clone's tag; MANIFEST.json
+    names every file with its sha256. ``install --dry-run``: the pip commands are --no-index; a file that differs from
+    the manifest stops it, naming the file."""
+    fake_pip = tmp_path / 'pip.py'
+    fake_pip.write_text('import json, os, sys\nargs = sys.argv[1:]\nout = args[args.index("-d") + 1]\n'
+                        'json.dump(args, open(os.path.join(out, "..", "pip_args.json"), "w"))\n'
+                        'for r in args:\n    if "==" in r:\n        n, v = r.split("==")\n'
+                        '        name = n.replace("-", "_") + "-" + v + "-py3-none-any.whl"\n'
+                        '        open(os.path.join(out, name), "w").close()\n')
+    links = tmp_path / 'links' / 'cp312-torch2.11.0-cu130-sm90'
+    links.mkdir(parents=True)
+    _wheel(links / 'mmcv-2.1.0-cp312-cp312-linux_x86_64.whl')
+    repo = tmp_path / 'timm'
+    repo.mkdir()
+    for name in gpu_bundle.TIMM_SCRIPTS:
+        (repo / name).write_text(f'# {name}\n')
+    git = ['git', '-C', str(repo), '-c', 'user.name=t', '-c', 'user.email=t@t']
+    subprocess.run(git[:3] + ['init', '-q'], check=True)
+    subprocess.run(git + ['add', '.'], check=True)
+    subprocess.run(git + ['commit', '-qm', 'scripts'], check=True)
+    subprocess.run(git + ['tag', f"v{gpu_bundle.pins()['timm']}"], check=True)
+    out = tmp_path / 'bundle'
+    r = _run([BUNDLE, 'build', '--out', str(out), '--pip', f'{sys.executable} {fake_pip}', '--find-links',
+              str(tmp_path / 'links'), '--timm-repo', str(repo)])
+    assert r.returncode == 0, r.stderr[-3000:]
+    args = json.loads((out / 'pip_args.json').read_text())
+    assert args[:2] == ['download', '--no-deps'] and '--only-binary=:all:' in args and 'cp312' in args
+    pins = gpu_bundle.pins()
+    assert {a for a in args if '==' in a} == {f'{p}=={pins[p]}' for p in gpu_bundle.PACKAGES}
+    manifest = json.loads((out / 'MANIFEST.json').read_text())
+    assert 'wheels/mmcv-2.1.0-cp312-cp312-linux_x86_64.whl' in manifest['files']
+    assert {f'timm_scripts/{n}' for n in gpu_bundle.TIMM_SCRIPTS} <= set(manifest['files'])
+    assert manifest['target'] == dict(python='3.12', torch='2.11.0+cu130', cuda_arch='9.0')
+    assert f"v{pins['timm']}" in manifest['timm_scripts_from']
+    r = _run([BUNDLE, 'install', '--bundle', str(out), '--dry-run'])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert '--no-index' in r.stderr and f'--force-reinstall {ROOT}' in r.stderr  # this checkout, offline
+    installed = [w for w in manifest['files'] if w.endswith('.whl') and w.split('/')[1] in r.stderr]
+    assert all(gpu_bundle.wheel_dist(w)[1] != _version(gpu_bundle.wheel_dist(w)[0]) for w in installed), installed
+    (out / 'timm_scripts' / 'train.py').write_text('changed\n')
+    r = _run([BUNDLE, 'install', '--bundle', str(out), '--dry-run'])
+    assert r.returncode != 0 and 'timm_scripts/train.py does not match MANIFEST.json' in r.stderr
+
+
+def _version(name):
+    import importlib.metadata as md
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def test_bundle_build_without_an_mmcv_wheel_names_the_remedies(tmp_path):
+    r = _run([BUNDLE, 'build', '--out', str(tmp_path / 'b'), '--pip', f'{sys.executable} -c pass', '--find-links',
+              str(tmp_path), '--torch', '2.99.0+cu139'], PIP_FIND_LINKS='')
+    assert r.returncode != 0
+    assert 'cp312-torch2.99.0-cu139-sm90' in r.stderr and '--build-mmcv' in r.stderr and '--mmcv-wheel' in r.stderr
+
+
+def _check_outputs(out, section):
+    with open(os.path.join(out, f'gpu_check_{section}.json')) as f:
+        record = json.load(f)
+    for key in ('command', 'date', 'commit', 'machine', 'steps', 'results'):
+        assert key in record, key
+    assert record['dry_run'] and record['machine']['gpu'] is None
+    failed = [s for s in record['steps'] if s.get('rc') not in (0, None)]
+    assert not failed, failed
+    with tarfile.open(os.path.join(out, f'gpu_check_{section}.tar.gz')) as tar:
+        names = tar.getnames()
+    for s in record['steps']:
+        if s.get('rc') == 0:
+            assert s['log'] in names, s['log']
+    return record, names
+
+
+@pytest.mark.slow
+def test_gpu_check_layer_dry_run(tmp_path):
+    """Command 1 on the CPU: the CUDA kernel tests collected (and skipped here), the layer against the conv for every
+    execution, dtype and mode, the batch-1 graph comparison, the backbone comparison."""
+    r = _run([TOOL, 'layer', '--dry-run', '--out', str(tmp_path)])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    record, names = _check_outputs(str(tmp_path), 'layer')
+    assert [s['name'] for s in record['steps']] == ['cuda_tests_kernels', 'layer_benchmarks', 'models_backbone_b1']
+    assert all(s['rc'] == 0 for s in record['steps'])
+    tests = record['results']['cuda_tests_kernels']
+    assert tests['tests'] > 200 and tests['skipped'] == tests['tests']  # no CUDA here
+    rows = record['results']['layer_vs_conv']
+    assert {r['execution'] for r in rows} == {'tensor_cores', 'gemm', 'cuda_cores'}
+    assert {(r['dtype'], r['mode']) for r in rows if r['execution'] == 'tensor_cores'} == {
+        (d, m) for d in ('float32', 'bfloat16') for m in ('train', 'eval')}
+    assert all(len(r['shapes']) == 3 and r['ratio_summed'] > 0 for r in rows)
+    graphs = record['results']['cuda_graphs_batch1']
+    assert len(graphs) == 8 and all('eager_ms' in g for g in graphs), graphs
+    assert 'models_backbone_b1' in record['results']['models']
+    assert 'layer_files/layer_benchmarks.json' in names
+
+
+@pytest.mark.slow
+def test_gpu_check_mission_dry_run(tmp_path):
+    """Command 2 on the CPU: the model tests collected, Mask R-CNN through mmdet's tools/train.py and tools/test.py
+    (bbox and segm AP from pycocotools), timm's train.py and validate.py where TIMM_SCRIPTS has them, the model
+    comparisons."""
+    r = _run([TOOL, 'mission', '--dry-run', '--out', str(tmp_path)])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    record, names = _check_outputs(str(tmp_path), 'mission')
+    res = record['results']
+    assert res['mask_rcnn']['train_rc'] == 0 and res['mask_rcnn']['test_rc'] == 0
+    for k in ('coco/bbox_mAP', 'coco/segm_mAP'):
+        assert isinstance(res['mask_rcnn']['metrics'][k], float), res['mask_rcnn']
+    assert res['mask_rcnn']['losses']['logged'] >= 2
+    if os.environ.get('TIMM_SCRIPTS'):
+        assert res['timm_scripts']['train_rc'] == 0 and 'top1' in res['timm_scripts']['validate']
+    else:
+        assert 'not found' in res['timm_scripts']['note']
+    assert set(res['models']) == {'models_c4', 'models_cuda'}
