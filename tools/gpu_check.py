@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,8 +105,11 @@ class Run:
     def __init__(self, section: str, out: str, budget: float, dry_run: bool, argv):
         self.section, self.dry_run, self.t0, self.budget = section, dry_run, time.time(), budget
         self.out = os.path.abspath(out)
-        self.work = os.path.join(self.out, f'{section}_files')  # logs, raw JSON, work dirs: packed at the end
+        # logs, raw JSON, work dirs: packed at the end; outside OUT, which must hold only the two result files
+        self.scratch = os.path.join(tempfile.gettempdir(), f'gpu_check_{os.getpid()}')
+        self.work = os.path.join(self.scratch, f'{section}_files')
         shutil.rmtree(self.work, ignore_errors=True)
+        os.makedirs(self.out, exist_ok=True)
         os.makedirs(self.work)
         self.record = dict(section=section, command=shlex.join(['python', 'tools/gpu_check.py'] + argv),
                            date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(),
@@ -129,7 +133,8 @@ class Run:
         else:
             limit = min(limit, self.left() - 25)
         log_path = os.path.join(self.work, f'{name}.log')
-        entry = dict(name=name, command=shlex.join(cmd), log=os.path.relpath(log_path, self.out), limit_s=round(limit))
+        entry = dict(name=name, command=shlex.join(cmd), log=os.path.relpath(log_path, self.scratch),
+                     limit_s=round(limit))
         self.record['steps'].append(entry)
         if limit < 5:
             entry.update(rc=None, seconds=0, note='not started: the section\'s time budget is spent')
@@ -172,8 +177,8 @@ class Run:
         with tarfile.open(os.path.join(self.out, f'gpu_check_{self.section}.tar.gz'), 'w:gz') as tar:
             for p in sorted(glob.glob(os.path.join(self.work, '*'))):
                 if p.endswith(('.log', '.json', '.xml', '.csv')):  # no checkpoints or images
-                    tar.add(p, arcname=os.path.relpath(p, self.out))
-        shutil.rmtree(self.work, ignore_errors=True)
+                    tar.add(p, arcname=os.path.relpath(p, self.scratch))
+        shutil.rmtree(self.scratch, ignore_errors=True)
         print(f'[gpu_check] {self.section}: {"ok" if self.record["ok"] else "FAILED steps"} in '
               f'{self.record["seconds"]} s; wrote {summary}', flush=True)
         return summary
