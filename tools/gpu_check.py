@@ -25,6 +25,7 @@ GPU, driver, torch, Triton, every step's exit code and time, the test counts and
 only checked; it proves that every step starts, every path exists and every output is written.
 """
 import argparse
+import copy
 import glob
 import json
 import os
@@ -53,15 +54,17 @@ MODEL_TESTS = '(training_step or batch_one) and not mmdet'
 
 
 def commit() -> str:
-    """The checkout's commit (``git rev-parse HEAD``), else ``$TIMM_LAMBDA_COMMIT`` (a copied tree has no .git);
-    ``+dirty`` where tracked files differ from it."""
+    """``$TIMM_LAMBDA_COMMIT`` where set (a copied tree's .git may be another commit's), else the checkout's
+    (``git rev-parse HEAD``, ``+dirty`` where tracked files differ from it)."""
+    if os.environ.get('TIMM_LAMBDA_COMMIT'):
+        return os.environ['TIMM_LAMBDA_COMMIT']
     try:
         head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True, check=True)
         dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=ROOT,
                                capture_output=True, text=True).stdout.strip()
         return head.stdout.strip() + ('+dirty' if dirty else '')
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get('TIMM_LAMBDA_COMMIT', 'unknown')
+        return 'unknown'
 
 
 def machine() -> dict:
@@ -297,12 +300,15 @@ def graph_benchmarks(dry_run: bool) -> list:
         cases += [(f'{name} {width}ch {side}px s{stride}', m, (1, width, side, side)) for name, m in layers.items()]
     for label, name, kw in (bm.LAMBDA101, bm.RS101):
         cases.append((label + f' features {size}px', bm.build(name, kw, 'features', device), (1, 3, size, size)))
+    c4 = size if dry_run else size // 2  # 512 px: the C4 comparison's size
+    for label, name, kw in bm.COMPARISONS['c4'][0][:2]:
+        cases.append((label + f' features {c4}px', bm.build(name, kw, 'features', device), (1, 3, c4, c4)))
     rows = []
     for label, module, shape in cases:
         module.train()
         x = torch.randn(*shape, device=device, requires_grad=True)
-        try:
-            graphed = module if dry_run else torch.cuda.make_graphed_callables(module, (x,))
+        try:  # make_graphed_callables replaces a module's forward: graph a copy
+            graphed = module if dry_run else torch.cuda.make_graphed_callables(copy.deepcopy(module), (x,))
         except Exception as e:  # a module that cannot be captured: say why, measure the others
             rows.append(dict(case=label, error=f'{type(e).__name__}: {e}'[:1000]))
             print(rows[-1], flush=True)
@@ -498,7 +504,7 @@ def section_mission(run: Run, args) -> None:
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('section', choices=['layer', 'mission', '_layer_benchmarks'])
+    p.add_argument('section', choices=['layer', 'mission', '_layer_benchmarks', '_graphs'])
     p.add_argument('--bundle', default=None, help='the offline bundle folder (tools/gpu_bundle.py build)')
     p.add_argument('--out', default='work_dirs/gpu_check', help='where the two result files go')
     p.add_argument('--budget', type=float, default=420, help='seconds for the whole section (default: %(default)s)')
@@ -509,6 +515,14 @@ def main(argv=None):
     if args.section == '_layer_benchmarks':
         sys.path[:0] = [TOOLS, ROOT]
         return layer_benchmarks(args.into, args.dry_run)
+    if args.section == '_graphs':  # the batch-1 graph comparison alone
+        sys.path[:0] = [TOOLS, ROOT]
+        rows = graph_benchmarks(args.dry_run)
+        with open(os.path.join(args.into, 'graphs.json'), 'w') as f:
+            json.dump(dict(command=shlex.join(['python', 'tools/gpu_check.py'] + argv), machine=machine(),
+                           commit=commit(), date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), results=rows),
+                      f, indent=1, default=str)
+        return rows
     sys.path[:0] = [TOOLS, ROOT]
     if args.workers is None:
         args.workers = 1 if args.dry_run else min(8, max(1, (os.cpu_count() or 2) // 2))
