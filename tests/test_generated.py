@@ -33,11 +33,15 @@ def test_readme_blocks_are_required():
 
 def test_mmdet_metafile_indexes_the_table14_configs():
     """configs/mmdet/metafile.yml in mmdet's format: one Collection with its Paper, one Model per Table 14 config
-    (Name, In Collection, an existing Config, Metadata, the paper's box and mask AP as Results)."""
+    (Name, In Collection, an existing Config, Metadata, the paper's box and mask AP as Results, labelled as the
+    paper's, and no Weights: no checkpoint of these configs is published)."""
     import yaml
 
     from timm_lambda.paper import TABLE14
-    meta = yaml.safe_load((REPO / 'configs' / 'mmdet' / 'metafile.yml').read_text())
+    text = (REPO / 'configs' / 'mmdet' / 'metafile.yml').read_text()
+    meta = yaml.safe_load(text)
+    note = '# Results from the LambdaNetworks paper (Table 14), not produced by these configs; no weights'
+    assert text.count(note) == len(TABLE14)
     (collection,) = meta['Collections']
     assert collection['Paper']['URL'] == 'https://arxiv.org/abs/2102.08602'
     models = {m['Name']: m for m in meta['Models']}
@@ -48,6 +52,8 @@ def test_mmdet_metafile_indexes_the_table14_configs():
         assert entry['In Collection'] == collection['Name']
         assert entry['Config'] == f'configs/mmdet/{name}.py' and (REPO / entry['Config']).is_file()
         assert entry['Metadata']['Backbone'] == model and entry['Metadata']['Iterations'] == 130000
+        assert 'Weights' not in entry and entry['Paper'] == collection['Paper']
+        assert (REPO / entry['README']).is_file()
         results = {r['Task']: r for r in entry['Results']}
         assert results['Object Detection']['Dataset'] == results['Instance Segmentation']['Dataset'] == 'COCO'
         assert results['Object Detection']['Metrics'] == {'box AP': box}

@@ -84,12 +84,11 @@ def _describe(name: str) -> str:
         'resnet50_lambda_dli14': 'resnet50_lambda with d-li14/lambda.pytorch\'s position bias and padding-counted '
                                  'pooling: the architecture of their ImageNet weights',
         'mobilenetv2_100_lambda': 'MobileNet-v2, blocks 10 and 16 lightweight lambda blocks (E.4.2, Table 17)',
-        'aa_resnet34': 'AA-ResNet-34: first 3x3 conv of every c3-c5 block attention augmented, kappa=upsilon=0.25 '
-                       '(AA paper)',
-        'aa_resnet50': 'AA-ResNet-50: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 '
-                       '(AA paper; Table 3)',
-        'aa_resnet101': 'AA-ResNet-101: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 (AA paper)',
-        'aa_resnet152': 'AA-ResNet-152: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 (AA paper)',
+        # the AA paper (Bello et al. 2019) is named in the paper column ("AA Table 3"); rows stay within 200 characters
+        'aa_resnet34': 'AA-ResNet-34: first 3x3 conv of each c3-c5 block attention augmented, kappa=upsilon=0.25',
+        'aa_resnet50': 'AA-ResNet-50: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2 (Table 3)',
+        'aa_resnet101': 'AA-ResNet-101: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2',
+        'aa_resnet152': 'AA-ResNet-152: every c3-c5 3x3 conv attention augmented, kappa=2 upsilon=0.2',
         'resnet50_global_attn': 'vanilla ResNet-50, every 3x3 conv global relative self-attention (Table 4)',
         'resnet50_axial_attn': 'vanilla ResNet-50, every 3x3 conv axial self-attention (Table 4)',
         'resnet50_local_attn7': 'vanilla ResNet-50, every 3x3 conv 7x7 local self-attention (Tables 3, 4)',

@@ -159,10 +159,8 @@ def markdown(result: dict) -> str:
     """Table 4 side by side: the paper's figures and ours (see the module docstring for the conventions)."""
     b, size = result['batch'], result['img_size']
     lines = [
-        f'| Layer | model | space complexity | memory, paper (GB, b=128) | memory, analytic (GiB, b=128) '
-        f'| peak memory of a training step, measured (GiB, b={b}) | time ratio, paper (inference) '
-        f'| time ratio, ours (training step, b={b}) | time ratio, ours (inference, b={b}) '
-        f'| training step (s) | params (M) | top-1, paper |',
+        '| Layer | model | complexity | memory, paper (GB) | memory, analytic (GiB) | measured peak (GiB) '
+        '| time ratio, paper | ours, training | ours, inference | train step (s) | params (M) | top-1, paper |',
         '|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|',
     ]
     for r in result['rows']:
@@ -198,22 +196,23 @@ frame) whose 16 bottleneck 3x3 convolutions are all replaced by the layer, at {s
 
 - **memory, paper**: LambdaNetworks Table 4 (attention maps or position embeddings, float32, batch 128; "-"
   where the paper gives none).
-- **memory, analytic**: the figure the space-complexity column gives in the paper's convention, which we
+- **memory, analytic**: the figure the complexity column gives in the paper's convention, which we
   reconstructed from its numbers: batch 128, float32, 8 heads, |k| = 16, every layer at its stage's output
   resolution at 224 px (56, 28, 14, 7 px), GiB. It reproduces 120 / 4.8 / 1.9 / 0.95 / 0.63 (global
   attention b h n^2 per layer; axial b h n (H + W); lambda k n^2 per layer; shared: one k n^2 table per
   resolution). Local attention and the lambda convolution are our evaluation of the same formulas.
-- **peak memory of a training step, measured**: forward, cross-entropy and backward at batch {b}, the most
-  memory the CPU allocator held at once for blocks allocated during the step (activations, attention maps,
+- **measured peak**: the peak memory of a training step (forward, cross-entropy and backward) at batch {b},
+  the most memory the CPU allocator held at once for blocks allocated during the step (activations, attention maps,
   temporaries inside every operator, gradients; parameters and the input excluded; read from the profiler's
   allocator events, tools/dev/benchmarks/measure.py). It includes the whole network's
   activations, so it is not the paper's quantity; a row estimated above `--max-gib` is not run (the paper's
   OOM) and only its analytic figure stands.
 - **time ratio, paper**: the lambda layer's inference throughput divided by the row's (8 TPUv3 cores).
-  **Ours**: median time per training step (and per inference forward, `no_grad`) divided by the lambda
-  layer's, interleaved in one process; CPU float32, so only the ratios compare, and only loosely (CPU
-  kernels, not TPU ones; the lambda layer rows pick their implementation per size, `impl='auto'`, except
-  the lambda convolution row, `impl='conv'`). The load average in the footer says how busy the 2 cores were.
+- **ours, training / inference**: median time per training step at batch {b} (and per inference forward,
+  `no_grad`) divided by the lambda layer's, interleaved in one process; CPU float32, so only the ratios compare,
+  and only loosely (CPU kernels, not TPU ones; the lambda layer rows pick their implementation per size,
+  `impl='auto'`, except the lambda convolution row, `impl='conv'`). The load average in the footer says how busy
+  the 2 cores were.
 """
 
 
