@@ -171,3 +171,24 @@ def test_tensor_core_kernels_compile_for_sm90_with_mma(heads, dim_k, dim_v, side
             ops = set(re.findall(r'\b(wgmma|mma)\.', compiled.asm['ptx']))
             assert bool(ops) == mma, f'{name}: tensor-core instructions {ops or "none"}'
             assert compiled.metadata.shared <= 227 * 1024, f'{name}: {compiled.metadata.shared} bytes of shared memory'
+
+
+def test_a_kernel_error_at_the_first_launch_propagates(monkeypatch):
+    """Only an error that says Triton cannot run here turns the execution off: a kernel that does not fit the GPU
+    (Triton's OutOfResources) or runs out of memory is a bug or a real failure, and raises."""
+    pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
+    import torch
+    from triton.runtime.errors import OutOfResources
+
+    from timm_lambda.layers.position_lambda import tiled_triton
+
+    monkeypatch.setattr(tiled_triton, 'STRICT', False)
+    monkeypatch.setattr(tiled_triton, '_LAUNCHED', False)
+    monkeypatch.setattr(tiled_triton, 'MODE', 'auto')
+    for error in (OutOfResources(300000, 232448, 'shared memory'), torch.OutOfMemoryError('CUDA out of memory')):
+        def broken(*args, error=error, **meta):
+            raise error
+        with pytest.raises(type(error)):
+            tiled_triton._launch({(1,): broken}, (1,))
+        assert tiled_triton.MODE == 'auto'
+    assert tiled_triton._cannot_run_here(RuntimeError('0 active drivers'))

@@ -48,8 +48,10 @@ _LAUNCHED = False  # a kernel has run in this process: later errors are errors, 
 
 
 def _launch(kernel, grid, *args, **meta) -> bool:
-    """Run ``kernel``; False where it is the process's first launch and it fails (this execution is then off: the
-    caller takes the GEMM path)."""
+    """Run ``kernel``; False where it is the process's first launch and it fails because Triton cannot build or run
+    kernels here (:func:`_cannot_run_here`: this execution is then off, the caller takes the GEMM path). Any other
+    error (a kernel that does not compile or does not fit the GPU: a bug), any error after a first launch succeeded,
+    and every error in strict mode propagate."""
     global MODE, _LAUNCHED, LAUNCHES
     if _LAUNCHED or STRICT:
         kernel[grid](*args, **meta)
@@ -58,6 +60,8 @@ def _launch(kernel, grid, *args, **meta) -> bool:
     try:
         kernel[grid](*args, **meta)
     except Exception as e:
+        if not _cannot_run_here(e):
+            raise
         MODE = '0'
         warn_once('triton', f'the tiled form\'s Triton kernels failed at their first launch ({type(e).__name__}: '
                             f'{str(e)[:300]}); the position lambdas run as batched GEMMs instead (correct, slower)')
@@ -65,6 +69,21 @@ def _launch(kernel, grid, *args, **meta) -> bool:
     _LAUNCHED = True
     LAUNCHES += 1
     return True
+
+
+def _cannot_run_here(e: Exception) -> bool:
+    """Whether ``e`` says that this Triton cannot build or run kernels on this machine (no driver, no assembler for
+    this GPU, a missing library: ``RuntimeError``, ``OSError``, ``ImportError``, Triton's ``PTXASError``), as opposed
+    to a kernel that is wrong or does not fit (Triton's ``CompilationError``, ``OutOfResources``) or a tensor error
+    such as running out of memory."""
+    try:
+        from triton.compiler.errors import CompilationError
+        from triton.runtime.errors import OutOfResources, PTXASError
+    except ImportError:  # another Triton: judge by the builtin types alone
+        CompilationError = OutOfResources = PTXASError = ()
+    if isinstance(e, (CompilationError, OutOfResources)) or isinstance(e, torch.OutOfMemoryError):
+        return False
+    return isinstance(e, (RuntimeError, OSError, ImportError) + ((PTXASError,) if PTXASError else ()))
 
 
 @functools.lru_cache(maxsize=None)
