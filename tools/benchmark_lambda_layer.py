@@ -43,7 +43,7 @@ import time
 import torch
 from torch import nn
 
-from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread, step_macs
+from dev.benchmarks.measure import commit, interleaved_times, load_average, machine, peak_step_bytes, spread, step_macs
 from dev.benchmarks.peak import fma_peak_gmacs
 from timm_lambda.layers import LambdaLayer
 
@@ -284,7 +284,8 @@ def main(argv=None):
         settings = dict({k: getattr(args, k) for k in keys}, dtype=str(args.dtype).replace('torch.', ''),
                         threads=torch.get_num_threads())
         command = shlex.join(['python', 'tools/benchmark_lambda_layer.py', *(sys.argv[1:] if argv is None else argv)])
-        record = dict(command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), load_before=load_before,
+        record = dict(command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), commit=commit(),
+                      load_before=load_before,
                       machine=machine(args.device), settings=settings)
         if not args.sweep:  # the table's yardstick (None where not measured: another device or dtype)
             record['fma_peak_gmac_per_s'] = peak

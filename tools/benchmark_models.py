@@ -42,7 +42,7 @@ import timm
 import torch
 from torch import nn
 
-from dev.benchmarks.measure import interleaved_times, load_average, machine, peak_step_bytes, spread, step_macs
+from dev.benchmarks.measure import commit, interleaved_times, load_average, machine, peak_step_bytes, spread, step_macs
 from dev.benchmarks.peak import fma_peak_gmacs
 from timm_lambda import LambdaLayer
 
@@ -361,9 +361,11 @@ def main(argv=None):
         record_memory(args.json, results, dict(
             command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), machine=machine(device),
             method='tools/dev/benchmarks/measure.py: allocator events (torch.profiler, profile_memory)'))
-    elif args.json:
+    elif args.json:  # each row names the command, date and commit that produced it (the machine and loads too)
+        command = shlex.join(['python', 'tools/benchmark_models.py', *(sys.argv[1:] if argv is None else argv)])
+        stamp = dict(command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), commit=commit())
         with open(args.json, 'w') as f:
-            json.dump(results, f, indent=1, default=str)
+            json.dump([dict(r, **stamp) for r in results], f, indent=1, default=str)
 
 
 if __name__ == '__main__':

@@ -47,6 +47,22 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
 
 
+def commit() -> str:
+    """The checkout's commit (``git rev-parse HEAD``, ``+dirty`` where tracked files differ), ``$TIMM_LAMBDA_COMMIT``
+    where set (a copied tree), else ``'unknown'``: what every committed result names."""
+    if os.environ.get('TIMM_LAMBDA_COMMIT'):
+        return os.environ['TIMM_LAMBDA_COMMIT']
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    try:
+        head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=root,
+                               capture_output=True, text=True).stdout.strip()
+        return head.stdout.strip() + ('+dirty' if dirty else '')
+    except (OSError, subprocess.CalledProcessError):
+        return 'unknown'
+
+
 def machine(device: str = 'cpu') -> str:
     """One line naming the device, threads, torch version and the load when called."""
     if device.startswith('cuda'):
