@@ -1,6 +1,6 @@
 """Run by tests/test_tiled_triton.py in a process with ``TRITON_INTERPRET=1``: the tiled operator's Triton kernels
 (timm_lambda/layers/position_lambda/tiled_triton.py), interpreted on the CPU, in strict mode (a kernel that fails
-raises; a run in which no kernel launched fails).
+raises; a run in which no kernel launched fails), outputs pre-filled with NaN (an element no kernel wrote fails).
 
 Arguments, one run each:
 
@@ -31,6 +31,7 @@ from timm_lambda.layers.position_lambda import cpu_kernel, custom_ops, tiled_tri
 cpu_kernel.ENABLED = False  # the CPU kernel would serve these CPU tensors first
 tiled_triton.runs = lambda q, v, table: q.dtype in tiled_triton._SERVED and tiled_triton._kernels() is not None
 tiled_triton.STRICT = True  # a kernel that fails raises (no GEMM-path answer)
+tiled_triton.PREFILL_NAN = True  # an output element no kernel wrote stays NaN and fails the comparison
 torch.backends.cuda.matmul.allow_tf32 = False  # float32: the exact tl.dot
 
 

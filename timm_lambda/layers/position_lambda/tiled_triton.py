@@ -42,6 +42,7 @@ MODE = os.environ.get('TIMM_LAMBDA_TRITON', 'auto')  # 'auto', '1' (wherever it 
 # a failed launch raises instead of turning Triton off (tests, tools/gpu_check.py)
 STRICT = os.environ.get('TIMM_LAMBDA_STRICT', '0').strip().lower() in ('1', 'true', 'yes', 'on')
 LAUNCHES = 0  # kernel launches that returned in this process: what tests read to see that a kernel ran
+PREFILL_NAN = False  # tests: outputs the kernels write start as NaN, so that an element no kernel wrote shows
 SMALL_CALL = 4096  # queries (images x output positions) of a call up to which Triton runs in 'auto'
 _SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _LAUNCHED = False  # a kernel has run in this process: later errors are errors, not an unusable Triton
@@ -390,6 +391,8 @@ def tiled_forward(q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements
     y = q.new_empty(b, h * dv, ho, wo)
     if y.numel() == 0:
         return y
+    if PREFILL_NAN:
+        y.fill_(float('nan'))
     if tensor_cores(q.dtype):
         bq, bh, bw = _tc_row_tiles(h, wo, kw, step)
         bv, bc = _pow2(dv, 16), _pow2(c, 16)
@@ -424,6 +427,8 @@ def tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, c
     gt = torch.zeros(c, u * kh * kw, dtype=torch.promote_types(table.dtype, torch.float32), device=q.device)
     if q.numel() == 0 or v.numel() == 0:
         return gq.zero_(), gv.zero_(), gt.to(table.dtype).view_as(table)
+    if PREFILL_NAN:
+        gq.fill_(float('nan')), gv.fill_(float('nan'))
     cdiv = k['triton'].cdiv
     rm = table.view(c, u * kh * kw)
     if tensor_cores(q.dtype):
