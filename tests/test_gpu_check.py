@@ -113,7 +113,8 @@ def test_gpu_check_layer_dry_run(tmp_path):
     r = _run([TOOL, 'layer', '--dry-run', '--out', str(tmp_path)])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     record, names = _check_outputs(str(tmp_path), 'layer')
-    assert [s['name'] for s in record['steps']] == ['cuda_tests_kernels', 'layer_benchmarks', 'models_backbone_b1']
+    assert [s['name'] for s in record['steps']] == ['cuda_tests_kernels', 'layer_benchmarks', 'models_graphs',
+                                                    'models_backbone_b1']
     assert all(s['rc'] == 0 for s in record['steps'])
     tests = record['results']['cuda_tests_kernels']
     assert tests['tests'] > 200 and tests['skipped'] == tests['tests']  # no CUDA here
@@ -123,8 +124,10 @@ def test_gpu_check_layer_dry_run(tmp_path):
         (d, m) for d in ('float32', 'bfloat16') for m in ('train', 'eval')}
     assert all(len(r['shapes']) == 3 and r['ratio_summed'] > 0 for r in rows)
     graphs = record['results']['cuda_graphs_batch1']
-    assert len(graphs) == 8 and all('eager_ms' in g for g in graphs), graphs
-    assert 'models_backbone_b1' in record['results']['models']
+    assert len(graphs) == 6 and all('eager_ms' in g for g in graphs), graphs
+    rows = record['results']['models']['models_graphs'][0]['rows']
+    assert len(rows) == 4 and all('eager_ms' in r for r in rows), rows
+    assert {'models_graphs', 'models_backbone_b1'} <= set(record['results']['models'])
     assert 'layer_files/layer_benchmarks.json' in names
 
 

@@ -36,6 +36,7 @@ allocator's events, custom operators included).
 """
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -43,7 +44,16 @@ import time
 import torch
 from torch import nn
 
-from dev.benchmarks.measure import commit, interleaved_times, load_average, machine, peak_step_bytes, spread, step_macs
+from dev.benchmarks.measure import (
+    commit,
+    graphed_step,
+    interleaved_times,
+    load_average,
+    machine,
+    peak_step_bytes,
+    spread,
+    step_macs,
+)
 from dev.benchmarks.peak import fma_peak_gmacs
 from timm_lambda.layers import LambdaLayer
 
@@ -228,6 +238,64 @@ def _plot(results, args, machine_line=None):
     print(f'plot: {args.plot}')
 
 
+# the GPU check's tables (tools/gpu_check.py layer): every dtype, batch and mode on the default execution, the training
+# steps on the other CUDA executions of the tiled operator, selected by tiled_triton's switches
+GPU_CHECK_SETS = [(dtype, batch, mode) for mode in ('train', 'eval') for batch in (1, 8)
+                  for dtype in ('float32', 'bfloat16')]
+EXECUTIONS = {'tensor_cores': dict(MODE='auto', TENSOR_CORES=True), 'gemm': dict(MODE='0', TENSOR_CORES=True),
+              'cuda_cores': dict(MODE='1', TENSOR_CORES=False)}
+
+
+def use_execution(name: str) -> None:
+    """Select one of :data:`EXECUTIONS` (``tensor_cores`` is what ``auto`` runs on CUDA)."""
+    from timm_lambda.layers.position_lambda import tiled_triton
+    for k, v in EXECUTIONS[name].items():
+        setattr(tiled_triton, k, v)
+
+
+def gpu_check(out: str, tiny: bool) -> None:
+    """``--gpu-check DIR``: one process for every (execution, dtype, batch, mode) of the GPU check, a JSON per table
+    and ``layer_benchmarks.json`` (all of them, rewritten after each, a failing table recorded with its error), then
+    the batch-1 CUDA-graph comparison of the layers and their convs (``graphs.json``). ``tiny``: the CPU at 64 px, one
+    round (the dry run: every path runs)."""
+    from timm_lambda.layers.position_lambda import tiled_triton
+    global fma_peak_gmacs
+    if tiny:
+        fma_peak_gmacs = lambda: None  # noqa: E731  (the CPU's float32 limit, a 30 s measurement, is no GPU figure)
+    todo = [('tensor_cores', s) for s in GPU_CHECK_SETS] + [
+        (e, s) for e in ('gemm', 'cuda_cores') for s in GPU_CHECK_SETS if s[2] == 'train']
+    if tiny:  # every execution, dtype and mode once
+        todo = [t for t in todo if t[1][1] == 1 and (t[0] == 'tensor_cores' or t[1][0] == 'float32')]
+    results = []
+    for execution, (dtype, batch, mode) in todo:
+        use_execution(execution)
+        path = os.path.join(out, f'layer_{execution}_{dtype}_b{batch}_{mode}.json')
+        argv = ['--dtype', dtype, '--batch', str(batch), '--mode', mode, '--json', path]
+        argv += ['--image-size', '64', '--repeats', '1'] if tiny else ['--device', 'cuda', '--tf32', '--repeats', '10']
+        print(f'## {execution}: benchmark_lambda_layer.py {shlex.join(argv)}', flush=True)
+        launches = tiled_triton.LAUNCHES
+        try:
+            main(argv)
+        except Exception as e:  # one failing table (strict mode: a kernel that fails) costs only itself
+            results.append(dict(execution=execution, settings=dict(dtype=dtype, batch=batch, mode=mode),
+                                error=f'{type(e).__name__}: {e}'[:2000]))
+            print(f'FAILED: {results[-1]["error"]}', flush=True)
+        else:
+            with open(path) as f:
+                results.append(dict(json.load(f), execution=execution,
+                                    triton_launches=tiled_triton.LAUNCHES - launches))
+        with open(os.path.join(out, 'layer_benchmarks.json'), 'w') as f:
+            json.dump(results, f, indent=1)
+    use_execution('tensor_cores')
+    device = 'cpu' if tiny else 'cuda'
+    rows = []
+    for width, side, stride in backbone_shapes(64 if tiny else 1024):
+        for name, m in _candidates(width, stride, ['auto'], device).items():
+            rows.append(graphed_step(f'{name} {width}ch {side}px s{stride}', m, (1, width, side, side), device, tiny))
+    with open(os.path.join(out, 'graphs.json'), 'w') as f:
+        json.dump(rows, f, indent=1)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--impls', nargs='+', default=['auto'], help='lambda implementations for the default table')
@@ -254,7 +322,11 @@ def main(argv=None):
     p.add_argument('--json', default=None, help='also write the results here')
     p.add_argument('--memory-only', action='store_true', help='peak memory only, no timing (see above)')
     p.add_argument('--replot', default=None, help='sweep: plot the results of this --json file (no measurement)')
+    p.add_argument('--gpu-check', default=None, metavar='DIR', help='the GPU check\'s tables into DIR (see gpu_check)')
+    p.add_argument('--tiny', action='store_true', help='--gpu-check on the CPU at 64 px, one round (its dry run)')
     args = p.parse_args(argv)
+    if args.gpu_check:
+        return gpu_check(args.gpu_check, args.tiny)
     args.dtype = getattr(torch, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -42,7 +42,16 @@ import timm
 import torch
 from torch import nn
 
-from dev.benchmarks.measure import commit, interleaved_times, load_average, machine, peak_step_bytes, spread, step_macs
+from dev.benchmarks.measure import (
+    commit,
+    graphed_step,
+    interleaved_times,
+    load_average,
+    machine,
+    peak_step_bytes,
+    spread,
+    step_macs,
+)
 from dev.benchmarks.peak import fma_peak_gmacs
 from timm_lambda import LambdaLayer
 
@@ -309,6 +318,21 @@ def cuda_comparison(device, repeats, backbone_batch, classifier_batch, sizes=(10
     return results
 
 
+def graphs_comparison(device, repeats, sizes=(1024,)):
+    """Batch 1, the launch overhead: each model's training step eager against the same step replayed from a CUDA
+    graph (:func:`dev.benchmarks.measure.graphed_step`; float32, TF32 in matmuls and convolutions): LambdaResNet-101 and
+    ResNet-RS-101+SE feature extractors at ``sizes[0]`` px, LambdaResNet-101-C4 and its conv twin at half that."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    size = sizes[0]
+    dry_run = device == 'cpu'  # no graphs on a CPU: eager twice (the GPU check's dry run)
+    cases = [(label, name, kw, size) for label, name, kw in (LAMBDA101, RS101)]
+    cases += [(label, name, kw, size // 2 if size > 64 else size) for label, name, kw in COMPARISONS['c4'][0][:2]]
+    rows = [graphed_step(f'{label} features {s}px', build(name, kw, 'features', device), (1, 3, s, s), device,
+                         dry_run, repeats) for label, name, kw, s in cases]
+    print(f'# CUDA graphs, batch 1, training step: {machine(device)}')
+    return [dict(comparison='graphs', machine=machine(device), rows=rows)]
+
+
 def record_memory(path, results, meta):
     """Write ``results`` to ``path``, or where it holds results of the same command, replace their ``peak_mib``
     (and record the memory run's ``meta`` under ``memory`` in each)."""
@@ -329,7 +353,7 @@ def record_memory(path, results, meta):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('comparison', choices=sorted(COMPARISONS) + ['compile', 'onnx', 'cuda'])
+    p.add_argument('comparison', choices=sorted(COMPARISONS) + ['compile', 'onnx', 'cuda', 'graphs'])
     p.add_argument('--sizes', type=int, nargs='+', default=None, help="input sides (default: the comparison's)")
     p.add_argument('--batch', type=int, default=None)
     p.add_argument('--repeats', type=int, default=5, help='interleaved rounds (>= 5 for reported figures)')
@@ -345,11 +369,13 @@ def main(argv=None):
         p.error(f'--memory-only applies to {sorted(COMPARISONS)}')
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = args.device or ('cuda' if args.comparison == 'cuda' else 'cpu')
+    device = args.device or ('cuda' if args.comparison in ('cuda', 'graphs') else 'cpu')
     if args.comparison == 'compile':
         results = [compile_comparison(s, args.batch, device, args.repeats) for s in args.sizes or [512]]
     elif args.comparison == 'onnx':
         results = onnx_comparison(args.sizes or [224, 512], args.repeats)
+    elif args.comparison == 'graphs':
+        results = graphs_comparison(device, args.repeats, args.sizes or (1024,))
     elif args.comparison == 'cuda':
         results = cuda_comparison(device, args.repeats, args.batch or 4, args.classifier_batch,
                                   tuple(args.sizes) if args.sizes else (1024, 224))

@@ -25,7 +25,6 @@ GPU, driver, torch, Triton, every step's exit code and time, the test counts and
 only checked; it proves that every step starts, every path exists and every output is written.
 """
 import argparse
-import copy
 import glob
 import json
 import os
@@ -230,106 +229,6 @@ def junit_counts(path: str) -> dict:
 # section 1: kernels
 
 
-LAYER_SETS = [(dtype, batch, mode) for mode in ('train', 'eval') for batch in (1, 8)
-              for dtype in ('float32', 'bfloat16')]
-# the tiled operator's CUDA executions, as tiled_triton's switches select them (what 'auto' picks is the first)
-EXECUTIONS = {'tensor_cores': dict(MODE='auto', TENSOR_CORES=True), 'gemm': dict(MODE='0', TENSOR_CORES=True),
-              'cuda_cores': dict(MODE='1', TENSOR_CORES=False)}
-
-
-def _use_execution(name: str) -> None:
-    from timm_lambda.layers.position_lambda import tiled_triton
-    for k, v in EXECUTIONS[name].items():
-        setattr(tiled_triton, k, v)
-
-
-def layer_benchmarks(out: str, dry_run: bool) -> None:
-    """One process for every (execution, dtype, batch, mode): tools/benchmark_lambda_layer.py's table (TF32 on, as
-    cuDNN's conv has it by default), one JSON (rewritten after each table). The tensor-core kernels at every setting,
-    the GEMM path and the CUDA-core kernels at the training steps."""
-    import benchmark_lambda_layer as bl
-    if dry_run:
-        bl.fma_peak_gmacs = lambda: None  # the CPU's float32 limit (a 30 s measurement) is no GPU figure
-    results = []
-    todo = [('tensor_cores', s) for s in LAYER_SETS] + [(e, s) for e in ('gemm', 'cuda_cores') for s in LAYER_SETS
-                                                         if s[2] == 'train']
-    if dry_run:  # every execution, dtype and mode once
-        todo = [t for t in todo if t[1][1] == 1 and (t[0] == 'tensor_cores' or t[1][0] == 'float32')]
-    for execution, (dtype, batch, mode) in todo:
-        _use_execution(execution)
-        path = os.path.join(out, f'layer_{execution}_{dtype}_b{batch}_{mode}.json')
-        argv = ['--dtype', dtype, '--batch', str(batch), '--mode', mode, '--json', path]
-        argv += ['--image-size', '64', '--repeats', '1'] if dry_run else ['--device', 'cuda', '--tf32', '--repeats',
-                                                                          '10']
-        print(f'## {execution}: benchmark_lambda_layer.py {shlex.join(argv)}', flush=True)
-        from timm_lambda.layers.position_lambda import tiled_triton
-        launches = tiled_triton.LAUNCHES
-        try:
-            bl.main(argv)
-        except Exception as e:  # one failing table (strict mode: a kernel that fails) costs only itself
-            results.append(dict(execution=execution, settings=dict(dtype=dtype, batch=batch, mode=mode),
-                                error=f'{type(e).__name__}: {e}'[:2000]))
-            print(f'FAILED: {results[-1]["error"]}', flush=True)
-            continue
-        with open(path) as f:
-            results.append(dict(json.load(f), execution=execution, triton_launches=tiled_triton.LAUNCHES - launches))
-        with open(os.path.join(out, 'layer_benchmarks.json'), 'w') as f:
-            json.dump(results, f, indent=1)
-    _use_execution('tensor_cores')
-    graphs = graph_benchmarks(dry_run)
-    with open(os.path.join(out, 'graphs.json'), 'w') as f:
-        json.dump(graphs, f, indent=1)
-
-
-def graph_benchmarks(dry_run: bool) -> list:
-    """Batch 1: the launch overhead, a training step eager against the same step replayed from a CUDA graph
-    (``torch.cuda.make_graphed_callables``), float32 with TF32: one lambda layer and its conv at each shape, and
-    LambdaResNet-101's and ResNet-RS-101+SE's feature extractors at 1024 px (64 px in a dry run, which has no graphs:
-    eager twice)."""
-    import torch
-
-    import benchmark_lambda_layer as bl
-    import benchmark_models as bm
-    from dev.benchmarks.measure import interleaved_times, spread
-    device = 'cpu' if dry_run else 'cuda'
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    size = 64 if dry_run else 1024
-    cases = []
-    for width, side, stride in bl.backbone_shapes(size):
-        layers = bl._candidates(width, stride, ['auto'], device)
-        cases += [(f'{name} {width}ch {side}px s{stride}', m, (1, width, side, side)) for name, m in layers.items()]
-    for label, name, kw in (bm.LAMBDA101, bm.RS101):
-        cases.append((label + f' features {size}px', bm.build(name, kw, 'features', device), (1, 3, size, size)))
-    c4 = size if dry_run else size // 2  # 512 px: the C4 comparison's size
-    for label, name, kw in bm.COMPARISONS['c4'][0][:2]:
-        cases.append((label + f' features {c4}px', bm.build(name, kw, 'features', device), (1, 3, c4, c4)))
-    rows = []
-    for label, module, shape in cases:
-        module.train()
-        x = torch.randn(*shape, device=device, requires_grad=True)
-        try:  # make_graphed_callables replaces a module's forward: graph a copy
-            graphed = module if dry_run else torch.cuda.make_graphed_callables(copy.deepcopy(module), (x,))
-        except Exception as e:  # a module that cannot be captured: say why, measure the others
-            rows.append(dict(case=label, error=f'{type(e).__name__}: {e}'[:1000]))
-            print(rows[-1], flush=True)
-            continue
-
-        def step(m):
-            def run():
-                out = m(x)
-                out = torch.cat([o.flatten() for o in out]) if isinstance(out, (list, tuple)) else out
-                out.float().sum().backward()
-            return run
-        times = interleaved_times({'eager': step(module), 'graphed': step(graphed)}, repeats=1 if dry_run else 15,
-                                  warmup=0 if dry_run else 3, device=device)
-        eager, graph = spread(times['eager'])[1], spread(times['graphed'])[1]
-        rows.append(dict(case=label, eager_ms=round(1e3 * eager, 3), graphed_ms=round(1e3 * graph, 3),
-                         ratio=round(graph / eager, 3)))
-        print(rows[-1], flush=True)
-        del graphed, module
-    return rows
-
-
 def layer_summary(path: str) -> list:
     """Per (execution, dtype, batch, mode): the layer's time over the conv's at each shape and summed."""
     with open(path) as f:
@@ -354,14 +253,14 @@ def layer_summary(path: str) -> list:
 def section_layer(run: Run, args) -> None:
     install(run, args.bundle)
     pytest_step(run, 'cuda_tests_kernels', KERNEL_TESTS, args.workers, 110)
-    run.step('layer_benchmarks', [PY, os.path.abspath(__file__), '_layer_benchmarks', '--into', run.path()]
-             + (['--dry-run'] if run.dry_run else []), 140)
+    run.step('layer_benchmarks', [PY, os.path.join(TOOLS, 'benchmark_lambda_layer.py'), '--gpu-check', run.path()]
+             + (['--tiny'] if run.dry_run else []), 140)
     if os.path.exists(run.path('layer_benchmarks.json')):  # what was measured, also where the step ran out of time
         run.record['results']['layer_vs_conv'] = layer_summary(run.path('layer_benchmarks.json'))
     if os.path.exists(run.path('graphs.json')):
         with open(run.path('graphs.json')) as f:
             run.record['results']['cuda_graphs_batch1'] = json.load(f)
-    model_benchmarks(run, MODEL_BENCHMARKS[:1])
+    model_benchmarks(run, MODEL_BENCHMARKS[:2])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -474,6 +373,8 @@ def timm_scripts(run: Run, bundle) -> None:
 
 
 MODEL_BENCHMARKS = [  # name, arguments (GPU), arguments (dry run)
+    ('models_graphs', ['graphs', '--device', 'cuda', '--repeats', '15'],
+     ['graphs', '--device', 'cpu', '--sizes', '64', '--repeats', '1']),
     ('models_backbone_b1', ['backbone', '--device', 'cuda', '--repeats', '10'],
      ['backbone', '--sizes', '64', '--repeats', '1']),
     ('models_c4', ['c4', '--device', 'cuda', '--repeats', '10'], ['c4', '--sizes', '64', '--repeats', '1']),
@@ -498,32 +399,19 @@ def section_mission(run: Run, args) -> None:
     pytest_step(run, 'cuda_tests_models', MODEL_TESTS, args.workers, 90)
     mask_rcnn(run)
     timm_scripts(run, args.bundle)
-    model_benchmarks(run, MODEL_BENCHMARKS[1:])
+    model_benchmarks(run, MODEL_BENCHMARKS[2:])
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('section', choices=['layer', 'mission', '_layer_benchmarks', '_graphs'])
+    p.add_argument('section', choices=['layer', 'mission'])
     p.add_argument('--bundle', default=None, help='the offline bundle folder (tools/gpu_bundle.py build)')
     p.add_argument('--out', default='work_dirs/gpu_check', help='where the two result files go')
     p.add_argument('--budget', type=float, default=420, help='seconds for the whole section (default: %(default)s)')
     p.add_argument('--workers', type=int, default=None, help='pytest-xdist workers (default: cores / 2, at most 8)')
     p.add_argument('--dry-run', action='store_true', help='CPU, tiny sizes: every step starts and writes its output')
-    p.add_argument('--into', default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.section == '_layer_benchmarks':
-        sys.path[:0] = [TOOLS, ROOT]
-        return layer_benchmarks(args.into, args.dry_run)
-    if args.section == '_graphs':  # the batch-1 graph comparison alone
-        sys.path[:0] = [TOOLS, ROOT]
-        rows = graph_benchmarks(args.dry_run)
-        with open(os.path.join(args.into, 'graphs.json'), 'w') as f:
-            json.dump(dict(command=shlex.join(['python', 'tools/gpu_check.py'] + argv), machine=machine(),
-                           commit=commit(), date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), results=rows),
-                      f, indent=1, default=str)
-        return rows
-    sys.path[:0] = [TOOLS, ROOT]
     if args.workers is None:
         args.workers = 1 if args.dry_run else min(8, max(1, (os.cpu_count() or 2) // 2))
     import torch

@@ -169,3 +169,30 @@ def step_macs(step: Callable[[], object]) -> int:
     with FlopCounterMode(display=False) as counter:
         step()
     return counter.get_total_flops() // 2
+
+
+def graphed_step(label: str, module, shape, device: str, dry_run: bool = False, repeats: int = 15) -> dict:
+    """A training step of ``module`` on a random ``shape`` input eager, against the same step replayed from a CUDA
+    graph (``torch.cuda.make_graphed_callables`` of a copy: it replaces a module's forward), interleaved; medians in
+    ms. ``dry_run`` (a CPU, no graphs): eager twice, one round. A module that cannot be captured: the error."""
+    import copy
+    module.train()
+    x = torch.randn(*shape, device=device, requires_grad=True)
+    try:
+        graphed = module if dry_run else torch.cuda.make_graphed_callables(copy.deepcopy(module), (x,))
+    except Exception as e:
+        return dict(case=label, error=f'{type(e).__name__}: {e}'[:1000])
+
+    def step(m):
+        def run():
+            out = m(x)
+            out = torch.cat([o.flatten() for o in out]) if isinstance(out, (list, tuple)) else out
+            out.float().sum().backward()
+        return run
+    times = interleaved_times({'eager': step(module), 'graphed': step(graphed)}, repeats=1 if dry_run else repeats,
+                              warmup=0 if dry_run else 3, device=device)
+    eager, graph = median(times['eager']), median(times['graphed'])
+    row = dict(case=label, eager_ms=round(1e3 * eager, 3), graphed_ms=round(1e3 * graph, 3),
+               ratio=round(graph / eager, 3))
+    print(row, flush=True)
+    return row
