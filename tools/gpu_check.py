@@ -7,14 +7,16 @@ Run from a checkout with the offline bundle beside it (``tools/gpu_bundle.py bui
     python3 tools/gpu_check.py mission --bundle gpu_bundle --out OUT   # 2: Mask R-CNN, timm's train.py, models
 
 ``layer``: installs the bundle, ``pytest -m cuda`` on the position-lambda tests with strict executions
-(``TIMM_LAMBDA_STRICT=1``: a kernel that fails to launch fails its test), then one lambda layer against cuDNN's 3x3
-convolution at LambdaResNet-101's three 1024 px shapes (float32 with TF32 and bfloat16 autocast; batch 1 and 8;
-training step and eval). ``mission``: the model tests of ``pytest -m cuda`` (a training step of every registered
-model, batch 1), Mask R-CNN from the Table 14 config shrunk to 512 px for 20 iterations with mmdet's own
-``tools/train.py`` on a generated COCO-format set and ``tools/test.py`` (bbox and segm AP by pycocotools), timm's own
-``train.py`` for 2 epochs with ``--amp --channels-last`` on a generated ImageFolder and ``validate.py``, and the model
-benchmarks (LambdaResNet-101 vs ResNet-RS-101 with and without SE at 1024 px, batch 1 and 4; LambdaResNet-101-C4 vs
-its conv twin at 512 px; LambdaResNet-50 vs timm's ``lambda_resnet50ts`` at 224 px).
+(``TIMM_LAMBDA_STRICT=1``: a kernel that fails to launch fails its test), one lambda layer against cuDNN's 3x3
+convolution at LambdaResNet-101's three 1024 px shapes (each CUDA execution; float32 with TF32 and bfloat16 autocast;
+batch 1 and 8; training step and eval; ``benchmark_lambda_layer.py --gpu-check``), batch-1 training steps eager
+against CUDA graphs (layers, LambdaResNet-101, the C4 pair: ``benchmark_models.py graphs``), and LambdaResNet-101
+against ResNet-RS-101 with and without SE at 1024 px, batch 1. ``mission``: the model tests of ``pytest -m cuda`` (a
+training step of every registered model, batch 1), Mask R-CNN from the Table 14 AMP config shrunk to 512 px for 20
+iterations with mmdet's own ``tools/train.py`` on a generated COCO-format set and ``tools/test.py`` (bbox and segm AP
+by pycocotools), timm's own ``train.py`` for 2 epochs with ``--amp --channels-last`` on a generated ImageFolder and
+``validate.py``, and the model benchmarks (LambdaResNet-101-C4 vs its conv twin at 512 px; LambdaResNet-101 vs
+RS-101+SE at 1024 px, batch 4, and LambdaResNet-50 vs timm's ``lambda_resnet50ts`` at 224 px, float32 and bf16).
 
 Each step runs in its own process under its own time limit (the section's ``--budget`` shared out), so one hang
 costs only its step. ``OUT`` receives two files per section: ``gpu_check_<section>.json`` (command, date, commit,
