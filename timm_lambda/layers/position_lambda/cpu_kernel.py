@@ -9,7 +9,7 @@ operands summed in float32 by VDPBF16PS (``tiled_forward_bf16``, ``tiled_backwar
 stride 1 in float32, the result rounded back; at stride 2 the GEMM path's big GEMM (9 |k| deep) runs faster in
 bfloat16 than the kernel in float32 (both measured in docs/benchmarks.md), so those calls, other devices, or a machine
 where the build fails (a one-time warning says why) run the GEMM path of :mod:`.custom_ops`.
-``TIMM_LAMBDA_CPU_KERNEL=0`` turns it off.
+``TIMM_LAMBDA_CPU_KERNEL=0`` (or false/no/off) turns it off.
 """
 import functools
 import hashlib
@@ -20,11 +20,12 @@ from typing import Optional
 
 import torch
 
+from ..._env import env_flag
 from .execution import warn_once
 
 __all__ = ['cpu_kernel', 'compute_dtype', 'native_bfloat16']
 
-ENABLED = os.environ.get('TIMM_LAMBDA_CPU_KERNEL', '1') != '0'
+ENABLED = env_flag('TIMM_LAMBDA_CPU_KERNEL', True)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = [os.path.join(_HERE, name) for name in ('tiled_cpu.cpp', 'tiled_cpu_bf16.cpp')]
 _HEADER = os.path.join(_HERE, 'tiled_cpu.h')

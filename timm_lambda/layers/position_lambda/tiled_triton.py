@@ -28,17 +28,17 @@ a first launch that fails turns them off (a Triton that cannot compile them here
 returns None for the GEMM path to answer).
 """
 import functools
-import os
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from ..._env import env_choice
 from .execution import warn_once
 
 __all__ = ['runs', 'tiled_forward', 'tiled_backward', 'MODE']
 
-MODE = os.environ.get('TIMM_LAMBDA_TRITON', 'auto')  # 'auto', '1' (wherever it can run) or '0' (never)
+MODE = env_choice('TIMM_LAMBDA_TRITON', ('auto',), 'auto')  # 'auto', '1' (wherever it can run) or '0' (never)
 SMALL_CALL = 4096  # queries (images x output positions) of a call up to which Triton runs in 'auto'
 _SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _LAUNCHED = False  # a kernel has run in this process: later errors are errors, not an unusable Triton
@@ -147,8 +147,8 @@ def runs(q: Tensor, v: Tensor, table: Tensor) -> bool:
     """True where this execution runs the tiled operator's call (see above): CUDA tensors of a served dtype, Triton
     importable, not turned off, and in ``'auto'`` a call of at most ``SMALL_CALL`` queries or a map no larger than
     the (pooled) table."""
-    if MODE not in ('auto', '1', '0'):
-        raise ValueError(f"TIMM_LAMBDA_TRITON must be 'auto', '1' or '0', got {MODE!r}")
+    if MODE not in ('auto', '1', '0'):  # read by timm_lambda._env: only a value assigned to MODE gets here
+        raise ValueError(f"tiled_triton.MODE must be 'auto', '1' or '0', got {MODE!r}")
     if MODE == '0' or not q.is_cuda or q.dtype not in _SERVED or _kernels() is None:
         return False
     small = q.shape[0] * q.shape[3] * q.shape[4] <= SMALL_CALL
