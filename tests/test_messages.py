@@ -83,3 +83,38 @@ def test_one_line_before_a_first_build_and_none_after(build, monkeypatch, caplog
     with caplog.at_level(logging.WARNING, logger=cpu_kernel.__name__):
         assert build(lambda name, *a, **k: built)[0] is built
     assert caplog.records == []
+
+
+def test_torchrun_without_a_gpu_names_the_cpu_ddp_config(monkeypatch, tmp_path):
+    """``torchrun -m timm_lambda_mmdet train CONFIG --launcher pytorch`` on a machine without an accelerator: a config
+    that does not import ``timm_lambda_mmdet.cpu_distributed`` stops before mmdet's train.py, naming the _cpu-ddp
+    config (mmengine would stop at 'Found no NVIDIA driver'); the _cpu-ddp config, another launcher, or a GPU run
+    mmdet's script."""
+    import os.path as osp
+
+    import torch
+
+    import _det  # noqa: F401  (skips without the [det] extra)
+    from _mmdet_helpers import CONFIG_DIR
+    from timm_lambda_mmdet import __main__ as cli
+
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    ran = []
+    script = tmp_path / 'train.py'
+    script.write_text('import sys; RAN.append(sys.argv[1:])\n')
+    monkeypatch.setattr(cli, 'mmdet_script', lambda name: str(script))
+    monkeypatch.setattr(cli.runpy, 'run_path', lambda path, run_name: ran.append(path))
+    gpu_config = osp.join(CONFIG_DIR, 'mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco.py')
+    with pytest.raises(SystemExit) as e:
+        cli.main(['train', gpu_config, '--launcher', 'pytorch'])
+    assert str(e.value).startswith('timm_lambda_mmdet: --launcher pytorch on a machine without a GPU needs a CPU '
+                                   'config: use the _cpu-ddp one (configs/mmdet/mask-rcnn_lambdaresnet101_fpn_syncbn_'
+                                   'lsj-130k_coco_cpu-ddp.py)')
+    with pytest.raises(SystemExit):
+        cli.main(['train', gpu_config, '--launcher=pytorch'])
+    assert ran == []
+    cli.main(['train', gpu_config.replace('_coco.py', '_coco_cpu-ddp.py'), '--launcher', 'pytorch'])
+    cli.main(['train', gpu_config])  # no launcher: one process, no process group
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    cli.main(['train', gpu_config, '--launcher', 'pytorch'])
+    assert ran == [str(script)] * 3
