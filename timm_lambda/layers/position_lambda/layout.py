@@ -22,9 +22,15 @@ def dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, masked: 
     b, h, k, n = q.shape
     u, dv = v.shape[1], v.shape[2]
     if custom_ops:
-        emb = dense_embedding_cached(table, height, width, masked).permute(2, 0, 1, 3)  # [n, k, u, m]
-        y = dense_op(q.permute(3, 0, 1, 2).reshape(n, b * h, k), v.transpose(2, 3).reshape(b, u * n, dv),
-                     emb.reshape(n, k, u * n), h)
+        qs, vs = q.permute(3, 0, 1, 2).reshape(n, b * h, k), v.transpose(2, 3).reshape(b, u * n, dv)
+        emb = dense_embedding_cached(table, height, width, masked).permute(2, 0, 1, 3).reshape(n, k, u * n)
+        if torch.compiler.is_compiling():
+            # copies, not views: the compiled forward saves the operator's inputs for backward, and inductor orders a
+            # saved view's strides by sympy comparisons it cannot decide at symbolic sizes (``1 < n``, n a product
+            # of FloorDivs: a TypeError at a second input size or with dynamic=True; torch 2.14.1, issue 39). The
+            # operator copies them to contiguous memory anyway.
+            qs, vs, emb = [t.clone(memory_format=torch.contiguous_format) for t in (qs, vs, emb)]
+        y = dense_op(qs, vs, emb, h)
     else:  # the same by copies and views: a reshape of a permuted view makes torch.export guard on n != 1, B != 1
         # (the operator above keeps reshape: its backward saves these views, not copies)
         emb = dense_embedding(table, height, width, masked).permute(2, 0, 1, 3)
