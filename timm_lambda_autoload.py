@@ -20,8 +20,13 @@ Guarantees:
   one and the ``pip install -U`` that fixes it);
 * re-entrancy is guarded (``timm_lambda`` importing ``timm`` is fine).
 
-Set ``TIMM_LAMBDA_NO_AUTOLOAD=1`` to disable the hook (then ``import
-timm_lambda`` explicitly to register the models).
+Set ``TIMM_LAMBDA_NO_AUTOLOAD=1`` (or true/yes/on, any case) to disable the
+hook (then ``import timm_lambda`` explicitly to register the models);
+0/false/no/off or unset keep it.  Any other value keeps the hook, and the
+``import timm_lambda`` it runs raises the error naming the variable's values
+(shown as the hook's warning).  ``_flag`` is a stdlib copy of
+``timm_lambda._env.parse_flag`` (this module runs before the package can be
+imported); tests/test_env.py keeps the two equal.
 """
 import os
 import sys
@@ -31,6 +36,21 @@ __all__ = ["install", "uninstall", "TimmImportHook"]
 _TARGET = "timm"
 _PLUGIN = "timm_lambda"
 _DISABLE_ENV = "TIMM_LAMBDA_NO_AUTOLOAD"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _flag(value, default):
+    """``value`` of a flag variable: True/False for the flag words (any case), ``default`` if unset or empty,
+    None for anything else (timm_lambda._env.parse_flag raises for it)."""
+    word = (value or "").strip().lower()
+    if not word:
+        return default
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    return None
 
 
 def _load_plugin():
@@ -43,7 +63,11 @@ def _load_plugin():
         try:
             import warnings
 
-            if type(exc).__name__ == "VersionTooOld":  # timm_lambda._compat: torch/timm below the floor
+            if isinstance(exc, ValueError) and str(exc).startswith("TIMM_LAMBDA_"):  # timm_lambda._env
+                message = (
+                    f"timm-lambda: {exc}; the LambdaResNet models are not registered with timm"
+                )
+            elif type(exc).__name__ == "VersionTooOld":  # timm_lambda._compat: torch/timm below the floor
                 message = (
                     f"timm-lambda: the LambdaResNet models are not registered with timm: {exc} "
                     f"(or set {_DISABLE_ENV}=1 to silence this hook)"
@@ -122,7 +146,7 @@ class TimmImportHook:
 
 def install():
     """Put the hook on ``sys.meta_path`` (idempotent). Returns the active hook or None."""
-    if os.environ.get(_DISABLE_ENV, "").strip() not in ("", "0"):
+    if _flag(os.environ.get(_DISABLE_ENV), False):  # an invalid value keeps the hook: its import names it
         return None
     for finder in sys.meta_path:
         if isinstance(finder, TimmImportHook) or type(finder).__name__ == "TimmImportHook":

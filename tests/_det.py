@@ -1,12 +1,13 @@
 """Import this first in tests that need the [det] extra (mmdet, mmengine, mmcv): without it, the test module is
 skipped cleanly with the install hint; with TIMM_LAMBDA_REQUIRE_DET=1 (CI) a missing extra is an error."""
-import os
 
 import pytest
 
+from timm_lambda._env import env_flag
+
 INSTALL_HINT = 'pip install "timm-lambda[det]"'
 
-if os.environ.get('TIMM_LAMBDA_REQUIRE_DET') == '1':
+if env_flag('TIMM_LAMBDA_REQUIRE_DET', False):
     import mmdet  # noqa: F401
 else:
     pytest.importorskip('mmdet', reason=f'detection extra not installed ({INSTALL_HINT})')

@@ -11,8 +11,9 @@
 Set ``TIMM_LAMBDA_TIMM_SUITE_ALL=1`` to run every test on every model.
 """
 import fnmatch
-import os
 import re
+
+from timm_lambda._env import env_flag
 
 # timm: EXCLUDE_FILTERS += ['*resnetrs350*', '*resnetrs420*'] (its GitHub Actions list)
 EXCLUDE_FILTERS = ('lambdaresnet350*', 'lambdaresnet420*', 'resnetrs350_nose', 'resnetrs420_nose')
@@ -29,7 +30,7 @@ FX_TS_REPRESENTATIVES = {
 
 def excluded(test_name: str, model_name: str) -> bool:
     """Whether timm's test ``test_name`` leaves our model ``model_name`` out."""
-    if os.environ.get('TIMM_LAMBDA_TIMM_SUITE_ALL') == '1':
+    if env_flag('TIMM_LAMBDA_TIMM_SUITE_ALL', False):
         return False
     if _deepest(model_name):
         return True

@@ -78,7 +78,8 @@ def test_report_model_lambda_layers_see_8_4_2_1_and_share_one_global_table():
     assert sorted(set(seen), reverse=True) == list(CIFAR10_REPORT['lambda_input_sizes'])
     with torch.no_grad():
         model(torch.randn(1, 3, 24, 24))  # smaller inputs use the table's central offsets
-    with pytest.raises(ValueError, match='max_size'):
+    with pytest.raises(ValueError, match=r'^input of 64x64 px is larger than this global-scope model covers '
+                                         r'\(32x32 px, from img_size=\(32, 32\)\)'):
         model(torch.randn(1, 3, 64, 64))
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from timm_lambda._env import env_flag
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Run in a fresh interpreter: our dependencies imported first (their own import-time effects are not ours:
@@ -53,7 +55,7 @@ def _have(module: str) -> bool:
 
 
 HAVE_DET = all(_have(m) for m in ('mmdet', 'mmengine', 'mmcv'))
-requires_det = pytest.mark.skipif(not HAVE_DET and os.environ.get('TIMM_LAMBDA_REQUIRE_DET') != '1',
+requires_det = pytest.mark.skipif(not HAVE_DET and not env_flag('TIMM_LAMBDA_REQUIRE_DET', False),
                                   reason='detection extra not installed (pip install "timm-lambda[det]")')
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from timm_lambda._env import env_flag
+
 REPO = Path(__file__).resolve().parents[1]
 CONSTRAINTS = REPO / "constraints.txt"
 DET_DISTS = ("mmcv", "mmengine", "mmdet", "pycocotools")
@@ -38,7 +40,7 @@ def _installed(dist):
 
 
 HAVE_DET = all(_installed(d) for d in DET_DISTS)
-REQUIRE_DET = os.environ.get("TIMM_LAMBDA_REQUIRE_DET", "") == "1"
+REQUIRE_DET = env_flag("TIMM_LAMBDA_REQUIRE_DET", False)
 requires_det = pytest.mark.skipif(
     not (HAVE_DET or REQUIRE_DET),
     reason=f"detection extra not installed ({INSTALL_HINT}); set TIMM_LAMBDA_REQUIRE_DET=1 to fail instead",

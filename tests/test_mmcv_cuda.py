@@ -56,7 +56,16 @@ def test_decide_arch_list_from_the_environment_wins():
     assert decide_mmcv_build('1', '13.0', H100, True, False, '8.9')[:2] == (True, '8.9')
 
 
-@pytest.mark.parametrize('switch, torch_cuda', [('yes', '13.0'), ('1', None)])
+def test_decide_reads_the_switch_as_every_timm_lambda_variable():
+    """Any case, the true/false words (issue 39: ``AUTO`` and ``yes`` were refused or read apart)."""
+    for switch in ('YES', 'true', 'On'):
+        assert decide_mmcv_build(switch, '13.0', [], True, False)[0] is True
+    for switch in ('No', 'false', 'OFF'):
+        assert decide_mmcv_build(switch, '13.0', H100, True, False)[0] is False
+    assert decide_mmcv_build('AUTO', '13.0', H100, True, False)[0] is True
+
+
+@pytest.mark.parametrize('switch, torch_cuda', [('maybe', '13.0'), ('2', '13.0'), ('1', None)])
 def test_decide_refuses(switch, torch_cuda):
     with pytest.raises(ValueError, match='TIMM_LAMBDA_MMCV_CUDA'):
         decide_mmcv_build(switch, torch_cuda, [], True, False)
@@ -67,7 +76,10 @@ def test_decide_script_on_this_machine(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ('TIMM_LAMBDA_MMCV_CUDA', 'TORCH_CUDA_ARCH_LIST')}
     out = subprocess.run([sys.executable, '-', 'decide'], stdin=CHECK_PY.open(), capture_output=True, text=True,
                          cwd=tmp_path, env={**env, 'CI': 'true'}, check=True).stdout
-    assert out.splitlines()[:2] == ['cuda=0', 'archs='], out
+    assert out.splitlines()[:2] == ['cuda=0', 'archs='] and out.splitlines()[3] == 'switch=auto', out
+    off = subprocess.run([sys.executable, '-', 'decide'], stdin=CHECK_PY.open(), capture_output=True, text=True,
+                         cwd=tmp_path, env={**env, 'TIMM_LAMBDA_MMCV_CUDA': 'Off'}, check=True).stdout
+    assert off.splitlines()[3] == 'switch=0', off  # tools/install.sh reads it to want CPU-only ops
     forced = subprocess.run([sys.executable, '-', 'decide'], stdin=CHECK_PY.open(), capture_output=True, text=True,
                             cwd=tmp_path, env={**env, 'TIMM_LAMBDA_MMCV_CUDA': '1'})
     if torch.version.cuda:

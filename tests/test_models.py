@@ -159,8 +159,38 @@ def test_global_scope_model_needs_img_size():
         timm.create_model('lambdaresnet50', scope='global')
     model = timm.create_model('lambdaresnet50', scope='global', img_size=64).eval()
     assert model(torch.randn(1, 3, 64, 64)).shape == (1, 1000)
-    with pytest.raises(ValueError, match='max_size'):
-        model(torch.randn(1, 3, 96, 96))
+    with pytest.raises(ValueError) as e:
+        model(torch.randn(1, 3, 96, 80))
+    assert str(e.value).startswith('input of 96x80 px is larger than this global-scope model covers (64x64 px, from '
+                                   'img_size=(64, 64)): create it with img_size=(H, W) of the largest input')
+
+
+@pytest.mark.parametrize('name, kw, img_size', [
+    ('lambdaresnet50', dict(output_stride=16, lambda_blocks=(None, None, (2,), 'all')), (100, 60)),
+    ('lambdaresnet50_c4', {}, (64, 70)),
+    ('resnet50_lambda', dict(output_stride=8), (40, 33)),
+    ('resnet50_lambda_global32', {}, (17, 20)),
+])
+def test_global_scope_model_refuses_exactly_what_its_tables_do_not_cover(name, kw, img_size):
+    """The model's check (naming the image size, issue 39) refuses an input exactly where a lambda layer's table
+    check (naming its feature map) would: the largest covered input, and one pixel more in either direction."""
+    small = {} if name.endswith('global32') else dict(channels=(8, 16, 32, 64), stem_width=8)
+    model = timm.create_model(name, num_classes=3, scope='global', img_size=img_size, layers=(1, 1, 2, 1), dim_k=4,
+                              heads=2, **small, **kw).eval()
+    lh, lw = model.max_input_size
+    assert lh >= img_size[0] and lw >= img_size[1]
+    for hw in [(lh, lw), (lh + 1, lw), (lh, lw + 1)]:
+        refused = []
+        for check in (model.max_input_size, None):  # the model's check, then the layers' alone
+            model.max_input_size = check
+            try:
+                with torch.no_grad():
+                    model(torch.randn(1, 3, *hw))
+                refused.append(False)
+            except ValueError as e:
+                refused.append(str(e).split(' ')[2] if check else str(e).split(' ')[-1] != '')
+            model.max_input_size = (lh, lw)
+        assert refused == ([False, False] if hw == (lh, lw) else [f'{hw[0]}x{hw[1]}', True]), (hw, refused)
 
 
 def _projection(layer: nn.Module):

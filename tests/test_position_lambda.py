@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from reference import position_term_reference, tiled_operator_reference
+from timm_lambda._env import env_flag
 from timm_lambda.layers import LambdaLayer
 from timm_lambda.layers import position_lambda as PL
 from timm_lambda.layers.position_lambda import cpu_kernel, custom_ops
@@ -160,7 +161,7 @@ def require_cpu_kernel():
     """Skip where no C++ toolchain can build the CPU kernel (the GEMM path, tested beside it, then serves); CI sets
     TIMM_LAMBDA_REQUIRE_CPU_KERNEL=1: there it must build, never skip."""
     no_compiler = shutil.which('c++') is None and shutil.which('g++') is None
-    if no_compiler and os.environ.get('TIMM_LAMBDA_REQUIRE_CPU_KERNEL') != '1':
+    if no_compiler and not env_flag('TIMM_LAMBDA_REQUIRE_CPU_KERNEL', False):
         pytest.skip('no C++ compiler: the tiled operator runs its GEMM path')
     assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.float64)) is not None, 'the CPU kernel did not build'
 

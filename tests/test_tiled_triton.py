@@ -66,8 +66,8 @@ def test_triton_runs_on_cuda_for_small_calls_and_maps_within_the_scope(monkeypat
     assert call(8, 64) and not call(1, 8, cuda=False)
     monkeypatch.setattr(tiled_triton, 'MODE', '0')
     assert not call(1, 8) and not call(1, 8, dtype=torch.float32)
-    monkeypatch.setattr(tiled_triton, 'MODE', 'yes')
-    with pytest.raises(ValueError, match="TIMM_LAMBDA_TRITON must be 'auto', '1' or '0', got 'yes'"):
+    monkeypatch.setattr(tiled_triton, 'MODE', 'yes')  # $TIMM_LAMBDA_TRITON is read as '1' (tests/test_env.py)
+    with pytest.raises(ValueError, match="tiled_triton.MODE must be 'auto', '1' or '0', got 'yes'"):
         call(1, 8)
 
 

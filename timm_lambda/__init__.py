@@ -7,6 +7,10 @@ from ._compat import check_versions as _check_versions
 
 _check_versions()  # first: an old torch/timm gets an error naming what to upgrade, not an AttributeError below
 
+from ._env import check as _check_env  # noqa: E402
+
+_check_env()  # a TIMM_LAMBDA_* variable with an invalid value: an error naming it and its values, here
+
 from .layers import LambdaLayer, MaskedLambdaLayer1d, MultiHeadLambdaLayer, RelativePositionEmbedding  # noqa: E402
 from .models import LambdaResNet  # noqa: E402
 

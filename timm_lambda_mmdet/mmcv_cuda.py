@@ -10,7 +10,8 @@ the tests use it.
 ``python timm_lambda_mmdet/mmcv_cuda.py has-cuda-ops [PATH]``: exit 0 when PATH (default: the installed
 ``mmcv/_ext*.so``) holds CUDA device code, 1 when it does not, 2 when there is no such file.
 ``python timm_lambda_mmdet/mmcv_cuda.py decide``: print the install decision (see :func:`decide_mmcv_build`) as
-``cuda=0|1 archs=... reason=...`` lines for the shell.
+``cuda=0|1 archs=... reason=... switch=0|1|auto`` lines for the shell (``switch``: ``$TIMM_LAMBDA_MMCV_CUDA`` read
+by :func:`read_switch`).
 ``python timm_lambda_mmdet/mmcv_cuda.py nvidia-include-dirs``: the ``nvidia/*/include`` directories of torch's pip
 dependencies, ``:``-separated (for ``CPATH``).
 """
@@ -20,12 +21,30 @@ import sys
 from typing import Dict, Iterable, Optional, Sequence, Tuple
 
 __all__ = ['CUDA_SECTION', 'DEFAULT_CUDA_ARCHS', 'elf_sections', 'has_cuda_device_code', 'mmcv_ext_path',
-           'mmcv_has_cuda_ops', 'decide_mmcv_build', 'torch_nvidia_include_dirs']
+           'mmcv_has_cuda_ops', 'decide_mmcv_build', 'read_switch', 'torch_nvidia_include_dirs']
 
 CUDA_SECTION = '.nv_fatbin'
 # Ampere (A100 8.0, RTX 30xx 8.6), Ada (RTX 40xx / L4 / L40 8.9), Hopper (H100/H200 9.0); the PTX of 9.0 lets
 # newer GPUs (Blackwell) JIT-compile the kernels. CUDA 13 has no targets below 7.5. Each arch adds compile time.
 DEFAULT_CUDA_ARCHS = '8.0;8.6;8.9;9.0+PTX'
+_TRUE = ('1', 'true', 'yes', 'on')
+_FALSE = ('0', 'false', 'no', 'off')
+
+
+def read_switch(switch: Optional[str]) -> str:
+    """``$TIMM_LAMBDA_MMCV_CUDA`` as ``'0'``, ``'1'`` or ``'auto'``: auto, 1/true/yes/on or 0/false/no/off in any
+    case, unset or empty meaning auto; anything else a ValueError naming the variable and its values. A stdlib copy
+    of ``timm_lambda._env.parse_choice`` (this file runs before the package is installed); tests/test_env.py keeps
+    the two equal."""
+    word = (switch or '').strip().lower()
+    if not word or word == 'auto':
+        return 'auto'
+    if word in _TRUE:
+        return '1'
+    if word in _FALSE:
+        return '0'
+    raise ValueError(f'TIMM_LAMBDA_MMCV_CUDA={switch!r} is not a valid value: use auto, 1/true/yes/on or '
+                     '0/false/no/off (any case), or leave it unset')
 
 
 def elf_sections(path: str) -> Dict[str, int]:
@@ -80,8 +99,8 @@ def decide_mmcv_build(switch: str, torch_cuda: Optional[str], gpu_capabilities: 
                       have_nvcc: bool, ci: bool, arch_list: str = '') -> Tuple[bool, str, str]:
     """Whether tools/install.sh wants mmcv with CUDA ops: ``(cuda, TORCH_CUDA_ARCH_LIST, reason)``.
 
-    * ``switch`` is ``$TIMM_LAMBDA_MMCV_CUDA``: ``'0'`` CPU ops only, ``'1'`` CUDA ops (errors follow in the
-      build if the toolkit is missing), ``''``/``'auto'`` decide here;
+    * ``switch`` is ``$TIMM_LAMBDA_MMCV_CUDA`` (:func:`read_switch`): off (``0``) CPU ops only, on (``1``) CUDA
+      ops (errors follow in the build if the toolkit is missing), ``''``/``'auto'`` decide here;
     * auto: CUDA ops when torch has CUDA (``torch.version.cuda``), a GPU is visible and nvcc is found, and not in
       CI (``$CI`` set: CI keeps the prebuilt CPU wheel from PIP_FIND_LINKS). A CUDA torch with nvcc but no
       visible GPU (a build host, this project's development machine) gets CPU ops: an unrequested 18+ minute
@@ -89,9 +108,7 @@ def decide_mmcv_build(switch: str, torch_cuda: Optional[str], gpu_capabilities: 
     * the arch list: ``arch_list`` (a user's ``$TORCH_CUDA_ARCH_LIST``) if set, else the visible GPUs'
       capabilities, else :data:`DEFAULT_CUDA_ARCHS`.
     """
-    switch = (switch or 'auto').strip().lower()
-    if switch not in ('0', '1', 'auto'):
-        raise ValueError(f'TIMM_LAMBDA_MMCV_CUDA={switch!r}: use 0 (CPU ops), 1 (CUDA ops) or auto')
+    switch = read_switch(switch)
     if arch_list.strip():
         archs, where = arch_list.strip(), 'from $TORCH_CUDA_ARCH_LIST'
     elif gpu_capabilities:
@@ -162,7 +179,7 @@ def _main(argv: Iterable[str]) -> int:
         except ValueError as e:
             print(f'error={e}')
             return 1
-        print(f'cuda={int(cuda)}\narchs={archs}\nreason={reason}')
+        print(f'cuda={int(cuda)}\narchs={archs}\nreason={reason}\nswitch={read_switch(env.get("TIMM_LAMBDA_MMCV_CUDA"))}')
         return 0
     print(__doc__, file=sys.stderr)
     return 2

@@ -70,6 +70,7 @@ CHECK_PY="$ROOT/timm_lambda_mmdet/mmcv_cuda.py"   # stdlib-only, run as a script
 # CPU or CUDA ops (timm_lambda_mmdet/mmcv_cuda.py: decide_mmcv_build)
 DECISION="$("$PY" - decide <"$CHECK_PY")" || die "${DECISION#error=}"
 MMCV_CUDA="$(sed -n 's/^cuda=//p' <<<"$DECISION")"
+MMCV_SWITCH="$(sed -n 's/^switch=//p' <<<"$DECISION")"  # $TIMM_LAMBDA_MMCV_CUDA read as 0, 1 or auto
 MMCV_ARCHS="$(sed -n 's/^archs=//p' <<<"$DECISION")"
 log "mmcv ops: $([[ "$MMCV_CUDA" == 1 ]] && echo "CPU + CUDA (TORCH_CUDA_ARCH_LIST=$MMCV_ARCHS)" || echo "CPU only"); $(sed -n 's/^reason=//p' <<<"$DECISION")"
 if [[ "$MMCV_CUDA" == 1 ]]; then
@@ -89,7 +90,7 @@ WHEEL_NAME="mmcv-$MMCV_VERSION-$("$PY" -c 'import sys; t = "cp%d%d" % sys.versio
 mmcv_ops_ok() {
     local want_ops="cpu-or-cuda"
     if [[ "$MMCV_CUDA" == 1 ]]; then want_ops="cuda"
-    elif [[ "${TIMM_LAMBDA_MMCV_CUDA:-}" == 0 ]]; then want_ops="cpu"; fi
+    elif [[ "$MMCV_SWITCH" == 0 ]]; then want_ops="cpu"; fi
     "$PY" - "$MMCV_VERSION" "$want_ops" "$CHECK_PY" <<'EOF'
 import importlib.metadata as md, importlib.util, sys
 want, want_ops, check_py = sys.argv[1:4]

@@ -32,7 +32,7 @@ from .checks import (
 from .dilation import batch_to_space, check_dilation, space_to_batch
 from .pooling import downsample_pool
 from .position_lambda import POSITION_IMPLS, choose_impl, content_term, position_lambdas
-from .position_lambda.execution import functorch_active, warn_once
+from .position_lambda.execution import compiled_copy, functorch_active, warn_once
 from .relative_embedding import RelativePositionEmbedding
 
 __all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS']
@@ -221,9 +221,10 @@ class LambdaLayer(nn.Module):
             keys = normalize_keys(qkv.flatten(2).narrow(1, h * k, k * u).unflatten(1, [u, k]), self.key_norm)
             # lambda^c [B, k, v] (eq. 1) by one bmm per |u| (torch.matmul's 4-D decomposition reshapes the
             # transposed values: torch.export would guard on H W != 1)
-            shared = torch.bmm(keys[:, 0], values[:, 0].transpose(1, 2))
+            # (compiled: copies, as the views bmm saves for backward broke inductor at symbolic sizes: compiled_copy)
+            shared = torch.bmm(compiled_copy(keys[:, 0]), compiled_copy(values[:, 0].transpose(1, 2)))
             for i in range(1, u):
-                shared = shared + torch.bmm(keys[:, i], values[:, i].transpose(1, 2))
+                shared = shared + torch.bmm(compiled_copy(keys[:, i]), compiled_copy(values[:, i].transpose(1, 2)))
         if self.pos_bias is not None:  # lambda^p_n[k, :] += b_k for every n
             bias = self.pos_bias.unsqueeze(1).expand(k, v).unsqueeze(0).expand(B, k, v)
             shared = bias if shared is None else shared + bias

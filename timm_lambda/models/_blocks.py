@@ -58,15 +58,21 @@ def stage_sizes(img_size: Optional[Size], stem_reduction: int = 4,
 
     ``output_stride`` 16 or 8: the stages timm's ``make_blocks`` dilates (those whose nominal stride, counted
     from 4 after the stem, would pass ``output_stride``) keep the previous stage's size."""
-    output_stride = check_output_stride(output_stride)
+    reductions = stage_reductions(stem_reduction, output_stride)
     if img_size is None:
         return (None,) * 4
+    return tuple(tuple(math.ceil(s / r) for s in img_size) for r in reductions)
+
+
+def stage_reductions(stem_reduction: int = 4, output_stride: int = 32) -> Tuple[int, ...]:
+    """Input / output resolution of the c2..c5 stages (:func:`stage_sizes` divides by them, rounding up)."""
+    output_stride = check_output_stride(output_stride)
     steps, net_stride = [], 4
     for stage in range(4):
         if stage > 0 and net_stride < output_stride:  # as make_blocks: dilate once net_stride >= output_stride
             net_stride *= 2
         steps.append(net_stride // 4)
-    return tuple(tuple(math.ceil(s / (stem_reduction * step)) for s in img_size) for step in steps)
+    return tuple(stem_reduction * step for step in steps)
 
 
 def norm_with_bn_args(norm_layer, bn_momentum: Optional[float] = None, bn_eps: Optional[float] = None):

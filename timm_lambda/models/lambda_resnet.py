@@ -25,14 +25,21 @@ import warnings
 from functools import partial
 from typing import Optional, Sequence, Tuple, Union
 
-from timm.layers import get_attn
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model, resolve_pretrained_cfg
+import torch
+from timm.layers import get_attn, register_notrace_function
+from timm.models import (
+    build_model_with_cfg,
+    checkpoint_seq,
+    generate_default_cfgs,
+    register_model,
+    resolve_pretrained_cfg,
+)
 from torch import nn
 
 from ..layers import LambdaLayer, RelativePositionEmbedding
 from ..layers.checks import check_scope, to_int, to_pair
 from ..paper import LAMBDA_BLOCKS, RESOLUTIONS, RESOLUTIONS_C4, STAGE_DEPTHS
-from ._blocks import HybridResNet, check_layers, check_stages, stage_sizes
+from ._blocks import HybridResNet, check_layers, check_stages, stage_reductions, stage_sizes
 from ._pretrained import RESNETRS_PAPER, cfg
 
 __all__ = ['LambdaResNet', 'stage_block_indices', 'checkpoint_filter_dli14', 'DLI14_MODEL',
@@ -142,6 +149,48 @@ class LambdaResNet(HybridResNet):
         super().__init__(layers, spatial_layer, conv_attn=[se_layer if s in se_stages else None for s in range(4)],
                          device=device, dtype=dtype, **kwargs)
         self.lambda_positions = tuple(positions)
+        # the largest input the global tables cover: each global layer's map is the input's, divided by its
+        # stage's reduction and rounded up; a larger input fails in forward_features, naming its size and img_size
+        self.global_img_size: Optional[Tuple[int, int]] = img_size if position and any(positions) else None
+        self.max_input_size: Optional[Tuple[int, int]] = None
+        if self.global_img_size is not None:
+            reductions = stage_reductions(type(self).stem_reduction, kwargs.get('output_stride', 32))
+            # (table's stage, seen map's stage): a stage's first block sees the previous stage's output
+            layers_seen = [(max(s - 1, 0), max(s - 1, 0) if 0 in p else s) for s, p in enumerate(positions) if p]
+            self.max_input_size = (min(reductions[seen] * sizes[table][0] for table, seen in layers_seen),
+                                   min(reductions[seen] * sizes[table][1] for table, seen in layers_seen))
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """timm's ResNet.forward_features, after checking a global-scope model's input size (the check is an FX leaf
+        and skipped by TorchScript and jit.trace)."""
+        if not torch.jit.is_scripting() and not torch.jit.is_tracing():
+            check_input_size(x, self.max_input_size, self.global_img_size)
+        x = self.conv1(x)
+        x = self.bn1(x)
+        x = self.act1(x)
+        x = self.maxpool(x)
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            x = checkpoint_seq([self.layer1, self.layer2, self.layer3, self.layer4], x, flatten=True)
+        else:
+            x = self.layer1(x)
+            x = self.layer2(x)
+            x = self.layer3(x)
+            x = self.layer4(x)
+        return x
+
+
+def check_input_size(x: torch.Tensor, max_size: Optional[Tuple[int, int]], img_size: Optional[Tuple[int, int]]):
+    """A ValueError naming the input's size and ``img_size`` when the input is larger than ``max_size`` (the largest
+    a global-scope model's tables cover; None: any size)."""
+    if max_size is not None and (x.shape[-2] > max_size[0] or x.shape[-1] > max_size[1]):
+        raise ValueError(f'input of {x.shape[-2]}x{x.shape[-1]} px is larger than this global-scope model covers '
+                         f'({max_size[0]}x{max_size[1]} px, from img_size={img_size}): create it with img_size=(H, W) '
+                         f'of the largest input, e.g. timm.create_model(name, img_size=({x.shape[-2]}, '
+                         f'{x.shape[-1]})), or use a local scope')
+
+
+register_notrace_function(check_input_size)  # an FX leaf for timm's feature extraction
+torch.fx.wrap('check_input_size')  # and for torch.fx.symbolic_trace
 
 
 def _lambda_layer(dim: int, dim_out: int, dilation: int = 1, **kwargs) -> LambdaLayer:

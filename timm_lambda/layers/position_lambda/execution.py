@@ -5,7 +5,7 @@ import torch
 
 from ..._compat import DYNAMO_FOLDS_FUNCTORCH_FLAG
 
-__all__ = ['use_custom_ops', 'size_independent', 'is_exporting', 'contiguous', 'warn_once']
+__all__ = ['use_custom_ops', 'size_independent', 'is_exporting', 'contiguous', 'compiled_copy', 'warn_once']
 
 
 @torch.jit.ignore
@@ -31,11 +31,24 @@ def functorch_active() -> bool:
 def contiguous(x: torch.Tensor) -> torch.Tensor:
     """``x.contiguous()``, and a copy in every case inside ``torch.export``: ``contiguous()`` first asks whether
     ``x`` already is, and torch.export answers that for a permuted view with a guard on a size of 1 (``Ne(s0*s1,
-    1)`` for ``H W``; torch 2.14, also under ``backed_size_oblivious``), which a copy never asks. Eager mode and the
-    other tracers: ``contiguous()`` (no copy of a contiguous tensor)."""
-    if not torch.jit.is_scripting() and is_exporting():
-        return x.clone(memory_format=torch.contiguous_format)
-    return x.contiguous()
+    1)`` for ``H W``; torch 2.14, also under ``backed_size_oblivious``), which a copy never asks. Inside
+    torch.compile a copy too (:func:`compiled_copy`). Eager mode and the other tracers: ``contiguous()`` (no copy of
+    a contiguous tensor)."""
+    if not torch.jit.is_scripting():
+        if is_exporting():
+            return x.clone(memory_format=torch.contiguous_format)
+    return compiled_copy(x).contiguous()
+
+
+def compiled_copy(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a contiguous copy of it while torch.compile traces (not torch.export): the compiled forward saves
+    tensors for backward, and inductor orders a saved view's strides by sympy comparisons it cannot decide at
+    symbolic sizes (``1 < H W`` where the sizes are conv output sizes, FloorDivs of the input's: an InductorError at
+    a second input size or with ``dynamic=True``; torch 2.14.1, issue 39). A copy is never a view."""
+    if not torch.jit.is_scripting():
+        if torch.compiler.is_compiling() and not is_exporting():
+            return x.clone(memory_format=torch.contiguous_format)
+    return x
 
 
 def size_independent() -> bool:

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ..relative_embedding import dense_embedding, dense_embedding_cached
 from .custom_ops import dense_op, tiled_op
-from .execution import contiguous, is_exporting
+from .execution import compiled_copy, contiguous, is_exporting
 from .plain_ops import dense_plain, tile, tiled_plain, to_blocks
 
 __all__ = ['dense', 'tiled']
@@ -22,9 +22,10 @@ def dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, masked: 
     b, h, k, n = q.shape
     u, dv = v.shape[1], v.shape[2]
     if custom_ops:
+        # compiled: copies, not views (compiled_copy; the operator copies them to contiguous memory anyway)
         emb = dense_embedding_cached(table, height, width, masked).permute(2, 0, 1, 3)  # [n, k, u, m]
-        y = dense_op(q.permute(3, 0, 1, 2).reshape(n, b * h, k), v.transpose(2, 3).reshape(b, u * n, dv),
-                     emb.reshape(n, k, u * n), h)
+        y = dense_op(compiled_copy(q.permute(3, 0, 1, 2).reshape(n, b * h, k)),
+                     compiled_copy(v.transpose(2, 3).reshape(b, u * n, dv)), compiled_copy(emb.reshape(n, k, u * n)), h)
     else:  # the same by copies and views: a reshape of a permuted view makes torch.export guard on n != 1, B != 1
         # (the operator above keeps reshape: its backward saves these views, not copies)
         emb = dense_embedding(table, height, width, masked).permute(2, 0, 1, 3)
@@ -79,7 +80,7 @@ def tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: 
         kh, kw = kh + 2, kw + 2  # the pooled table's size
     values = v.reshape(b, u * dv, height, width)
     if custom_ops:
-        y = tiled_op(queries, values, table, step, content)
+        y = tiled_op(compiled_copy(queries), compiled_copy(values), table, step, content)
     else:
         assert content is None, 'the plain ops take no content lambda'
         t = tile() // stride  # stride 2: 4x4 output blocks (8x8 inputs)

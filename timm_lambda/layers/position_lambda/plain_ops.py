@@ -11,7 +11,7 @@ from torch import Tensor
 
 from .. import pooling  # a module, not its name: pooling imports .execution from this package
 from ..relative_embedding import block_embedding, dense_embedding
-from .execution import contiguous
+from .execution import compiled_copy, contiguous
 
 __all__ = ['content_term', 'einsum_form', 'conv_form', 'dense_plain', 'tile', 'tiled_plain', 'to_blocks']
 
@@ -25,7 +25,7 @@ def content_term(content: Tensor, q: Tensor, height: int, width: int, stride: in
     ho, wo = (height + stride - 1) // stride, (width + stride - 1) // stride
     if stride == 2:
         q = pooling.avg_pool_3x3_s2(q.reshape(b, h * k, height, width), count_include_pad).reshape(b, h, k, ho * wo)
-    return torch.matmul(content.transpose(1, 2).unsqueeze(1), q).reshape(b, h * content.shape[2], ho, wo)
+    return torch.matmul(content.transpose(1, 2).unsqueeze(1), compiled_copy(q)).reshape(b, h * content.shape[2], ho, wo)
 
 
 def einsum_form(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, masked: bool) -> Tensor:

@@ -34,13 +34,14 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..._env import env_choice, env_flag
 from .execution import warn_once
 
 __all__ = ['runs', 'tiled_forward', 'tiled_backward', 'MODE']
 
-MODE = os.environ.get('TIMM_LAMBDA_TRITON', 'auto')  # 'auto', '1' (wherever it can run) or '0' (never)
+MODE = env_choice('TIMM_LAMBDA_TRITON', ('auto',), 'auto')  # 'auto', '1' (wherever it can run) or '0' (never)
 # a failed launch raises instead of turning Triton off (tests, tools/gpu_check.py)
-STRICT = os.environ.get('TIMM_LAMBDA_STRICT', '0').strip().lower() in ('1', 'true', 'yes', 'on')
+STRICT = env_flag('TIMM_LAMBDA_STRICT', False)
 LAUNCHES = 0  # kernel launches that returned in this process: what tests read to see that a kernel ran
 PREFILL_NAN = False  # tests: outputs the kernels write start as NaN, so that an element no kernel wrote shows
 SMALL_CALL = 4096  # queries (images x output positions) of a call up to which Triton runs in 'auto'
@@ -269,8 +270,8 @@ def runs(q: Tensor, v: Tensor, table: Tensor) -> bool:
     """True where this execution runs the tiled operator's call: CUDA tensors of a served dtype, Triton importable,
     not turned off; in ``'auto'`` every call the tensor-core kernels serve (:func:`tensor_cores`), and for the
     others (float64) calls of at most ``SMALL_CALL`` queries or a map no larger than the (pooled) table."""
-    if MODE not in ('auto', '1', '0'):
-        raise ValueError(f"TIMM_LAMBDA_TRITON must be 'auto', '1' or '0', got {MODE!r}")
+    if MODE not in ('auto', '1', '0'):  # read by timm_lambda._env: only a value assigned to MODE gets here
+        raise ValueError(f"tiled_triton.MODE must be 'auto', '1' or '0', got {MODE!r}")
     if MODE == '0' or not q.is_cuda or q.dtype not in _SERVED or _kernels() is None:
         return False
     if MODE == '1' or tensor_cores(q.dtype):

@@ -1,0 +1,175 @@
+"""The ``TIMM_LAMBDA_*`` variables (issue 39): one convention (``timm_lambda/_env.py``: 1/true/yes/on and
+0/false/no/off in any case, unset or empty the default), an invalid value an error naming the variable and its values
+when the package loads, and the two stdlib copies of the parser (the ``.pth`` hook, tools/install.sh's
+``mmcv_cuda.py``) equal to it."""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from timm_lambda import _env
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load(path, name):
+    """A stdlib-only module of this checkout by its file (the installed ``timm_lambda_autoload`` is already imported
+    by the ``.pth`` hook; loading it again leaves that hook as it is)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+timm_lambda_autoload = _load('timm_lambda_autoload.py', '_test_env_autoload')
+mmcv_cuda = _load('timm_lambda_mmdet/mmcv_cuda.py', '_test_env_mmcv_cuda')
+
+ON = ['1', 'true', 'True', 'TRUE', 'yes', 'Yes', 'on', 'ON', ' 1 ', 'yes\n']
+OFF = ['0', 'false', 'False', 'no', 'NO', 'off', 'Off', ' 0']
+UNSET = [None, '', '  ']
+BAD = ['2', 'maybe', 'y', 'n', 'enable', 'cuda', '1.0', '-1', 'truee']
+
+
+@pytest.mark.parametrize('default', [True, False])
+def test_flag_words_any_case(default):
+    for value in ON:
+        assert _env.parse_flag('TIMM_LAMBDA_X', value, default) is True, value
+    for value in OFF:
+        assert _env.parse_flag('TIMM_LAMBDA_X', value, default) is False, value
+    for value in UNSET:
+        assert _env.parse_flag('TIMM_LAMBDA_X', value, default) is default, value
+
+
+@pytest.mark.parametrize('value', BAD + ['auto'])
+def test_flag_refuses_other_values_naming_the_variable_and_its_values(value):
+    with pytest.raises(ValueError) as e:
+        _env.parse_flag('TIMM_LAMBDA_CPU_KERNEL', value, True)
+    assert str(e.value) == (f'TIMM_LAMBDA_CPU_KERNEL={value!r} is not a valid value: use 1/true/yes/on or '
+                            '0/false/no/off (any case), or leave it unset')
+
+
+def test_choice_takes_its_words_and_the_flag_words():
+    for value in ('auto', 'AUTO', ' Auto '):
+        assert _env.parse_choice('TIMM_LAMBDA_TRITON', value, ('auto',), 'auto') == 'auto'
+    for value in ON:
+        assert _env.parse_choice('TIMM_LAMBDA_TRITON', value, ('auto',), 'auto') == '1'
+    for value in OFF:
+        assert _env.parse_choice('TIMM_LAMBDA_TRITON', value, ('auto',), 'auto') == '0'
+    for value in UNSET:
+        assert _env.parse_choice('TIMM_LAMBDA_TRITON', value, ('auto',), 'auto') == 'auto'
+    for value in BAD:
+        with pytest.raises(ValueError, match=r"^TIMM_LAMBDA_TRITON='.*' is not a valid value: use auto, 1/true/yes/on "
+                                             r"or 0/false/no/off \(any case\), or leave it unset$"):
+            _env.parse_choice('TIMM_LAMBDA_TRITON', value, ('auto',), 'auto')
+
+
+def test_every_variable_of_the_package_is_in_the_table():
+    """Each ``TIMM_LAMBDA_*`` name the package and its tools read is in :data:`_env.VARIABLES` (path and cache
+    variables excepted), and the table's kinds and defaults are the call sites'."""
+    import re
+    found = set()
+    for root in ('timm_lambda', 'timm_lambda_mmdet', 'tools'):
+        for path in (REPO / root).rglob('*'):
+            if path.suffix in ('.py', '.sh'):
+                found |= set(re.findall(r'TIMM_LAMBDA_[A-Z0-9_]+', path.read_text()))
+    found |= set(re.findall(r'TIMM_LAMBDA_[A-Z0-9_]+', (REPO / 'timm_lambda_autoload.py').read_text()))
+    paths = {'TIMM_LAMBDA_WHEEL_CACHE', 'TIMM_LAMBDA_CACHE'}
+    assert found - paths - {'TIMM_LAMBDA_'} <= set(_env.VARIABLES), found
+    assert _env.VARIABLES['TIMM_LAMBDA_CPU_KERNEL'][:2] == ('flag', True)
+    assert _env.VARIABLES['TIMM_LAMBDA_NO_AUTOLOAD'][:2] == ('flag', False)
+    assert _env.VARIABLES['TIMM_LAMBDA_STRICT'][:2] == ('flag', False)
+    assert _env.VARIABLES['TIMM_LAMBDA_TRITON'][:3] == ('choice', 'auto', ('auto',))
+    assert _env.VARIABLES['TIMM_LAMBDA_MMCV_CUDA'][:3] == ('choice', 'auto', ('auto',))
+
+
+@pytest.mark.parametrize('name', sorted(_env.VARIABLES))
+def test_check_names_an_invalid_variable(name, monkeypatch):
+    for other in _env.VARIABLES:
+        monkeypatch.delenv(other, raising=False)
+    _env.check()
+    monkeypatch.setenv(name, 'Off')
+    _env.check()
+    monkeypatch.setenv(name, 'maybe')
+    with pytest.raises(ValueError, match=f"^{name}='maybe' is not a valid value: use "):
+        _env.check()
+
+
+def test_the_stdlib_copies_read_every_value_as_the_package_does():
+    """``timm_lambda_autoload._flag`` (None where the package raises) and ``mmcv_cuda.read_switch`` (the same
+    error) equal :mod:`timm_lambda._env` on every value."""
+    for value in ON + OFF + UNSET + BAD + ['auto', 'AUTO']:
+        for default in (True, False):
+            try:
+                want = _env.parse_flag('TIMM_LAMBDA_NO_AUTOLOAD', value, default)
+            except ValueError:
+                want = None
+            assert timm_lambda_autoload._flag(value, default) is want, value
+        try:
+            want = _env.parse_choice('TIMM_LAMBDA_MMCV_CUDA', value, ('auto',), 'auto')
+        except ValueError as e:
+            with pytest.raises(ValueError) as got:
+                mmcv_cuda.read_switch(value)
+            assert str(got.value) == str(e)
+        else:
+            assert mmcv_cuda.read_switch(value) == want, value
+    assert timm_lambda_autoload._TRUE == mmcv_cuda._TRUE == _env.TRUE
+    assert timm_lambda_autoload._FALSE == mmcv_cuda._FALSE == _env.FALSE
+
+
+def _python(code, env_extra, pythonpath, cwd):
+    env = {k: v for k, v in os.environ.items() if not k.startswith('TIMM_LAMBDA_') and k != 'PYTHONPATH'}
+    env.update(env_extra, PYTHONPATH=os.pathsep.join(str(p) for p in pythonpath))
+    return subprocess.run([sys.executable, '-c', textwrap.dedent(code)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.parametrize('value, hooked', [(None, True), ('0', True), ('false', True), ('No', True), ('OFF', True),
+                                           ('1', False), ('true', False), ('YES', False), ('on', False),
+                                           ('maybe', True)])
+def test_autoload_switch(value, hooked, tmp_path):
+    """The worktree's hook (found before the installed one through PYTHONPATH) with fake ``timm`` and ``timm_lambda``
+    packages: false words keep it (``false``/``no`` turned it off before issue 39), true words turn it off, and an
+    invalid value keeps it, so that ``import timm_lambda`` reports the value (next test)."""
+    stub = tmp_path / 'stub'
+    (stub / 'timm').mkdir(parents=True)
+    (stub / 'timm' / '__init__.py').write_text('')
+    (stub / 'timm_lambda').mkdir()
+    (stub / 'timm_lambda' / '__init__.py').write_text('')
+    out = _python('''
+        import sys, timm_lambda_autoload, timm
+        print(timm_lambda_autoload.__file__, 'timm_lambda' in sys.modules)
+    ''', {} if value is None else {'TIMM_LAMBDA_NO_AUTOLOAD': value}, [stub, REPO], tmp_path)
+    assert out.returncode == 0, out.stderr
+    path, loaded = out.stdout.split()
+    assert Path(path) == REPO / 'timm_lambda_autoload.py'
+    assert loaded == str(hooked)
+
+
+def test_the_package_reads_the_switches_at_load_and_refuses_an_invalid_one(tmp_path):
+    """With the real packages: ``OFF`` turns the CPU kernel off, ``Yes`` is Triton's ``1``, ``false`` keeps the
+    autoload hook; an invalid value fails ``import timm_lambda`` with the variable and its values in the last line,
+    and the hook's warning at ``import timm`` starts with them."""
+    out = _python('''
+        import sys, timm
+        from timm_lambda.layers.position_lambda import cpu_kernel, tiled_triton
+        print('timm_lambda' in sys.modules, cpu_kernel.ENABLED, tiled_triton.MODE,
+              'lambdaresnet50' in timm.list_models())
+    ''', dict(TIMM_LAMBDA_CPU_KERNEL='OFF', TIMM_LAMBDA_TRITON='Yes', TIMM_LAMBDA_NO_AUTOLOAD='false'), [REPO],
+        tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ['True', 'False', '1', 'True']
+    bad = _python('import timm_lambda', dict(TIMM_LAMBDA_NO_AUTOLOAD='1', TIMM_LAMBDA_TRITON='always'), [REPO],
+                  tmp_path)
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "ValueError: TIMM_LAMBDA_TRITON='always' is not a valid value: use auto, 1/true/yes/on or 0/false/no/off "
+        "(any case), or leave it unset")
+    hook = _python('import timm', dict(TIMM_LAMBDA_NO_AUTOLOAD='maybe'), [REPO], tmp_path)
+    assert hook.returncode == 0, hook.stderr[-3000:]
+    warning = next(line for line in hook.stderr.splitlines() if 'RuntimeWarning' in line)
+    assert warning.split('RuntimeWarning: ', 1)[1].startswith(
+        "timm-lambda: TIMM_LAMBDA_NO_AUTOLOAD='maybe' is not a valid value: use 1/true/yes/on or 0/false/no/off")
