@@ -69,7 +69,7 @@ def test_choice_takes_its_words_and_the_flag_words():
 
 def test_every_variable_of_the_package_is_in_the_table():
     """Each ``TIMM_LAMBDA_*`` name the package and its tools read is in :data:`_env.VARIABLES` (path and cache
-    variables excepted), and the table's kinds and defaults are the call sites'."""
+    variables and the benchmarks' commit excepted), and the table's kinds and defaults are the call sites'."""
     import re
     found = set()
     for root in ('timm_lambda', 'timm_lambda_mmdet', 'tools'):
@@ -77,7 +77,7 @@ def test_every_variable_of_the_package_is_in_the_table():
             if path.suffix in ('.py', '.sh'):
                 found |= set(re.findall(r'TIMM_LAMBDA_[A-Z0-9_]+', path.read_text()))
     found |= set(re.findall(r'TIMM_LAMBDA_[A-Z0-9_]+', (REPO / 'timm_lambda_autoload.py').read_text()))
-    paths = {'TIMM_LAMBDA_WHEEL_CACHE', 'TIMM_LAMBDA_CACHE'}
+    paths = {'TIMM_LAMBDA_WHEEL_CACHE', 'TIMM_LAMBDA_CACHE', 'TIMM_LAMBDA_COMMIT'}  # values, not switches
     assert found - paths - {'TIMM_LAMBDA_'} <= set(_env.VARIABLES), found
     assert _env.VARIABLES['TIMM_LAMBDA_CPU_KERNEL'][:2] == ('flag', True)
     assert _env.VARIABLES['TIMM_LAMBDA_NO_AUTOLOAD'][:2] == ('flag', False)
