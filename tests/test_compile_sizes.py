@@ -55,7 +55,8 @@ def _rel(a, b):
 
 
 def _train_like_eager(eager, compiled, sizes, batch=2):
-    """A training step of both at each size (height, width): the same loss and parameter gradients (1e-8)."""
+    """A training step of both at each size (height, width): the same loss and parameter gradients (1e-8 of the
+    largest)."""
     gen = torch.Generator().manual_seed(0)
     for hw in sizes:
         x = torch.randn(batch, 3, *hw, generator=gen, dtype=torch.float64)
@@ -63,7 +64,10 @@ def _train_like_eager(eager, compiled, sizes, batch=2):
         loss, grads = _step(eager, x, y)
         loss_c, grads_c = _step(compiled, x, y)
         assert _rel(loss_c, loss) < 1e-8, (hw, float(loss_c), float(loss))
-        worst = max(_rel(gc, g) for gc, g in zip(grads_c, grads))
+        # relative to the largest gradient: a parameter whose gradient is zero in exact arithmetic (a shift before a
+        # batch norm) gets rounding noise in both, no relative agreement
+        scale = max(float(g.abs().max()) for g in grads)
+        worst = max(float((gc - g).abs().max()) for gc, g in zip(grads_c, grads)) / scale
         assert worst < 1e-8, (hw, worst)
 
 
