@@ -55,7 +55,8 @@ def _rel(a, b):
 
 
 def _train_like_eager(eager, compiled, sizes, batch=2):
-    """A training step of both at each size (height, width): the same loss and parameter gradients (1e-8)."""
+    """A training step of both at each size (height, width): the same loss and parameter gradients (1e-8 of the
+    largest)."""
     gen = torch.Generator().manual_seed(0)
     for hw in sizes:
         x = torch.randn(batch, 3, *hw, generator=gen, dtype=torch.float64)
@@ -63,7 +64,10 @@ def _train_like_eager(eager, compiled, sizes, batch=2):
         loss, grads = _step(eager, x, y)
         loss_c, grads_c = _step(compiled, x, y)
         assert _rel(loss_c, loss) < 1e-8, (hw, float(loss_c), float(loss))
-        worst = max(_rel(gc, g) for gc, g in zip(grads_c, grads))
+        # relative to the largest gradient: a parameter whose gradient is zero in exact arithmetic (a shift before a
+        # batch norm) gets rounding noise in both, no relative agreement
+        scale = max(float(g.abs().max()) for g in grads)
+        worst = max(float((gc - g).abs().max()) for gc, g in zip(grads_c, grads)) / scale
         assert worst < 1e-8, (hw, worst)
 
 
@@ -95,17 +99,20 @@ def _registered():
 @pytest.mark.parametrize('name', _registered())
 def test_every_registered_model_compiles_at_any_size(name, inductor):
     """``torch.compile(model)`` of each registered network (timm's defaults, 10 classes): a training step at 64 px,
-    then at 96 and 80x112 px, and a ``dynamic=True`` compile at 96x64 px, equal to eager in float64. Global-scope and
-    fixed-size networks are built for the largest size."""
+    then at 96 and 80x112 px, and a ``dynamic=True`` compile at 96x64 px, equal to eager in float64 (a quarter of
+    those sizes for the CIFAR-stem networks, which do not downsample before c2). Global-scope and fixed-size networks
+    are built for the largest size."""
     kwargs = dict(num_classes=10)
     model = timm.create_model(name, **kwargs)
+    scale = 4 if getattr(type(model), 'stem_reduction', 4) == 1 else 1
     if getattr(model, 'global_img_size', None) is not None or name.startswith(('aa_resnet', 'resnet50_global',
                                                                              'resnet50_axial')):
-        kwargs['img_size'] = 112
+        kwargs['img_size'] = 112 // scale
     torch.manual_seed(0)
     eager = timm.create_model(name, **kwargs).double().train()
     compiled = torch.compile(copy.deepcopy(eager))
-    _train_like_eager(eager, compiled, [(64, 64), (96, 96), (80, 112)])
+    _train_like_eager(eager, compiled, [(64 // scale, 64 // scale), (96 // scale, 96 // scale),
+                                        (80 // scale, 112 // scale)])
     torch._dynamo.reset()
     compiled = torch.compile(copy.deepcopy(eager), dynamic=True)
-    _train_like_eager(eager, compiled, [(96, 64)])
+    _train_like_eager(eager, compiled, [(96 // scale, 64 // scale)])
