@@ -32,15 +32,8 @@ def _values(choices: Sequence[str]) -> str:
 
 
 def parse_flag(name: str, value: Optional[str], default: bool) -> bool:
-    """``value`` of the flag ``name`` (None or empty: ``default``)."""
-    word = (value or '').strip().lower()
-    if not word:
-        return default
-    if word in TRUE:
-        return True
-    if word in FALSE:
-        return False
-    raise ValueError(f'{name}={value!r} is not a valid value: use {_values(())}, or leave it unset')
+    """``value`` of the flag ``name`` (None or empty: ``default``): a choice with no words of its own."""
+    return parse_choice(name, value, (), '1' if default else '0') == '1'
 
 
 def parse_choice(name: str, value: Optional[str], choices: Sequence[str], default: str) -> str:

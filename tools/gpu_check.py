@@ -40,6 +40,8 @@ import tarfile
 import tempfile
 import time
 
+from dev.benchmarks.measure import commit, cpu_model  # the tools' shared helpers (tools/dev)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, 'tools')
 PY = sys.executable
@@ -54,25 +56,11 @@ MODEL_TESTS = '(training_step or batch_one) and not mmdet'
 # facts about the run
 
 
-def commit() -> str:
-    """``$TIMM_LAMBDA_COMMIT`` where set (a copied tree's .git may be another commit's), else the checkout's
-    (``git rev-parse HEAD``, ``+dirty`` where tracked files differ from it)."""
-    if os.environ.get('TIMM_LAMBDA_COMMIT'):
-        return os.environ['TIMM_LAMBDA_COMMIT']
-    try:
-        head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-        return head.stdout.strip() + ('+dirty' if dirty else '')
-    except (OSError, subprocess.CalledProcessError):
-        return 'unknown'
-
-
 def machine() -> dict:
     """GPU, driver, torch, CUDA, cuDNN, Triton, CPU and load of this machine."""
     import torch
     info = dict(torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(),
-                cpu=_cpu_model(), cores=os.cpu_count(), load=os.getloadavg()[0])
+                cpu=cpu_model(), cores=os.cpu_count(), load=os.getloadavg()[0])
     try:
         import triton
         info['triton'] = triton.__version__
@@ -89,14 +77,6 @@ def machine() -> dict:
     else:
         info['gpu'] = None
     return info
-
-
-def _cpu_model() -> str:
-    try:
-        with open('/proc/cpuinfo') as f:
-            return next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), '?')
-    except OSError:
-        return platform.processor() or '?'
 
 
 # ----------------------------------------------------------------------------------------------------------
