@@ -36,6 +36,7 @@ from torch import Tensor
 
 from ..._env import env_choice, env_flag
 from .execution import warn_once
+from .plain_ops import content_term
 
 __all__ = ['runs', 'tiled_forward', 'tiled_backward', 'MODE']
 
@@ -325,6 +326,7 @@ def _row_tiles(h: int, wo: int, dv: int):
     return bq, bh, bv
 
 
+@functools.lru_cache(maxsize=None)  # on every call of the layer: a pure function of a few ints
 def _tc_row_tiles(h: int, wo: int, kw: int, step: int):
     """Tensor-core forward tiles: ``(queries, heads padded, window columns)`` of a program. The window (a power of
     2, at least 16) is the MMA's depth: the fewest columns per query row first (the padded multiply-adds), then the
@@ -340,6 +342,7 @@ def _tc_row_tiles(h: int, wo: int, kw: int, step: int):
     return best
 
 
+@functools.lru_cache(maxsize=None)
 def _tc_value_tiles(width: int, kw: int, step: int):
     """Tensor-core value-gradient tiles: ``(value columns, queries)`` of a program, the most columns per padded
     query (16 columns at least: the MMA's rows)."""
@@ -377,12 +380,6 @@ def _query_major_logits(q: Tensor, table: Tensor) -> Tensor:
     return torch.bmm(q.reshape(n * h, c, ho * wo).transpose(1, 2), rm.expand(n * h, *rm.shape))
 
 
-def _content(q: Tensor, content: Tensor) -> Tensor:
-    """``q lambda^c``: ``[B, h, C, Ho, Wo]``, ``[B, C, V]`` -> ``[B, h V, Ho, Wo]``."""
-    b, h, c, ho, wo = q.shape
-    return torch.matmul(content.transpose(1, 2).unsqueeze(1), q.reshape(b, h, c, ho * wo)).view(b, -1, ho, wo)
-
-
 def tiled_forward(q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements: int,
                   content: Optional[Tensor] = None) -> Optional[Tensor]:
     """The position term ``[B, h V, Ho, Wo]`` (contiguous) of the tiled operator, plus ``q lambda^c`` for a content
@@ -416,7 +413,7 @@ def tiled_forward(q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements
         if not _launch(k['query_rows'], (k['triton'].cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], y[b0:b0 + n],
                        height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, False):
             return None
-    return y if content is None else y + _content(q, content.to(q.dtype))
+    return y if content is None else y + content_term(content.to(q.dtype), q.reshape(b, h, c, ho * wo), ho, wo)
 
 
 def tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements: int):
