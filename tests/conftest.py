@@ -11,6 +11,12 @@ import importlib.metadata as _md
 import os
 import sys
 
+import pytest
+
+# Strict mode for every test and the processes it starts: a position-lambda backend that fails raises instead of
+# handing the call to the next backend, whose correct answer would hide the failure (timm_lambda's backends.py).
+os.environ['TIMM_LAMBDA_STRICT'] = '1'
+
 # The longest tests of a CI run (its --durations list), longest first: each starts as soon as a worker is free.
 LONGEST_FIRST = (
     'test_mmengine_compile_true_on_a_shrunk_table14_config',
@@ -20,6 +26,16 @@ LONGEST_FIRST = (
     'test_shortened_quick_run_beats_chance_clearly',
     'test_triton_execution_interpreted_equals_the_reference',
 )
+
+
+@pytest.fixture
+def backend():
+    """``backend(name, strict=None)`` runs the position lambdas by ``name`` (or ``'auto'``) through the public
+    override, ``timm_lambda.layers.set_backend``, for one test; the choice before it is restored after."""
+    from timm_lambda.layers.position_lambda import backends
+    before, strict = backends.get_backend(), backends.is_strict()
+    yield backends.set_backend
+    backends.set_backend(before, strict)
 
 
 def pytest_report_header(config):

@@ -13,7 +13,7 @@ from reference import position_term_reference, tiled_operator_reference
 from timm_lambda._env import env_flag
 from timm_lambda.layers import LambdaLayer
 from timm_lambda.layers import position_lambda as PL
-from timm_lambda.layers.position_lambda import cpu_kernel, custom_ops
+from timm_lambda.layers.position_lambda import backends, cpu_kernel, custom_ops, gemm, plain_ops
 
 FORMS = ['dense', 'tiled']
 
@@ -44,7 +44,7 @@ def _inputs(case, dtype=torch.float64, seed=0):
 
 @pytest.fixture
 def many_chunks(monkeypatch, request):
-    monkeypatch.setattr(custom_ops, 'CPU_CHUNK_ROWS', request.param)
+    monkeypatch.setattr(gemm, 'CPU_CHUNK_ROWS', request.param)
 
 
 def _call(impl, case, q, v, table):
@@ -53,31 +53,33 @@ def _call(impl, case, q, v, table):
     return y.reshape(q.shape[0], q.shape[1], v.shape[2], -1)
 
 
-# how each form runs: its custom operator (the tiled one by its CPU kernel, or by GEMMs as on other devices and
-# dtypes), or the plain tensor ops of traces and exports
-EXECUTIONS = [('dense', 'custom_ops'), ('dense', 'plain_ops'), ('tiled', 'cpu_kernel'), ('tiled', 'gemm_ops'),
-              ('tiled', 'plain_ops')]
+# the CPU rows of the backend table (timm_lambda/layers/position_lambda/backends.py) in float64: each form by each
+# backend that computes it on a CPU; the triton_* rows run under Triton's interpreter (tests/test_tiled_triton.py),
+# the CUDA rows in tests/test_cuda.py, the other dtypes in tests/test_backends.py
+EXECUTIONS = [(form, name) for name in PL.BACKENDS if name not in ('triton_tc', 'triton_fma')
+              for form in ('dense', 'tiled') if form in backends._FORMS_OF[name]]
 
 
-def _use_execution(execution, chunk_rows, monkeypatch):
-    """Run the position lambdas as ``execution`` (one of :data:`EXECUTIONS`' second entries), in chunks of
-    ``chunk_rows`` logit rows."""
-    monkeypatch.setattr(custom_ops, 'CPU_CHUNK_ROWS', chunk_rows)
-    if execution == 'plain_ops':
-        monkeypatch.setattr(PL, 'use_custom_ops', lambda: False)
-    if execution == 'gemm_ops':
-        monkeypatch.setattr(cpu_kernel, 'ENABLED', False)
+def _use_execution(execution, chunk_rows, monkeypatch, backend):
+    """Run the position lambdas by the backend ``execution`` through the public override (``backend``: the conftest
+    fixture), in chunks of ``chunk_rows`` logit rows on the gemm backend; a function that says whether ``execution``
+    served a call since (what the backend table counts)."""
+    monkeypatch.setattr(gemm, 'CPU_CHUNK_ROWS', chunk_rows)
     if execution == 'cpu_kernel':
         require_cpu_kernel()
+    backend(execution)
+    PL.served_backends(reset=True)
+    return lambda form: any(k[:2] == (form, execution) for k in PL.served_backends())
 
 
 @pytest.mark.parametrize('impl,execution', EXECUTIONS, ids=['-'.join(e) for e in EXECUTIONS])
 @pytest.mark.parametrize('case', CASES, ids=IDS)
-def test_forms_equal_the_per_query_reference_with_gradients(case, impl, execution, monkeypatch):
-    _use_execution(execution, case[-1], monkeypatch)
+def test_forms_equal_the_per_query_reference_with_gradients(case, impl, execution, monkeypatch, backend):
+    ran = _use_execution(execution, case[-1], monkeypatch, backend)
     q, v, table = (t.requires_grad_() for t in _inputs(case))
     ref = position_term_reference(q, v, table, case[1], case[2], case[8], case[9])
     y = _call(impl, case, q, v, table)
+    assert ran(impl), f'{execution} did not serve the call: {PL.served_backends()}'
     assert y.shape == ref.shape and ref.abs().max() > 0.1
     torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-10)
     g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=ref.dtype)
@@ -100,18 +102,19 @@ CONTENT_CASES = [CASES[i] for i in (0, 2, 3, 4, 7, 8)]
 
 @pytest.mark.parametrize('impl,execution', EXECUTIONS, ids=['-'.join(e) for e in EXECUTIONS])
 @pytest.mark.parametrize('case', CONTENT_CASES, ids=[IDS[CASES.index(c)] for c in CONTENT_CASES])
-def test_content_lambda_with_the_position_lambdas_equals_the_reference(case, impl, execution, monkeypatch):
+def test_content_lambda_with_the_position_lambdas_equals_the_reference(case, impl, execution, monkeypatch, backend):
     """``position_lambdas(..., content=lambda^c)`` adds the content term (eq. 2): inside the tiled operator (the CPU
     kernel's accumulators, or the GEMM path), else by a matmul; output and the gradients of q, v, the table and the
     content lambda against the float64 reference, batch 1 and 2, stride 1 and 2, |v| on the kernel's vector paths
     (43 = 32 + 8 + 3) and not."""
-    _use_execution(execution, case[-1], monkeypatch)
+    ran = _use_execution(execution, case[-1], monkeypatch, backend)
     _, hh, ww, _, k, _, dv, scope, stride, cip, _ = case
     q, v, table = _inputs(case)
     content = torch.randn(case[0], k, dv, generator=torch.Generator().manual_seed(7), dtype=q.dtype)
     leaves = [t.requires_grad_() for t in (q, v, table, content)]
     ref = position_term_reference(q, v, table, hh, ww, stride, cip) + _content_reference(content, q, case)
     y = PL.position_lambdas(q, v, table, hh, ww, impl, scope is None, stride, cip, None, content)
+    assert ran(impl), f'{execution} did not serve the call: {PL.served_backends()}'
     y = y.reshape(ref.shape)
     torch.testing.assert_close(y, ref, rtol=1e-10, atol=1e-10)
     g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=ref.dtype)
@@ -119,13 +122,13 @@ def test_content_lambda_with_the_position_lambdas_equals_the_reference(case, imp
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize('execution', ['cpu_kernel', 'gemm_ops'])
+@pytest.mark.parametrize('execution', ['cpu_kernel', 'gemm'])
 @pytest.mark.parametrize('step', [1, 2])
-def test_tiled_operator_content_equals_its_term_added(step, execution, monkeypatch):
+def test_tiled_operator_content_equals_its_term_added(step, execution, monkeypatch, backend):
     """The operator's content input at either step (the layer passes it at step 1): the same as the operator without
     it plus the term by a matmul, outputs and all four gradients, float64, batch 1 and 2, |v| = 43 (the kernel's
     vector paths and a scalar rest)."""
-    _use_execution(execution, custom_ops.CPU_CHUNK_ROWS, monkeypatch)
+    ran = _use_execution(execution, gemm.CPU_CHUNK_ROWS, monkeypatch, backend)
     g = torch.Generator().manual_seed(1)
     for b in (1, 2):
         q = torch.randn(b, 3, 6, 9, 11, generator=g, dtype=torch.float64)
@@ -134,19 +137,20 @@ def test_tiled_operator_content_equals_its_term_added(step, execution, monkeypat
         content = torch.randn(b, 6, 43, generator=g, dtype=torch.float64)
         leaves = [t.requires_grad_() for t in (q, v, table, content)]
         y = custom_ops._tiled(q, v, table, step, content)
-        want = custom_ops._tiled(q, v, table, step) + custom_ops._content_term(q, content)
+        want = custom_ops._tiled(q, v, table, step) + plain_ops.operator_content_term(q, content)
+        assert ran('tiled')
         torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
         gy = torch.randn(y.shape, generator=g, dtype=torch.float64)
         for got, ref in zip(torch.autograd.grad(y, leaves, gy), torch.autograd.grad(want, leaves, gy)):
             torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize('execution', ['cpu_kernel', 'gemm_ops'])
+@pytest.mark.parametrize('execution', ['cpu_kernel', 'gemm'])
 @pytest.mark.parametrize('stride', [1, 2])
-def test_tiled_operator_with_a_content_lambda_double_backward(stride, execution, monkeypatch):
+def test_tiled_operator_with_a_content_lambda_double_backward(stride, execution, monkeypatch, backend):
     """create_graph=True through the tiled operator with a content lambda, called directly at step 1 and 2 (the
     layer passes it at step 1): gradgradcheck over all four inputs."""
-    _use_execution(execution, custom_ops.CPU_CHUNK_ROWS, monkeypatch)
+    _use_execution(execution, gemm.CPU_CHUNK_ROWS, monkeypatch, backend)
     g = torch.Generator().manual_seed(2)
     q = torch.randn(2, 2, 3, 5, 6, generator=g, dtype=torch.float64)  # [B, h, c, Ho, Wo]
     v = torch.randn(2, 2 * 4, 5 * stride, 6 * stride, generator=g, dtype=torch.float64)  # |u| = 2, |v| = 4
@@ -163,23 +167,27 @@ def require_cpu_kernel():
     no_compiler = shutil.which('c++') is None and shutil.which('g++') is None
     if no_compiler and not env_flag('TIMM_LAMBDA_REQUIRE_CPU_KERNEL', False):
         pytest.skip('no C++ compiler: the tiled operator runs its GEMM path')
-    assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.float64)) is not None, 'the CPU kernel did not build'
+    assert cpu_kernel.unavailable() is None, 'the CPU kernel did not build'
 
 
 def test_the_cpu_kernel_serves_cpu_tensors_only_and_16_bit_ones_in_float32_at_stride_1():
+    """The table's cpu_kernel row: CPU tensors of the four float dtypes, computed in float32 except float64 and native
+    bfloat16; 'auto' passes over 16-bit stride-2 calls without native bfloat16 (the gemm backend is faster there,
+    docs/benchmarks.md), a chosen cpu_kernel still serves them."""
     require_cpu_kernel()
+    native = cpu_kernel.native(torch.bfloat16)
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-        assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=dtype)) is not None
+        assert backends.why_not('cpu_kernel', backends.Call('tiled', 'cpu', dtype)) is None
+        assert backends.why_not('cpu_kernel', backends.Call('tiled', 'cpu', dtype, 2), auto=False) is None
     assert [cpu_kernel.compute_dtype(d) for d in (torch.float32, torch.float64, torch.bfloat16, torch.float16)] == [
-        torch.float32, torch.float64, torch.float32, torch.float32]
-    assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.int64)) is None
-    assert cpu_kernel.cpu_kernel(torch.zeros(1, device='meta')) is None
-    # stride 2: 16-bit calls run the GEMM path (faster there in bfloat16 than the kernel in float32,
-    # docs/benchmarks.md), but bfloat16 ones where the kernel computes in bfloat16 itself
-    assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.float32), 2) is not None
-    native = cpu_kernel.cpu_kernel(torch.zeros(1)).bf16
-    assert (cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.bfloat16), 2) is not None) == native
-    assert cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.float16), 2) is None
+        torch.float32, torch.float64, torch.bfloat16 if native else torch.float32, torch.float32]
+    assert backends.why_not('cpu_kernel', backends.Call('tiled', 'cpu', torch.int64)) == \
+        'computes float16, bfloat16, float32 and float64'
+    assert backends.why_not('cpu_kernel', backends.Call('tiled', 'meta', torch.float32)) == 'needs CPU tensors'
+    assert backends.why_not('cpu_kernel', backends.Call('dense', 'cpu', torch.float32)) == 'computes the tiled form'
+    assert backends.why_not('cpu_kernel', backends.Call('tiled', 'cpu', torch.float32, 2)) is None
+    assert (backends.why_not('cpu_kernel', backends.Call('tiled', 'cpu', torch.bfloat16, 2)) is None) == native
+    assert backends.why_not('cpu_kernel', backends.Call('tiled', 'cpu', torch.float16, 2)).startswith('auto: ')
 
 
 def _cpu_flags() -> set:
@@ -192,7 +200,7 @@ def test_the_native_bfloat16_forward_is_built_where_the_cpu_has_avx512_bf16():
     """``-march=native`` compiles ``tiled_forward_bf16`` exactly where the CPU has AVX-512 BF16 (a build that lost it
     would quietly fall back to float32)."""
     require_cpu_kernel()
-    assert cpu_kernel.cpu_kernel(torch.zeros(1)).bf16 == ('avx512_bf16' in _cpu_flags())
+    assert cpu_kernel.native(torch.bfloat16) == ('avx512_bf16' in _cpu_flags())
 
 
 # (B, heads, |k|, |u|, |v|, H, W, scope, step, content lambda)
@@ -207,7 +215,7 @@ BF16_CASES = [
 def _bf16_call(case, draw):
     """Inputs of a BF16_CASES call drawn by ``draw(*shape)``, the operator's output and gradients (for a drawn output
     gradient) and a function giving the per-query float64 reference's (``logits_dtype``)."""
-    kernel = cpu_kernel.cpu_kernel(torch.zeros(1, dtype=torch.bfloat16))
+    kernel = cpu_kernel._build()
     if not kernel.bf16:  # a CPU with AVX-512 BF16 (CI's) must have them: fail there rather than skip
         assert not (os.path.exists('/proc/cpuinfo') and 'avx512_bf16' in _cpu_flags()), \
             'the CPU has AVX-512 BF16 but the kernel was built without its bfloat16 kernels'
@@ -273,14 +281,14 @@ def test_bfloat16_kernels_round_as_a_bfloat16_matmul(case):
 
 @pytest.mark.parametrize('batch', [1, 2])
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
-def test_16_bit_inputs_run_the_cpu_kernel_in_float32(dtype, batch, monkeypatch):
+def test_16_bit_inputs_run_the_cpu_kernel_in_float32(dtype, batch, monkeypatch, backend):
     """A float16 call (what CPU autocast passes), or a bfloat16 one where the kernel has no bfloat16 kernels (forced
     here), equals the kernel's float32 result on the same rounded inputs, rounded once to the 16-bit dtype, outputs
     and gradients; the GEMM path, which keeps its logits in the 16-bit dtype, is farther from the float64
     reference."""
     require_cpu_kernel()
-    for module in (cpu_kernel, custom_ops):
-        monkeypatch.setattr(module, 'native_bfloat16', lambda kernel, dtype: False)
+    monkeypatch.setattr(cpu_kernel, 'native', lambda dtype: False)
+    backend('cpu_kernel')
     case = (batch, 24, 20, 5, 16, 1, 43, 23, 1, False, 512)
     q, v, table = (t.to(dtype) for t in _inputs(case))
     g = torch.randn(_call('tiled', case, q.double(), v.double(), table.double()).shape,
@@ -294,14 +302,14 @@ def test_16_bit_inputs_run_the_cpu_kernel_in_float32(dtype, batch, monkeypatch):
     low, full = run(q, v, table), run(q.float(), v.float(), table.float())
     for got, want in zip(low, full):
         assert got.dtype == dtype and torch.equal(got, want.to(dtype))
-    monkeypatch.setattr(cpu_kernel, 'ENABLED', False)
-    gemm = run(q, v, table)
+    backend('gemm')
+    by_gemm = run(q, v, table)
     ref = run(q.double(), v.double(), table.double())[0]
-    assert (gemm[0].double() - ref).abs().max() > (low[0].double() - ref).abs().max()
+    assert (by_gemm[0].double() - ref).abs().max() > (low[0].double() - ref).abs().max()
 
 
 @pytest.mark.parametrize('stride,scope', [(1, 23), (2, 23), (1, 5), (1, 11), (2, 27), (1, 35)])
-def test_cpu_kernel_in_float32_equals_the_gemm_path_in_float64(stride, scope, monkeypatch):
+def test_cpu_kernel_in_float32_equals_the_gemm_path_in_float64(stride, scope, backend):
     """float32 has 16 lanes where float64 has 8: the kernel's float32 vector paths at a LambdaResNet-like shape
     (|k| = 16, 5 heads, |v| = 16 + 16 + 8 + 3), outputs and gradients; the scopes give logit-gradient rows of one
     and two vectors, computed in row pairs (5, 11, 23, 27 wide), and of more (35: a GEMM per row)."""
@@ -311,8 +319,8 @@ def test_cpu_kernel_in_float32_equals_the_gemm_path_in_float64(stride, scope, mo
     g = torch.randn(_call('tiled', case, q, v, table).shape, generator=torch.Generator().manual_seed(3),
                     dtype=torch.float64)
     results = []
-    for enabled, dtype in ((True, torch.float32), (False, torch.float64)):
-        monkeypatch.setattr(cpu_kernel, 'ENABLED', enabled)
+    for name, dtype in (('cpu_kernel', torch.float32), ('gemm', torch.float64)):
+        backend(name)
         inputs = [t.to(dtype).requires_grad_() for t in (q, v, table)]
         y = _call('tiled', case, *inputs)
         results.append([y] + list(torch.autograd.grad(y, inputs, g.to(dtype))))
@@ -333,7 +341,7 @@ def test_the_reference_comparison_can_fail():
 @pytest.mark.parametrize('case', [CASES[1], CASES[2], CASES[6]], ids=[IDS[1], IDS[2], IDS[6]])
 def test_double_backward(case, impl, monkeypatch):
     """create_graph=True and a second backward: gradgradcheck, and second-order values equal to einsum's."""
-    monkeypatch.setattr(custom_ops, 'CPU_CHUNK_ROWS', case[-1])
+    monkeypatch.setattr(gemm, 'CPU_CHUNK_ROWS', case[-1])
     small = (case[0], min(case[1], 11), min(case[2], 10)) + case[3:]
     q, v, table = (t.requires_grad_() for t in _inputs(small))
     assert torch.autograd.gradgradcheck(lambda *a: _call(impl, small, *a), (q, v, table), fast_mode=True)
@@ -463,7 +471,7 @@ def test_autocast_runs_the_operators_in_bfloat16(case, impl, monkeypatch):
     from the float32 one than float32 rounding and within bfloat16 rounding of the float64 reference; float32
     gradients that are those of the bfloat16 computation bit for bit (the operator's own inputs: the glue around it
     may sum them in float32), not float32's. Fails if the operators' autocast rule is missing."""
-    monkeypatch.setattr(custom_ops, 'CPU_CHUNK_ROWS', case[-1])
+    monkeypatch.setattr(gemm, 'CPU_CHUNK_ROWS', case[-1])
     q, v, table = (t.float() for t in _inputs(case))
     ref = position_term_reference(q.double(), v.double(), table.double(), case[1], case[2], case[8], case[9])
     with torch.autocast('cpu', dtype=torch.bfloat16):
@@ -507,15 +515,15 @@ def test_dynamo_captures_the_operators_in_one_graph(stride):
     assert 'timm_lambda.dense_position_lambdas.default' in _graph_ops(layer, torch.randn(2, 8, 7, 6))
 
 
-def test_opcheck_operators(monkeypatch):
+def test_opcheck_operators(backend):
     """torch.library.opcheck: schema, fake (meta) kernels, autograd registration of the custom operators, on
     non-contiguous inputs; the tiled one also with a content lambda (a non-contiguous one), by the CPU kernel and by
     the GEMM path."""
     for impl in FORMS:
         op, *inputs = _operator_inputs(impl)
         torch.library.opcheck(op, [x.requires_grad_() if i < 3 else x for i, x in enumerate(inputs)])
-    for enabled in (True, False):
-        monkeypatch.setattr(cpu_kernel, 'ENABLED', enabled)
+    for name in ('cpu_kernel', 'gemm'):
+        backend(name)
         op, q, v, table, step = _operator_inputs('tiled')
         content = torch.randn(2, 3, 5, dtype=q.dtype).transpose(1, 2).requires_grad_()  # [B, c, V], c = 5, V = 3
         torch.library.opcheck(op, [q.requires_grad_(), v.requires_grad_(), table.requires_grad_(), step, content])

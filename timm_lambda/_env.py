@@ -16,12 +16,13 @@ __all__ = ['TRUE', 'FALSE', 'VARIABLES', 'env_flag', 'env_choice', 'parse_flag',
 TRUE = ('1', 'true', 'yes', 'on')
 FALSE = ('0', 'false', 'no', 'off')
 
-# name: (kind, default, choices, what it does). 'flag' or 'choice' (its choices plus the flag words as '1'/'0').
+# name: (kind, default, choices, what it does). 'flag', 'choice' (its choices plus the flag words as '1'/'0') or
+# 'name' (its choices only).
 VARIABLES = {
-    'TIMM_LAMBDA_CPU_KERNEL': ('flag', True, (), "the tiled form's C++ CPU kernel (off: batched GEMMs)"),
-    'TIMM_LAMBDA_TRITON': ('choice', 'auto', ('auto',), "the tiled form's Triton kernels on CUDA: auto, on or off"),
+    'TIMM_LAMBDA_BACKEND': ('name', 'auto', ('auto', 'cpu_kernel', 'triton_tc', 'triton_fma', 'gemm', 'plain'),
+                            'the backend of the position lambdas (layers/position_lambda/backends.py)'),
     'TIMM_LAMBDA_NO_AUTOLOAD': ('flag', False, (), 'skip registering the models at `import timm` (the .pth hook)'),
-    'TIMM_LAMBDA_STRICT': ('flag', False, (), 'strict mode'),
+    'TIMM_LAMBDA_STRICT': ('flag', False, (), 'a position-lambda backend that fails raises (no next backend)'),
     'TIMM_LAMBDA_MMCV_CUDA': ('choice', 'auto', ('auto',), 'tools/install.sh: mmcv with CUDA ops: auto, on or off'),
 }
 
@@ -36,19 +37,20 @@ def parse_flag(name: str, value: Optional[str], default: bool) -> bool:
     return parse_choice(name, value, (), '1' if default else '0') == '1'
 
 
-def parse_choice(name: str, value: Optional[str], choices: Sequence[str], default: str) -> str:
-    """``value`` of the choice ``name``: one of ``choices`` (lower case), ``'1'``/``'0'`` for a flag word, or
-    ``default`` where None or empty."""
+def parse_choice(name: str, value: Optional[str], choices: Sequence[str], default: str, flags: bool = True) -> str:
+    """``value`` of the choice ``name``: one of ``choices`` (lower case), ``'1'``/``'0'`` for a flag word (unless
+    ``flags`` is False), or ``default`` where None or empty."""
     word = (value or '').strip().lower()
     if not word:
         return default
     if word in choices:
         return word
-    if word in TRUE:
+    if flags and word in TRUE:
         return '1'
-    if word in FALSE:
+    if flags and word in FALSE:
         return '0'
-    raise ValueError(f'{name}={value!r} is not a valid value: use {_values(choices)}, or leave it unset')
+    values = _values(choices) if flags else ', '.join(choices)
+    raise ValueError(f'{name}={value!r} is not a valid value: use {values}, or leave it unset')
 
 
 def env_flag(name: str, default: bool) -> bool:
@@ -56,9 +58,9 @@ def env_flag(name: str, default: bool) -> bool:
     return parse_flag(name, os.environ.get(name), default)
 
 
-def env_choice(name: str, choices: Sequence[str], default: str) -> str:
-    """The choice ``$name``: one of ``choices``, ``'1'``/``'0'`` for a flag word, ``default`` if unset."""
-    return parse_choice(name, os.environ.get(name), choices, default)
+def env_choice(name: str, choices: Sequence[str], default: str, flags: bool = True) -> str:
+    """The choice ``$name``: one of ``choices``, ``'1'``/``'0'`` for a flag word (``flags``), ``default`` if unset."""
+    return parse_choice(name, os.environ.get(name), choices, default, flags)
 
 
 def check() -> None:
@@ -67,4 +69,4 @@ def check() -> None:
         if kind == 'flag':
             env_flag(name, default)
         else:
-            env_choice(name, choices, default)
+            env_choice(name, choices, default, flags=kind == 'choice')

@@ -5,11 +5,10 @@ Each query meets exactly its ``K_h x K_w`` scope (the GEMM path pads it to its b
 23x23 scope) and its logits never leave the cache, so the layer runs near the CPU's multiply-add rate
 (docs/benchmarks.md). float32 and float64 on a CPU. bfloat16 (CPU autocast) on a CPU with AVX-512 BF16 runs in
 bfloat16 itself, at both strides, as a bfloat16 matmul computes: the logits rounded to bfloat16, products of bfloat16
-operands summed in float32 by VDPBF16PS (``tiled_forward_bf16``, ``tiled_backward_bf16``). Other 16-bit calls run at
-stride 1 in float32, the result rounded back; at stride 2 the GEMM path's big GEMM (9 |k| deep) runs faster in
-bfloat16 than the kernel in float32 (both measured in docs/benchmarks.md), so those calls, other devices, or a machine
-where the build fails (a one-time warning says why) run the GEMM path of :mod:`.custom_ops`.
-``TIMM_LAMBDA_CPU_KERNEL=0`` (or false/no/off) turns it off.
+operands summed in float32 by VDPBF16PS (``tiled_forward_bf16``, ``tiled_backward_bf16``). Other 16-bit calls run in
+float32, the result rounded back. The ``cpu_kernel`` backend of :mod:`.backends`, which says where ``'auto'`` runs it
+(not for 16-bit stride-2 calls without AVX-512 BF16, where the gemm backend's 16-bit GEMM is faster, nor where the
+build failed: a one-time warning says why).
 """
 import errno
 import functools
@@ -22,14 +21,12 @@ from typing import Optional
 
 import torch
 
-from ..._env import env_flag
-from .execution import warn_once
+from .execution import BackendUnusable, warn_once
 
-__all__ = ['cpu_kernel', 'compute_dtype', 'native_bfloat16']
+__all__ = ['forward', 'backward', 'unavailable', 'native', 'compute_dtype']
 
 _logger = logging.getLogger(__name__)
 
-ENABLED = env_flag('TIMM_LAMBDA_CPU_KERNEL', True)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = [os.path.join(_HERE, name) for name in ('tiled_cpu.cpp', 'tiled_cpu_bf16.cpp')]
 _HEADER = os.path.join(_HERE, 'tiled_cpu.h')
@@ -48,7 +45,7 @@ def _machine_tag() -> str:
 
 
 _FALLBACK = 'the position lambdas run as batched GEMMs instead (correct, about half as fast)'
-_OFF = 'TIMM_LAMBDA_CPU_KERNEL=0 skips the build'
+_OFF = 'TIMM_LAMBDA_BACKEND=gemm skips the build'
 
 
 def _build_failed(e: Exception, build_dir: Optional[str]) -> str:
@@ -101,29 +98,55 @@ def _build():
         return None
 
 
-_SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+def unavailable() -> Optional[str]:
+    """Why the kernel cannot serve calls here (None: built and loaded; the first call builds it)."""
+    if _build() is None:
+        return 'could not be built here (the warning above says why)'
+    return None
 
 
-@torch.jit.unused
-def cpu_kernel(x: torch.Tensor, step: int = 1) -> Optional[object]:
-    """The built kernel module when it serves ``x`` at ``step`` (a CPU tensor in a dtype of ``_SERVED``; a 16-bit
-    one at step 1, computed in :func:`compute_dtype`, or a bfloat16 one at any step where
-    :func:`native_bfloat16`), else None."""
-    if not ENABLED or x.device.type != 'cpu' or x.dtype not in _SERVED:
-        return None
+def native(dtype: torch.dtype) -> bool:
+    """Whether the kernel computes a ``dtype`` call in that dtype itself: bfloat16 where the compiler targets AVX-512
+    BF16 (``tiled_forward_bf16``, ``tiled_backward_bf16``); other 16-bit calls run in float32."""
     kernel = _build()
-    if step != 1 and compute_dtype(x.dtype) != x.dtype and not native_bfloat16(kernel, x.dtype):
-        return None
-    return kernel
-
-
-def native_bfloat16(kernel, dtype: torch.dtype) -> bool:
-    """Whether ``kernel`` computes a ``dtype`` call in bfloat16 itself (``tiled_forward_bf16`` and
-    ``tiled_backward_bf16``: built where the compiler targets AVX-512 BF16), instead of in float32."""
     return dtype == torch.bfloat16 and kernel is not None and kernel.bf16
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the kernel computes a ``dtype`` input in: float32 and float64 as they are, the 16-bit ones in
-    float32."""
-    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+    """The dtype the kernel computes a ``dtype`` input in: itself for float32, float64 and :func:`native` bfloat16,
+    else float32."""
+    return dtype if dtype in (torch.float32, torch.float64) or native(dtype) else torch.float32
+
+
+def _module():
+    kernel = _build()
+    if kernel is None:
+        raise BackendUnusable('the tiled form\'s CPU kernel could not be built')
+    return kernel
+
+
+def _to(x: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+    return None if x is None else x.to(dtype)
+
+
+def forward(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, step: int,
+            content: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The tiled operator's output (layouts: :mod:`.custom_ops`) in :func:`compute_dtype`, returned in ``q``'s dtype."""
+    kernel, c = _module(), compute_dtype(q.dtype)
+    if c == torch.bfloat16:
+        return kernel.tiled_forward_bf16(q, v, table, content, step)
+    return kernel.tiled_forward(q.to(c), v.to(c), table.to(c), _to(content, c), step).to(q.dtype)
+
+
+def backward(gy: torch.Tensor, q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, step: int,
+             content: Optional[torch.Tensor] = None):
+    """The gradients of q, v, the table and the content lambda (an empty tensor without one) in the inputs' dtypes
+    (a bfloat16 call's computed from its bfloat16 operands, summed in float32)."""
+    kernel, c = _module(), compute_dtype(q.dtype)
+    if c == torch.bfloat16:
+        gq, gv, gtable, gcontent = kernel.tiled_backward_bf16(gy.to(c), q, v, table, content, step)
+    else:
+        gq, gv, gtable, gcontent = kernel.tiled_backward(gy.to(c), q.to(c), v.to(c), table.to(c), _to(content, c),
+                                                         step)
+    return (gq.to(q.dtype), gv.to(v.dtype), gtable.to(table.dtype),
+            gcontent.to(v.dtype if content is None else content.dtype))

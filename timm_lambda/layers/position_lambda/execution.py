@@ -1,11 +1,14 @@
-"""Which execution runs the position lambdas, and the one-time warnings about it (docs/execution_modes.md)."""
+"""The execution context of the position lambdas (eager, compiled, recorded, transformed) and the one-time warnings
+about it (docs/execution_modes.md); the backend table that reads it: :mod:`.backends`."""
 import warnings
+from typing import Optional
 
 import torch
 
 from ..._compat import DYNAMO_FOLDS_FUNCTORCH_FLAG
 
-__all__ = ['use_custom_ops', 'size_independent', 'is_exporting', 'contiguous', 'compiled_copy', 'warn_once']
+__all__ = ['size_independent', 'is_exporting', 'functorch_active', 'contiguous', 'compiled_copy', 'warn_once',
+           'recorder', 'BackendUnusable']
 
 
 @torch.jit.ignore
@@ -56,16 +59,23 @@ def size_independent() -> bool:
     return not torch.jit.is_scripting() and (torch.jit.is_tracing() or is_exporting())
 
 
-def use_custom_ops() -> bool:
-    """True where the custom operators run: eager mode and torch.compile. TorchScript, graph recorders (jit.trace,
-    the ONNX exporters, torch.export) and torch.func transforms (no batching rules) run the plain-op forms."""
-    if torch.jit.is_scripting() or size_independent():
-        return False
+def recorder() -> Optional[str]:
+    """The graph recorder or transform under way, whose graph holds plain tensor ops only (None: eager mode or
+    torch.compile, which run the custom operators): ``'jit.trace'`` (also the legacy ONNX exporter),
+    ``'torch.export'`` (also the dynamo ONNX exporter) or ``'torch.func'``."""
+    if torch.jit.is_tracing():
+        return 'jit.trace'
+    if is_exporting():
+        return 'torch.export'
     if functorch_active():
-        warn_once('functorch', 'inside torch.func transforms the position lambdas run as plain tensor ops (the '
-                               'custom operators have no batching rules): correct, but slower and with more memory')
-        return False
-    return True
+        return 'torch.func'
+    return None
+
+
+class BackendUnusable(RuntimeError):
+    """A backend of the position lambdas cannot run on this machine (a Triton that cannot compile kernels here, a CPU
+    kernel that did not build): :func:`.backends.run_tiled` hands the call to the next backend, or raises in strict
+    mode."""
 
 
 _WARNED = set()

@@ -13,7 +13,8 @@ from .. import pooling  # a module, not its name: pooling imports .execution fro
 from ..relative_embedding import block_embedding, dense_embedding
 from .execution import compiled_copy, contiguous
 
-__all__ = ['content_term', 'einsum_form', 'conv_form', 'dense_plain', 'tile', 'tiled_plain', 'to_blocks']
+__all__ = ['content_term', 'operator_content_term', 'operator_content_grads', 'einsum_form', 'conv_form', 'dense_plain',
+           'tile', 'tiled_plain', 'to_blocks']
 
 
 def content_term(content: Tensor, q: Tensor, height: int, width: int, stride: int = 1,
@@ -27,6 +28,19 @@ def content_term(content: Tensor, q: Tensor, height: int, width: int, stride: in
         q = pooling.avg_pool_3x3_s2(q.reshape(b, h * k, height, width), count_include_pad).reshape(b, h, k, ho * wo)
     return torch.matmul(content.transpose(1, 2).unsqueeze(1), compiled_copy(q)).reshape(b, h * content.shape[2], ho, wo)
 
+
+def operator_content_term(q: Tensor, content: Tensor) -> Tensor:
+    """:func:`.plain_ops.content_term` of the operator's queries ``q [B, h, c, Ho, Wo]``: ``[B, h V, Ho, Wo]``."""
+    b, h, c, ho, wo = q.shape
+    return content_term(content, q.reshape(b, h, c, ho * wo), ho, wo)
+
+
+def operator_content_grads(gy: Tensor, q: Tensor, content: Tensor) -> Tuple[Tensor, Tensor]:
+    """The content term's gradients ``(dq [B, h, c, Ho, Wo], dcontent [B, c, V])`` for the output gradient ``gy``."""
+    b, h, c, ho, wo = q.shape
+    gy4 = gy.reshape(b, h, content.shape[2], ho * wo)
+    gcontent = torch.matmul(q.reshape(b, h, c, ho * wo), gy4.transpose(2, 3)).sum(1).to(content.dtype).contiguous()
+    return torch.matmul(content.unsqueeze(1), gy4).view(b, h, c, ho, wo), gcontent
 
 def einsum_form(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, masked: bool) -> Tensor:
     """The lambda form of Fig. 3: ``lambda^p_n = sum_m E_nm v_m^T`` (eq. 1), then ``(lambda^p_n)^T q_n`` (eq. 2).

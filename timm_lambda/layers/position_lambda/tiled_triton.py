@@ -11,21 +11,17 @@ to its block's window, 1.7x the work at a 23x23 scope, and fills a banded logit 
 * ``_value_grad``: ``dv[b, u v, r, c] = sum_{h, ky, kx} L[...] dy[b, h v, oy, ox]`` over the queries whose scope holds
   ``(r, c)``, gathered per value position (no atomics: deterministic).
 
-Every multiply-add is one of the exact form (the FLOP formula of :mod:`.custom_ops`), on the CUDA cores: a lane a
-query, a loop over the scope. Tested against the float64 per-query reference on a GPU (tests/test_cuda.py) and, on
-a CPU, under Triton's interpreter (tests/test_tiled_triton.py).
+Two variants, two backends of :mod:`.backends`: ``triton_tc`` (float16, bfloat16, float32) contracts banded tiles of
+the query-major logits with the value windows by ``tl.dot`` on the tensor cores (16-bit operands, float32 sums;
+float32 on TF32 where torch's matmuls may use it, else exact), the content lambda fused into the forward; ``triton_fma``
+(also float64) runs the loops above on the CUDA cores, a lane a query. Tested against the float64 per-query reference
+on a CPU under Triton's interpreter (tests/test_tiled_triton.py) and on a GPU (tests/test_cuda.py).
 
 Layouts are the operator's (:mod:`.custom_ops`): ``q [B, h, C, Ho, Wo]``, ``v [B, u V, H, W]``, ``table [C, u, K_h,
-K_w]``, ``s = step``, ``p = (K - 1) // 2``, zero values outside the image. Sums run in float32 (float64 for float64
-inputs); results in the inputs' dtype. Images are processed in chunks whose logits hold at most ``chunk_elements``.
-Which CUDA execution runs (:func:`runs`): this one where it measured faster than the GEMM path on an H200
-(docs/benchmarks.md, "GPU"): calls of at most ``SMALL_CALL`` queries (launch-bound: 3 kernels instead of the GEMM
-path's dozen) and maps no larger than the scope (the GEMM path's padded windows then lie mostly outside the image);
-the GEMM path's tensor-core GEMMs elsewhere (1.2-2.3x faster at batch 8). These kernels run their
-multiply-adds on the CUDA cores, at 2 of the GPU's 33 float32 TMAC/s: a tensor-core formulation is the next step.
-``TIMM_LAMBDA_TRITON=1`` runs them wherever they can run (about half the GEMM path's training memory), ``0`` never;
-a first launch that fails turns them off (a Triton that cannot compile them here; one warning, and the call
-returns None for the GEMM path to answer).
+K_w]``, ``s = step``, ``p = (K - 1) // 2``, zero values outside the image. Results in the inputs' dtype. Images are
+processed in chunks whose logits hold at most ``chunk_elements``. A first launch that fails because Triton cannot
+build kernels here raises :class:`.execution.BackendUnusable` (the backend table hands the call on, or raises in
+strict mode); any other error propagates.
 """
 import functools
 import os
@@ -34,44 +30,29 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..._env import env_choice, env_flag
-from .execution import warn_once
-from .plain_ops import content_term
+from .execution import BackendUnusable
+from .plain_ops import content_term, operator_content_grads
 
-__all__ = ['runs', 'tiled_forward', 'tiled_backward', 'MODE']
+__all__ = ['forward', 'backward', 'unavailable', 'INTERPRETED', 'LAUNCHES']
 
-MODE = env_choice('TIMM_LAMBDA_TRITON', ('auto',), 'auto')  # 'auto', '1' (wherever it can run) or '0' (never)
-# a failed launch raises instead of turning Triton off (tests, tools/gpu_check.py)
-STRICT = env_flag('TIMM_LAMBDA_STRICT', False)
 LAUNCHES = 0  # kernel launches that returned in this process: what tests read to see that a kernel ran
 PREFILL_NAN = False  # tests: outputs the kernels write start as NaN, so that an element no kernel wrote shows
-SMALL_CALL = 4096  # queries (images x output positions) of a call up to which Triton runs in 'auto'
-_SERVED = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _LAUNCHED = False  # a kernel has run in this process: later errors are errors, not an unusable Triton
 
 
-def _launch(kernel, grid, *args, **meta) -> bool:
-    """Run ``kernel``; False where it is the process's first launch and it fails because Triton cannot build or run
-    kernels here (:func:`_cannot_run_here`: this execution is then off, the caller takes the GEMM path). Any other
-    error (a kernel that does not compile or does not fit the GPU: a bug), any error after a first launch succeeded,
-    and every error in strict mode propagate."""
-    global MODE, _LAUNCHED, LAUNCHES
-    if _LAUNCHED or STRICT:
-        kernel[grid](*args, **meta)
-        LAUNCHES += 1
-        return True
+def _launch(kernel, grid, *args, **meta) -> None:
+    """Run ``kernel``. At the process's first launch, an error that says Triton cannot build or run kernels here
+    (:func:`_cannot_run_here`) raises :class:`.execution.BackendUnusable`; any other error (a kernel that does not
+    compile or does not fit the GPU: a bug) and any error after a first launch succeeded propagate as they are."""
+    global _LAUNCHED, LAUNCHES
     try:
         kernel[grid](*args, **meta)
     except Exception as e:
-        if not _cannot_run_here(e):
+        if _LAUNCHED or not _cannot_run_here(e):
             raise
-        MODE = '0'
-        warn_once('triton', f'the tiled form\'s Triton kernels failed at their first launch ({type(e).__name__}: '
-                            f'{str(e)[:300]}); the position lambdas run as batched GEMMs instead (correct, slower)')
-        return False
+        raise BackendUnusable(f"Triton's first launch failed: {type(e).__name__}: {str(e)[:300]}") from e
     _LAUNCHED = True
     LAUNCHES += 1
-    return True
 
 
 def _cannot_run_here(e: Exception) -> bool:
@@ -267,28 +248,9 @@ def _kernels():
                 tl=tl, triton=triton)
 
 
-def runs(q: Tensor, v: Tensor, table: Tensor) -> bool:
-    """True where this execution runs the tiled operator's call: CUDA tensors of a served dtype, Triton importable,
-    not turned off; in ``'auto'`` every call the tensor-core kernels serve (:func:`tensor_cores`), and for the
-    others (float64) calls of at most ``SMALL_CALL`` queries or a map no larger than the (pooled) table."""
-    if MODE not in ('auto', '1', '0'):  # read by timm_lambda._env: only a value assigned to MODE gets here
-        raise ValueError(f"tiled_triton.MODE must be 'auto', '1' or '0', got {MODE!r}")
-    if MODE == '0' or not q.is_cuda or q.dtype not in _SERVED or _kernels() is None:
-        return False
-    if MODE == '1' or tensor_cores(q.dtype):
-        return True
-    small = q.shape[0] * q.shape[3] * q.shape[4] <= SMALL_CALL
-    return small or (v.shape[2] <= table.shape[2] and v.shape[3] <= table.shape[3])
-
-
-TENSOR_CORES = True  # the tensor-core kernels for 16-bit and float32 calls (False: the CUDA-core ones for every dtype)
-
-
-def tensor_cores(dtype: torch.dtype) -> bool:
-    """Whether the tensor-core kernels (``tl.dot``) serve a call in ``dtype``: float16, bfloat16 and float32 (TF32
-    where torch allows it in matmuls, ``torch.backends.cuda.matmul.allow_tf32``, else exact float32 products);
-    float64 runs the CUDA-core kernels."""
-    return TENSOR_CORES and dtype in (torch.float16, torch.bfloat16, torch.float32)
+def unavailable() -> Optional[str]:
+    """Why these kernels cannot run here (None: Triton imports)."""
+    return None if _kernels() is not None else 'needs Triton (it comes with torch on Linux x86-64)'
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -300,11 +262,11 @@ def _precision(dtype: torch.dtype) -> str:
 # multiply the bit patterns and its casts to bfloat16 truncate. There the tensor-core kernels widen bfloat16 tiles to
 # float32 before each product (exact, as the tensor cores' products are) and write float32 results that torch rounds
 # to bfloat16 (to nearest, as the GPU's conversion does).
-_INTERPRETED = os.environ.get('TRITON_INTERPRET', '0') == '1'
+INTERPRETED = os.environ.get('TRITON_INTERPRET', '0') == '1'
 
 
 def _widen(dtype: torch.dtype) -> bool:
-    return _INTERPRETED and dtype == torch.bfloat16
+    return INTERPRETED and dtype == torch.bfloat16
 
 
 def _pow2(n: int, least: int = 1) -> int:
@@ -380,10 +342,10 @@ def _query_major_logits(q: Tensor, table: Tensor) -> Tensor:
     return torch.bmm(q.reshape(n * h, c, ho * wo).transpose(1, 2), rm.expand(n * h, *rm.shape))
 
 
-def tiled_forward(q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements: int,
-                  content: Optional[Tensor] = None) -> Optional[Tensor]:
+def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None,
+            tensor_cores: bool = True, chunk_elements: int = 1 << 26) -> Tensor:
     """The position term ``[B, h V, Ho, Wo]`` (contiguous) of the tiled operator, plus ``q lambda^c`` for a content
-    lambda ``[B, C, V]`` (inside the tensor-core kernel's accumulators); None if the kernels cannot run."""
+    lambda ``[B, C, V]`` (inside the tensor-core kernel's accumulators)."""
     b, h, c, ho, wo, u, kh, kw, dv, height, width, acc, k = _meta(q, v, table)
     q, v, table = q.contiguous(), v.contiguous(), table.contiguous()
     y = q.new_empty(b, h * dv, ho, wo)
@@ -391,7 +353,7 @@ def tiled_forward(q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements
         return y
     if PREFILL_NAN:
         y.fill_(float('nan'))
-    if tensor_cores(q.dtype):
+    if tensor_cores:
         bq, bh, bw = _tc_row_tiles(h, wo, kw, step)
         bv, bc = _pow2(dv, 16), _pow2(c, 16)
         widen = _widen(q.dtype)
@@ -401,24 +363,32 @@ def tiled_forward(q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements
         for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
             logits = _query_major_logits(q[b0:b0 + n], table)
             cn = None if content is None else content[b0:b0 + n]
-            if not _launch(k['tc_rows'], (k['triton'].cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], out[b0:b0 + n],
-                           q[b0:b0 + n], logits if cn is None else cn, height, width, ho, wo, h, u, dv, c, kh, kw,
-                           step, _precision(q.dtype), bq, bh, bw, bv, bc, False, cn is not None, widen,
-                           num_warps=_warps(bh * bq * bv, bh * bq * bw)):
-                return None
+            _launch(k['tc_rows'], (k['triton'].cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], out[b0:b0 + n],
+                    q[b0:b0 + n], logits if cn is None else cn, height, width, ho, wo, h, u, dv, c, kh, kw,
+                    step, _precision(q.dtype), bq, bh, bw, bv, bc, False, cn is not None, widen,
+                    num_warps=_warps(bh * bq * bv, bh * bq * bw))
         return out.to(y.dtype) if widen else y
     bq, bh, bv = _row_tiles(h, wo, dv)
     for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
         logits = _logits(q[b0:b0 + n], table)
-        if not _launch(k['query_rows'], (k['triton'].cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], y[b0:b0 + n],
-                       height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, False):
-            return None
+        _launch(k['query_rows'], (k['triton'].cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], y[b0:b0 + n],
+                height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, False)
     return y if content is None else y + content_term(content.to(q.dtype), q.reshape(b, h, c, ho * wo), ho, wo)
 
 
-def tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, chunk_elements: int):
-    """The gradients of ``q``, ``v`` and ``table`` (contiguous; the table's summed in float32 or float64); None if the
-    kernels cannot run."""
+def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None,
+             tensor_cores: bool = True, chunk_elements: int = 1 << 26):
+    """The gradients of ``q``, ``v``, ``table`` (contiguous; the table's summed in float32 or float64) and the content
+    lambda (an empty tensor without one; its term's gradients by matmuls)."""
+    gq, gv, gt = _position_backward(gy, q, v, table, step, tensor_cores, chunk_elements)
+    if content is None:
+        return gq, gv, gt, v.new_empty(0)
+    gq_content, gcontent = operator_content_grads(gy, q, content)
+    return gq_content + gq, gv, gt, gcontent
+
+
+def _position_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, tensor_cores: bool,
+                       chunk_elements: int):
     b, h, c, ho, wo, u, kh, kw, dv, height, width, acc, k = _meta(q, v, table)
     q, v, table, gy = q.contiguous(), v.contiguous(), table.contiguous(), gy.contiguous()
     gq, gv = torch.empty_like(q), torch.empty_like(v)
@@ -429,7 +399,7 @@ def tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, c
         gq.fill_(float('nan')), gv.fill_(float('nan'))
     cdiv = k['triton'].cdiv
     rm = table.view(c, u * kh * kw)
-    if tensor_cores(q.dtype):
+    if tensor_cores:
         prec = _precision(q.dtype)
         bq, bh, bw = _tc_row_tiles(h, wo, kw, step)
         bp, bwv = _tc_value_tiles(width, kw, step)
@@ -439,15 +409,13 @@ def tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, c
         for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
             qc, gyc = q[b0:b0 + n], gy[b0:b0 + n]
             logits = _query_major_logits(qc, table)  # [n h, Ho Wo, u K_h K_w]
-            if not _launch(k['tc_value_grad'], (cdiv(width, bp), height, n * u), logits, gyc, gvw[b0:b0 + n],
-                           height, width, ho, wo, h, u, dv, kh, kw, step, prec, bp, bwv, bv, widen,
-                           num_warps=_warps(bp * bv, bp * bwv, bwv * bv)):
-                return None
+            _launch(k['tc_value_grad'], (cdiv(width, bp), height, n * u), logits, gyc, gvw[b0:b0 + n],
+                    height, width, ho, wo, h, u, dv, kh, kw, step, prec, bp, bwv, bv, widen,
+                    num_warps=_warps(bp * bv, bp * bwv, bwv * bv))
             gl = torch.zeros(logits.shape, dtype=torch.float32 if widen else logits.dtype, device=logits.device)
-            if not _launch(k['tc_rows'], (cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc, qc, gl,
-                           height, width, ho, wo, h, u, dv, c, kh, kw, step, prec, bq, bh, bw, bv, 16, True, False,
-                           widen, num_warps=_warps(bh * bq * bv, bh * bq * bw)):
-                return None
+            _launch(k['tc_rows'], (cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc, qc, gl,
+                    height, width, ho, wo, h, u, dv, c, kh, kw, step, prec, bq, bh, bw, bv, 16, True, False,
+                    widen, num_warps=_warps(bh * bq * bv, bh * bq * bw))
             gl = gl.to(logits.dtype)  # the logit gradients in the 16-bit dtype, as a matmul's backward has them
             torch.bmm(rm.expand(n * h, *rm.shape), gl.transpose(1, 2), out=gq[b0:b0 + n].view(n * h, c, ho * wo))
             qt = qc.reshape(n * h, c, ho * wo).transpose(0, 1).reshape(c, n * h * ho * wo)
@@ -460,13 +428,11 @@ def tiled_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, c
     for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
         qc, gyc = q[b0:b0 + n], gy[b0:b0 + n]
         logits = _logits(qc, table)
-        if not _launch(k['value_grad'], (cdiv(width, step * bp) * step, height, n * u), logits, gyc, gv[b0:b0 + n],
-                       height, width, ho, wo, h, u, dv, kh, kw, step, acc, bp, bv):
-            return None
+        _launch(k['value_grad'], (cdiv(width, step * bp) * step, height, n * u), logits, gyc, gv[b0:b0 + n],
+                height, width, ho, wo, h, u, dv, kh, kw, step, acc, bp, bv)
         gl = torch.zeros_like(logits)
-        if not _launch(k['query_rows'], (cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc,
-                       height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, True):
-            return None
+        _launch(k['query_rows'], (cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc,
+                height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, True)
         gl = gl.view(n * h, u * kh * kw, ho * wo)
         torch.bmm(rm.expand(n * h, *rm.shape), gl, out=gq[b0:b0 + n].view(n * h, c, ho * wo))
         gt += torch.bmm(gl, qc.reshape(n * h, c, ho * wo).transpose(1, 2)).to(gt.dtype).sum(0).t()

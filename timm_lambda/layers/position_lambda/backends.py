@@ -1,0 +1,288 @@
+"""The position lambdas' backend table: which form computes a call and which backend runs it, in one place.
+
+Forms (what is computed; docs/lambda_layer.md): ``einsum`` (the lambda form, Fig. 3: eq. 1, then eq. 2), ``conv``
+(the lambda convolution, section 3.4), ``dense`` (logits of every query-context pair, then one GEMM with the
+values), ``tiled`` (each query against exactly its ``K_h x K_w`` scope). ``'auto'`` picks one (:func:`choose_form`).
+
+Backends (how a form runs; docs/execution_modes.md), in the order ``'auto'`` tries them (:data:`BACKENDS`):
+
+============  ============  ======  ========================================================================
+backend       forms         device  dtypes
+============  ============  ======  ========================================================================
+cpu_kernel    tiled         CPU     float32, float64; bfloat16 natively with AVX-512 BF16, else 16-bit in float32
+triton_tc     tiled         CUDA    float16, bfloat16 (float32 sums); float32 on TF32 where torch's matmuls may
+                                    use it (``torch.backends.cuda.matmul.allow_tf32``), else exact
+triton_fma    tiled         CUDA    float16, bfloat16, float32, float64 on the CUDA cores (``'auto'``: float64)
+gemm          dense, tiled  any     any: the custom operators' batched GEMMs
+plain         every form    any     any: plain tensor ops, the only backend graph recorders and transforms record
+============  ============  ======  ========================================================================
+
+Each backend says why it cannot serve a call (:func:`why_not`); ``'auto'`` also skips a backend that can serve a call
+but measured slower there (its reason starts with ``'auto: '``). Forward and backward read the same table.
+The operator backends run in eager mode and under torch.compile; torch.export, jit.trace, the ONNX exporters,
+TorchScript and torch.func transforms record ``plain`` whatever the choice (their graphs hold plain tensor ops).
+
+Choose one as timm's ``set_fused_attn`` does: :func:`set_backend` or ``TIMM_LAMBDA_BACKEND`` (``auto`` or a backend's
+name). A chosen backend that cannot serve a call raises, naming the reason. :func:`served_backends` counts the calls
+each backend served (each new combination is logged once at INFO). Strict mode (``set_backend(strict=True)`` or
+``TIMM_LAMBDA_STRICT=1``): a backend that fails at run time (a Triton that cannot compile here, a CPU kernel that
+did not build) raises instead of handing the call to the next one with a warning.
+"""
+import collections
+import logging
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..._env import env_choice, env_flag
+from . import cpu_kernel, gemm, tiled_triton
+from .execution import BackendUnusable, recorder, warn_once
+
+__all__ = ['FORMS', 'BACKENDS', 'Call', 'set_backend', 'get_backend', 'is_strict', 'why_not', 'choose',
+           'choose_form', 'dispatch', 'run_tiled', 'record', 'served_backends']
+
+_logger = logging.getLogger(__name__)
+
+FORMS = ('auto', 'einsum', 'conv', 'dense', 'tiled')
+BACKENDS = ('cpu_kernel', 'triton_tc', 'triton_fma', 'gemm', 'plain')  # the order 'auto' tries them in
+_FORMS_OF = dict(cpu_kernel=('tiled',), triton_tc=('tiled',), triton_fma=('tiled',), gemm=('dense', 'tiled'),
+                 plain=('einsum', 'conv', 'dense', 'tiled'))
+SMALL_CALL = 4096  # queries (images x output positions) up to which 'auto' runs triton_fma (measured on an H200)
+
+_backend = env_choice('TIMM_LAMBDA_BACKEND', ('auto',) + BACKENDS, 'auto', flags=False)
+_strict = env_flag('TIMM_LAMBDA_STRICT', False)
+_failed: Dict[str, str] = {}  # backend -> why it failed at run time in this process (not in strict mode)
+_availability: Dict[str, Optional[str]] = {}  # 'cpu_kernel' / 'triton' -> why its kernels cannot run here
+_SERVED: 'collections.Counter[Tuple[str, str, str, str]]' = collections.Counter()
+
+
+def set_backend(backend: str = 'auto', strict: Optional[bool] = None) -> None:
+    """Run the position lambdas by ``backend`` (one of :data:`BACKENDS`) or let ``'auto'`` pick per call; ``strict``
+    (None: unchanged): a backend that fails raises instead of handing the call on. Overrides
+    ``TIMM_LAMBDA_BACKEND`` and ``TIMM_LAMBDA_STRICT``."""
+    global _backend, _strict
+    if backend not in ('auto',) + BACKENDS:
+        raise ValueError(f"backend must be 'auto' or one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    _backend = backend
+    _availability.clear()  # asked again: a kernel may have been built since
+    if strict is not None:
+        _strict = bool(strict)
+
+
+def get_backend() -> str:
+    """The backend chosen by :func:`set_backend` or ``TIMM_LAMBDA_BACKEND``: ``'auto'`` or a backend's name."""
+    return _backend
+
+
+def is_strict() -> bool:
+    """Whether a backend that fails raises (:func:`set_backend`'s ``strict``, ``TIMM_LAMBDA_STRICT``)."""
+    return _strict
+
+
+class Call(NamedTuple):
+    """What the table needs to know of a call: the form, the device type, the dtype the operator computes in (the
+    autocast dtype under autocast), the step (2: a stride-2 layer's pooled queries), the queries (images x output
+    positions) and whether the map is no larger than the scope."""
+    form: str
+    device: str
+    dtype: torch.dtype
+    step: int = 1
+    queries: int = 0
+    map_in_scope: bool = False
+
+
+_16_BIT = (torch.float16, torch.bfloat16)
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace('torch.', '')
+
+
+def _triton_cannot(call: Call, dtypes) -> Optional[str]:
+    if call.device != 'cuda' and not tiled_triton.INTERPRETED:
+        return "needs CUDA tensors (or Triton's interpreter, TRITON_INTERPRET=1)"
+    if call.dtype not in dtypes:
+        return f"computes {', '.join(map(_dtype_name, dtypes))}"
+    return _unavailable('triton')
+
+
+def _unavailable(kernels: str) -> Optional[str]:
+    """Why the ``'cpu_kernel'`` or ``'triton'`` kernels cannot run in this process (None: they can), asked once."""
+    if kernels not in _availability:
+        _availability[kernels] = (cpu_kernel if kernels == 'cpu_kernel' else tiled_triton).unavailable()
+    return _availability[kernels]
+
+
+def _cannot(backend: str, call: Call) -> Optional[str]:
+    """Why ``backend`` cannot compute ``call`` at all (None: it can)."""
+    if call.form not in _FORMS_OF[backend]:
+        return f"computes the {' and '.join(_FORMS_OF[backend])} form{'s' * (len(_FORMS_OF[backend]) > 1)}"
+    if backend in _failed:
+        return _failed[backend]
+    if backend == 'cpu_kernel':
+        if call.device != 'cpu':
+            return 'needs CPU tensors'
+        if call.dtype not in _FLOATS:
+            return 'computes float16, bfloat16, float32 and float64'
+        return _unavailable('cpu_kernel')
+    if backend == 'triton_tc':
+        return _triton_cannot(call, (torch.float16, torch.bfloat16, torch.float32))
+    if backend == 'triton_fma':
+        return _triton_cannot(call, _FLOATS)
+    return None  # gemm, plain: any device and dtype
+
+
+def _declines(backend: str, call: Call) -> Optional[str]:
+    """Why ``'auto'`` passes over ``backend`` for ``call`` although it could compute it (measured slower there)."""
+    if backend == 'cpu_kernel' and call.step == 2 and call.dtype in _16_BIT and not cpu_kernel.native(call.dtype):
+        return ("auto: a 16-bit stride-2 call without AVX-512 BF16 runs faster as the gemm backend's 16-bit GEMMs "
+                "than in float32 here (docs/benchmarks.md)")
+    if backend == 'triton_fma' and not (call.queries <= SMALL_CALL or call.map_in_scope):
+        return (f'auto: a call of more than {SMALL_CALL} queries on a map larger than the scope runs faster as the '
+                'gemm backend\'s GEMMs (docs/benchmarks.md, "GPU")')
+    return None
+
+
+def why_not(backend: str, call: Call, auto: bool = True) -> Optional[str]:
+    """Why ``backend`` does not serve ``call`` (None: it does). ``auto``: also the reasons for which ``'auto'``
+    passes over a backend that could compute the call."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    return _cannot(backend, call) or (_declines(backend, call) if auto else None)
+
+
+def _describe(call: Call) -> str:
+    return f'the {call.form} form on {call.device} in {_dtype_name(call.dtype)}' + (
+        ' at step 2' if call.step == 2 else '')
+
+
+def choose(call: Call) -> str:
+    """The operator backend that runs ``call`` (an eager or compiled call of the dense or tiled operator): the chosen
+    one, which raises if it cannot, or under ``'auto'`` the first of :data:`BACKENDS` that serves it."""
+    if _backend != 'auto':
+        reason = why_not(_backend, call, auto=False)
+        if reason is not None:
+            raise RuntimeError(f"timm_lambda: the position-lambda backend {_backend!r} cannot run {_describe(call)}: "
+                               f"it {reason}; set_backend('auto') or TIMM_LAMBDA_BACKEND=auto picks one that can")
+        return _backend
+    for backend in BACKENDS:
+        if why_not(backend, call) is None:
+            return backend
+    raise AssertionError('gemm serves every operator call')
+
+
+def choose_form(form: str, height: int, width: int, table_h: int, table_w: int, global_scope: bool,
+                recording: bool = False) -> str:
+    """The form ``form`` resolves to for an ``height x width`` input and a ``table_h x table_w`` table (``'auto'``;
+    a form by name is itself). ``recording``: a graph recorder records the call (its graph must hold at every size).
+
+    A global scope: dense. Recorded, or a kernel backend chosen (``cpu_kernel``, ``triton_*``): tiled. Else dense
+    computes ``|n|^2`` (query, context) pairs, tiled ``n_pad x K_h K_w`` (queries padded to whole 8x8 blocks, each
+    against its scope: the CPU kernel) at about a quarter of the cost per pair plus a per-query overhead worth 32
+    pairs: dense while ``4 |n|^2 <= n_pad (K_h K_w + 32)`` (measured: docs/lambda_layer.md, "The impl='auto'
+    rule")."""
+    if form != 'auto':
+        return form
+    if global_scope:
+        return 'dense'
+    if recording or (not torch.jit.is_scripting() and _kernel_chosen()):
+        return 'tiled'
+    t = 8  # plain_ops.tile(), the query blocks of the committed sweeps
+    padded = ((height + t - 1) // t) * ((width + t - 1) // t) * t * t
+    return 'dense' if 4 * (height * width) ** 2 <= padded * (table_h * table_w + 32) else 'tiled'
+
+
+@torch.jit.ignore
+def _kernel_chosen() -> bool:
+    return _backend in ('cpu_kernel', 'triton_tc', 'triton_fma')
+
+
+def dispatch(impl: str, q: Tensor, height: int, width: int, table_h: int, table_w: int,
+             global_scope: bool) -> Tuple[str, bool]:
+    """``(form, operator)`` for a call of the position lambdas: the form ``impl`` resolves to (:func:`choose_form`) and
+    whether a custom operator runs it (then :func:`choose` picks the backend inside) rather than plain tensor ops:
+    the dense and tiled forms in eager mode and under torch.compile, unless ``plain`` is chosen. TorchScript, graph
+    recorders (jit.trace, the ONNX exporters, torch.export) and torch.func transforms (the operators have no batching
+    rules) record plain tensor ops. A chosen backend that does not compute the form raises."""
+    if torch.jit.is_scripting():
+        return choose_form(impl, height, width, table_h, table_w, global_scope), False
+    return _dispatch(impl, q, height, width, table_h, table_w, global_scope)
+
+
+@torch.jit.ignore
+def _dispatch(impl: str, q: Tensor, height: int, width: int, table_h: int, table_w: int,
+              global_scope: bool) -> Tuple[str, bool]:
+    context = recorder()
+    form = choose_form(impl, height, width, table_h, table_w, global_scope, context in ('jit.trace', 'torch.export'))
+    if _backend != 'auto' and form not in _FORMS_OF[_backend]:
+        forms = ' and '.join(_FORMS_OF[_backend]) + (' forms' if len(_FORMS_OF[_backend]) > 1 else ' form')
+        raise ValueError(f"timm_lambda: the position-lambda backend {_backend!r} computes the {forms}, not "
+                         f"{form!r}: choose the layer's impl accordingly, or set_backend('auto')")
+    if context == 'torch.func' and form in ('dense', 'tiled') and _backend != 'plain':
+        warn_once('functorch', 'inside torch.func transforms the position lambdas run as plain tensor ops (the '
+                               'custom operators have no batching rules): correct, but slower and with more memory')
+    operator = form in ('dense', 'tiled') and _backend != 'plain' and context is None
+    if not operator and not torch.compiler.is_dynamo_compiling():
+        record(form, 'plain', q)
+    return form, operator
+
+
+def record(form: str, backend: str, x: Tensor) -> None:
+    """Count a call of ``form`` that ``backend`` served on ``x``'s device and dtype; the first of each combination is
+    logged at INFO."""
+    key = (form, backend, x.device.type, _dtype_name(x.dtype))
+    if key not in _SERVED:
+        _logger.info('timm_lambda: the %s form of the position lambdas runs by the %s backend (device %s, %s)', *key)
+    _SERVED[key] += 1
+
+
+def served_backends(reset: bool = False) -> Dict[Tuple[str, str, str, str], int]:
+    """The calls each backend served in this process, by ``(form, backend, device, dtype)``, optionally reset after
+    reading. A graph recorder counts the calls it recorded (once per trace); torch.compile counts the operators'
+    runs, not its traces."""
+    out = dict(_SERVED)
+    if reset:
+        _SERVED.clear()
+    return out
+
+
+# The tiled operator's backends: forward (q, v, table, step, content) -> y; backward (gy, q, v, table, step,
+# content) -> (dq, dv, dtable, dcontent). Layouts: :mod:`.custom_ops`.
+_TILED: Dict[str, Tuple[Callable, Callable]] = {
+    'cpu_kernel': (cpu_kernel.forward, cpu_kernel.backward),
+    'triton_tc': (lambda *a: tiled_triton.forward(*a, tensor_cores=True),
+                  lambda *a: tiled_triton.backward(*a, tensor_cores=True)),
+    'triton_fma': (lambda *a: tiled_triton.forward(*a, tensor_cores=False),
+                   lambda *a: tiled_triton.backward(*a, tensor_cores=False)),
+    'gemm': (gemm.forward, gemm.backward),
+}
+
+
+def _tiled_call(q: Tensor, v: Tensor, table: Tensor, step: int) -> Call:
+    b, _, _, ho, wo = q.shape
+    return Call('tiled', q.device.type, q.dtype, step, b * ho * wo,
+                v.shape[2] <= table.shape[2] and v.shape[3] <= table.shape[3])
+
+
+def run_tiled(backward: bool, *args):
+    """The tiled operator's forward (``args``: q, v, table, step, content) or backward (gy, q, v, table, step,
+    content) by the backend :func:`choose` picks. A backend that fails because it cannot run on this machine
+    (:class:`BackendUnusable`) raises in strict mode, else is recorded as failed (one warning) and the call goes to
+    the next backend."""
+    q, v, table, step = args[1:5] if backward else args[:4]
+    call = _tiled_call(q, v, table, step)
+    while True:
+        backend = choose(call)
+        try:
+            out = _TILED[backend][backward](*args)
+        except BackendUnusable as e:
+            if _strict or _backend != 'auto':
+                raise
+            _failed[backend] = f'failed in this process ({e})'
+            warn_once(backend, f'the {backend} backend of the position lambdas failed ({e}); the next backend of the '
+                               f"table runs them instead (correct, slower); set_backend(strict=True) raises instead")
+            continue
+        record('tiled', backend, q)
+        return out
