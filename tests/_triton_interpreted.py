@@ -4,16 +4,18 @@ raises; a run in which no kernel launched fails), outputs pre-filled with NaN (a
 
 Arguments, one run each:
 
-* ``<i>`` or ``<i>c``: tests/test_position_lambda.py's ``CASES[i]`` in float64 (the CUDA-core kernels), ``c`` with a
-  content lambda: output and every gradient equal the float64 per-query reference (1e-10); every second run puts
-  one image in a chunk; ``f32:<i>[c]``: the same in float32 through the layer's entry point (the tensor-core kernels,
-  exact float32 products: stride-2 pooling with ``count_include_pad``, global scopes), within 1e-5;
-* ``tc:<dtype>:<i>``: tests/_sixteen_bit.py's ``SIXTEEN_BIT_CASES[i]`` on the tensor-core kernels. ``float32`` (exact
+* ``<i>`` or ``<i>c``: tests/test_position_lambda.py's ``CASES[i]`` in float64 (the ``triton_fma`` backend), ``c``
+  with a content lambda: output and every gradient equal the float64 per-query reference (1e-10); every second run
+  puts one image in a chunk; ``f32:<i>[c]``: the same in float32 through the layer's entry point (the ``triton_tc``
+  backend, exact float32 products: stride-2 pooling with ``count_include_pad``, global scopes), within 1e-5;
+* ``tc:<dtype>:<i>``: tests/_sixteen_bit.py's ``SIXTEEN_BIT_CASES[i]`` on the ``triton_tc`` backend. ``float32`` (exact
   float32 products: TF32 is off, as torch's matmuls have it by default): within 1e-5 of the float64 reference, which
   a 16-bit or TF32 computation is not; ``bfloat16`` / ``float16``: rounded as a matmul in that dtype
   (:func:`_sixteen_bit.check_rounding`).
 
-Prints one line per run and a summary; exits non-zero on the first mismatch."""
+Each run chooses its backend through the public override (``set_backend``) and checks that the backend table
+counted the call for it and that a kernel launch returned. Prints one line per run and a summary; exits non-zero on
+the first mismatch."""
 import os
 import sys
 import time
@@ -23,14 +25,14 @@ import torch
 assert os.environ.get('TRITON_INTERPRET') == '1', 'run with TRITON_INTERPRET=1'
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _sixteen_bit as SB  # noqa: E402
+from _cases import CASES, IDS  # noqa: E402
+from _cases import content_reference as _content_reference  # noqa: E402
+from _cases import inputs as _inputs  # noqa: E402
 from reference import position_term_reference  # noqa: E402
-from test_position_lambda import CASES, IDS, _content_reference, _inputs  # noqa: E402
 from timm_lambda.layers import position_lambda as PL  # noqa: E402
-from timm_lambda.layers.position_lambda import cpu_kernel, custom_ops, tiled_triton  # noqa: E402
+from timm_lambda.layers.position_lambda import custom_ops, gemm, tiled_triton  # noqa: E402
 
-cpu_kernel.ENABLED = False  # the CPU kernel would serve these CPU tensors first
-tiled_triton.runs = lambda q, v, table: q.dtype in tiled_triton._SERVED and tiled_triton._kernels() is not None
-tiled_triton.STRICT = True  # a kernel that fails raises (no GEMM-path answer)
+PL.set_backend('triton_tc', strict=True)  # a kernel that fails raises (no other backend's answer)
 tiled_triton.PREFILL_NAN = True  # an output element no kernel wrote stays NaN and fails the comparison
 torch.backends.cuda.matmul.allow_tf32 = False  # float32: the exact tl.dot
 
@@ -38,10 +40,10 @@ torch.backends.cuda.matmul.allow_tf32 = False  # float32: the exact tl.dot
 def float64_run(run, index, with_content, dtype=torch.float64):
     case = CASES[index]
     _, hh, ww, _, k, _, dv, scope, stride, cip, _ = case
-    custom_ops.DEVICE_CHUNK_ELEMENTS = 1 if run % 2 else 1 << 26  # one image a chunk, or all in one
+    gemm.DEVICE_CHUNK_ELEMENTS = 1 if run % 2 else 1 << 26  # one image a chunk, or all in one
+    PL.set_backend('triton_fma' if dtype == torch.float64 else 'triton_tc')
     q, v, table = _inputs(case)
     leaves = [q, v, table]
-    assert tiled_triton.tensor_cores(dtype) == (dtype != torch.float64)
     content = None
     if with_content:
         content = torch.randn(case[0], k, dv, generator=torch.Generator().manual_seed(7), dtype=q.dtype)
@@ -66,7 +68,7 @@ def float64_run(run, index, with_content, dtype=torch.float64):
 
 
 def tensor_core_run(dtype, index):
-    assert tiled_triton.tensor_cores(dtype)
+    PL.set_backend('triton_tc')
     case = SB.SIXTEEN_BIT_CASES[index]
     g = torch.Generator().manual_seed(0)
     inputs = SB.operator_inputs(case, lambda *shape: torch.randn(shape, generator=g), dtype)
@@ -84,6 +86,7 @@ def tensor_core_run(dtype, index):
 runs = sys.argv[1:] or [str(i) + c for i in range(len(CASES)) for c in ('', 'c')]
 for run, arg in enumerate(runs):
     start, launches = time.time(), tiled_triton.LAUNCHES
+    PL.served_backends(reset=True)
     if arg.startswith('tc:'):
         _, dtype, index = arg.split(':')
         line = tensor_core_run(getattr(torch, dtype), int(index))
@@ -93,5 +96,6 @@ for run, arg in enumerate(runs):
     else:
         line = float64_run(run, int(arg.rstrip('c')), arg.endswith('c'))
     assert tiled_triton.LAUNCHES > launches, f'{arg}: no Triton kernel launched'
+    assert {k[1] for k in PL.served_backends() if k[0] == 'tiled'} == {PL.get_backend()}, PL.served_backends()
     print(f'{line} ({time.time() - start:.1f} s)', flush=True)
 print(f'{len(runs)} runs equal the reference')

@@ -41,84 +41,118 @@ def test_tensor_core_kernels_interpreted_round_as_they_claim():
                   'tc:float16:3'])
 
 
-def test_triton_runs_on_cuda_for_small_calls_and_maps_within_the_scope(monkeypatch):
-    """The CUDA executions' rule (tiled_triton.runs): the tensor-core kernels for every 16-bit and float32 call; for
-    float64 (CUDA cores) calls of at most 4096 queries and maps no larger than the scope, the GEMM path elsewhere
-    (measured on an H200); never for CPU tensors; ``TIMM_LAMBDA_TRITON`` ``1`` / ``0`` force it on or off."""
+def test_the_table_runs_triton_on_cuda_tensor_cores_first_and_cuda_cores_for_small_float64_calls():
+    """The CUDA rows of the backend table (backends.py): 'auto' runs triton_tc for every 16-bit and float32 call; for
+    float64 triton_fma, on calls of at most 4096 queries and maps no larger than the scope, the gemm backend elsewhere
+    (measured on an H200); neither for CPU tensors (outside Triton's interpreter); a chosen backend serves whatever it
+    can compute and raises, with the table's reason, where it cannot."""
     pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
     import torch
 
-    from timm_lambda.layers.position_lambda import tiled_triton
+    from timm_lambda.layers.position_lambda import backends
 
-    def call(batch, side, scope=23, cuda=True, dtype=torch.float64):
-        q = types.SimpleNamespace(is_cuda=cuda, dtype=dtype, shape=(batch, 4, 16, side, side))
-        return tiled_triton.runs(q, types.SimpleNamespace(shape=(batch, 64, side, side)),
-                                 types.SimpleNamespace(shape=(16, 1, scope, scope)))
+    def call(batch, side, scope=23, device='cuda', dtype=torch.float64):
+        return backends.Call('tiled', device, dtype, 1, batch * side * side, side <= scope)
 
     for dtype in (torch.float32, torch.bfloat16, torch.float16):  # tensor cores (TF32 or exact for float32)
-        assert call(8, 64, dtype=dtype) and call(1, 8, dtype=dtype) and not call(1, 8, cuda=False, dtype=dtype)
-    assert call(1, 64) and call(4, 32) and call(64, 14) and call(2, 23)  # float64: small calls; maps within the scope
-    assert not call(8, 64) and not call(8, 32) and not call(2, 64) and not call(64, 14, scope=7)
-    assert not call(1, 8, cuda=False) and not call(1, 8, dtype=torch.int32)
-    monkeypatch.setattr(tiled_triton, 'TENSOR_CORES', False)  # the CUDA-core kernels for every dtype
-    assert not call(8, 64, dtype=torch.float32) and call(1, 64, dtype=torch.float32)
-    monkeypatch.setattr(tiled_triton, 'MODE', '1')
-    assert call(8, 64) and not call(1, 8, cuda=False)
-    monkeypatch.setattr(tiled_triton, 'MODE', '0')
-    assert not call(1, 8) and not call(1, 8, dtype=torch.float32)
-    monkeypatch.setattr(tiled_triton, 'MODE', 'yes')  # $TIMM_LAMBDA_TRITON is read as '1' (tests/test_env.py)
-    with pytest.raises(ValueError, match="tiled_triton.MODE must be 'auto', '1' or '0', got 'yes'"):
-        call(1, 8)
+        assert backends.choose(call(8, 64, dtype=dtype)) == backends.choose(call(1, 8, dtype=dtype)) == 'triton_tc'
+    for small in (call(1, 64), call(4, 32), call(64, 14), call(2, 23)):  # float64: small calls; maps within the scope
+        assert backends.choose(small) == 'triton_fma'
+    for large in (call(8, 64), call(8, 32), call(2, 64), call(64, 14, scope=7)):
+        assert backends.choose(large) == 'gemm'
+        assert backends.why_not('triton_fma', large).startswith('auto: ')
+        assert backends.why_not('triton_fma', large, auto=False) is None
+    assert backends.why_not('triton_tc', call(1, 8)) == 'computes float16, bfloat16, float32'
+    assert backends.why_not('triton_fma', call(1, 8, dtype=torch.int32)) == \
+        'computes float16, bfloat16, float32, float64'
+    if not tiled_triton_interpreted():
+        assert backends.why_not('triton_tc', call(1, 8, device='cpu', dtype=torch.float32)) == \
+            "needs CUDA tensors (or Triton's interpreter, TRITON_INTERPRET=1)"
+        assert backends.choose(call(1, 8, device='cpu', dtype=torch.float32)) in ('cpu_kernel', 'gemm')
 
 
-def test_a_failing_first_launch_turns_triton_off_and_the_gemm_path_answers(monkeypatch):
-    """A Triton that cannot compile the kernels here (its first launch raises): one warning, this execution off for
-    the process, and the operator's result from the GEMM path, equal to the reference."""
+def tiled_triton_interpreted():
+    from timm_lambda.layers.position_lambda import tiled_triton
+    return tiled_triton.INTERPRETED
+
+
+class _Broken:
+    """Kernels whose launch fails as a Triton that cannot compile for this GPU does."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            raise RuntimeError('no compiler for this GPU')
+        return launch
+
+
+def _broken_triton(monkeypatch):
+    """Triton's kernels as broken ones, served on CPU tensors (as under the interpreter), the CPU kernel out of the
+    way: 'auto' then tries triton_tc first for float32."""
     import torch
 
-    from reference import position_term_reference
-    from test_position_lambda import CASES, _call, _inputs
-    from timm_lambda.layers.position_lambda import cpu_kernel, execution, tiled_triton
+    from timm_lambda.layers.position_lambda import backends, cpu_kernel, execution, tiled_triton
 
-    class Broken:
-        def __getitem__(self, grid):
-            def launch(*args):
-                raise RuntimeError('no compiler for this GPU')
-            return launch
-
-    monkeypatch.setattr(tiled_triton, 'MODE', '1')
-    monkeypatch.setattr(tiled_triton, '_LAUNCHED', False)
-    monkeypatch.setattr(tiled_triton, 'runs', lambda q, v, table: tiled_triton.MODE != '0')  # as if on a GPU
-    kernels = dict(query_rows=Broken(), value_grad=Broken(), tl=torch,
+    kernels = dict(query_rows=_Broken(), value_grad=_Broken(), tc_rows=_Broken(), tc_value_grad=_Broken(), tl=torch,
                    triton=types.SimpleNamespace(cdiv=lambda a, b: -(-a // b)))
     monkeypatch.setattr(tiled_triton, '_kernels', lambda: kernels)
-    monkeypatch.setattr(cpu_kernel, 'ENABLED', False)
-    monkeypatch.setattr(execution, '_WARNED', set())
-    case = CASES[0]
-    q, v, table = _inputs(case)
-    with pytest.warns(RuntimeWarning, match='Triton kernels failed at their first launch'):
-        y = _call('tiled', case, q, v, table)
-    assert tiled_triton.MODE == '0'
-    torch.testing.assert_close(y, position_term_reference(q, v, table, case[1], case[2], case[8], case[9]),
-                               rtol=1e-10, atol=1e-10)
-
-
-def test_a_failing_launch_raises_in_strict_mode(monkeypatch):
-    """``TIMM_LAMBDA_STRICT`` (tests, tools/gpu_check.py): a kernel that fails raises instead of handing the call to
-    the GEMM path, whose correct answer would otherwise hide it; the launch counter counts only launches that
-    returned."""
-    from timm_lambda.layers.position_lambda import tiled_triton
-
-    def broken(*args, **meta):
-        raise RuntimeError('no compiler for this GPU')
-
-    monkeypatch.setattr(tiled_triton, 'STRICT', True)
+    monkeypatch.setattr(tiled_triton, 'INTERPRETED', True)
     monkeypatch.setattr(tiled_triton, '_LAUNCHED', False)
+    monkeypatch.setattr(cpu_kernel, 'unavailable', lambda: 'out of the way for this test')
+    monkeypatch.setattr(backends, '_availability', {})
+    monkeypatch.setattr(backends, '_failed', {})
+    monkeypatch.setattr(execution, '_WARNED', set())
+
+
+def test_a_failing_first_launch_hands_the_call_to_the_next_backend(monkeypatch, backend):
+    """Outside strict mode, a Triton that cannot compile the kernels here (its first launch raises): one warning per
+    backend, both Triton backends marked failed for the process (the table says why), and the result from the gemm
+    backend, equal to the reference."""
+    import torch
+
+    from _cases import CASES
+    from _cases import call as _call
+    from _cases import inputs as _inputs
+    from reference import position_term_reference
+    from timm_lambda.layers import position_lambda as PL
+    from timm_lambda.layers.position_lambda import backends
+
+    _broken_triton(monkeypatch)
+    backend('auto', strict=False)
+    case = CASES[0]
+    q, v, table = (t.float() for t in _inputs(case))
+    PL.served_backends(reset=True)
+    with pytest.warns(RuntimeWarning, match='the triton_tc backend of the position lambdas failed') as seen:
+        y = _call('tiled', case, q, v, table)
+    assert any('the triton_fma backend' in str(w.message) for w in seen)
+    call = backends.Call('tiled', 'cpu', torch.float32)
+    for name in ('triton_tc', 'triton_fma'):
+        assert backends.why_not(name, call).startswith("failed in this process (Triton's first launch failed: "
+                                                        'RuntimeError: no compiler for this GPU)')
+    assert [k[1] for k in PL.served_backends()] == ['gemm']
+    torch.testing.assert_close(y, position_term_reference(q, v, table, case[1], case[2], case[8], case[9]),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_a_failing_launch_raises_in_strict_mode_and_for_a_chosen_backend(monkeypatch, backend):
+    """Strict mode (every test's, tools/gpu_check.py's) or a chosen backend: a kernel that fails raises instead of
+    handing the call to the gemm backend, whose correct answer would otherwise hide it; the launch counter counts
+    only launches that returned."""
+    from _cases import CASES
+    from _cases import call as _call
+    from _cases import inputs as _inputs
+    from timm_lambda.layers.position_lambda import execution, tiled_triton
+
+    _broken_triton(monkeypatch)
+    case = CASES[0]
+    q, v, table = (t.float() for t in _inputs(case))
     before = tiled_triton.LAUNCHES
-    with pytest.raises(RuntimeError, match='no compiler for this GPU'):
-        tiled_triton._launch({(1,): broken}, (1,))
-    assert tiled_triton.MODE != '0' and tiled_triton.LAUNCHES == before
-    assert tiled_triton._launch({(1,): lambda *a, **m: None}, (1,)) and tiled_triton.LAUNCHES == before + 1
+    for name, strict in (('auto', True), ('triton_tc', False)):
+        backend(name, strict=strict)
+        with pytest.raises(execution.BackendUnusable, match='no compiler for this GPU'):
+            _call('tiled', case, q, v, table)
+    assert tiled_triton.LAUNCHES == before
+    tiled_triton._launch({(1,): lambda *a, **m: None}, (1,))
+    assert tiled_triton.LAUNCHES == before + 1
 
 
 # LambdaResNet-101's lambda layers at 1024 px (heads, |k|, |v|, map side, stride: the table is pooled to 25x25 at
@@ -174,21 +208,19 @@ def test_tensor_core_kernels_compile_for_sm90_with_mma(heads, dim_k, dim_v, side
 
 
 def test_a_kernel_error_at_the_first_launch_propagates(monkeypatch):
-    """Only an error that says Triton cannot run here turns the execution off: a kernel that does not fit the GPU
-    (Triton's OutOfResources) or runs out of memory is a bug or a real failure, and raises."""
+    """Only an error that says Triton cannot run here makes the backend unusable: a kernel that does not fit the GPU
+    (Triton's OutOfResources) or runs out of memory is a bug or a real failure, and raises as it is."""
     pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
     import torch
     from triton.runtime.errors import OutOfResources
 
-    from timm_lambda.layers.position_lambda import tiled_triton
+    from timm_lambda.layers.position_lambda import execution, tiled_triton
 
-    monkeypatch.setattr(tiled_triton, 'STRICT', False)
     monkeypatch.setattr(tiled_triton, '_LAUNCHED', False)
-    monkeypatch.setattr(tiled_triton, 'MODE', 'auto')
     for error in (OutOfResources(300000, 232448, 'shared memory'), torch.OutOfMemoryError('CUDA out of memory')):
         def broken(*args, error=error, **meta):
             raise error
-        with pytest.raises(type(error)):
+        with pytest.raises(type(error)) as raised:
             tiled_triton._launch({(1,): broken}, (1,))
-        assert tiled_triton.MODE == 'auto'
+        assert not isinstance(raised.value, execution.BackendUnusable)
     assert tiled_triton._cannot_run_here(RuntimeError('0 active drivers'))
