@@ -133,8 +133,8 @@ def _build_dir(name: str) -> Optional[str]:
 @contextlib.contextmanager
 def _locked(folder: str, blocking: bool = True):
     """Hold ``folder``'s build lock (``flock`` on its ``timm_lambda.lock``): one build of a folder at a time, across
-    processes. The system drops the lock when its holder dies, so a killed build never blocks the next one (torch <=
-    2.13's ``FileBaton``, a file whose existence is the lock, does: :func:`_compile`). Yields False where
+    processes. The system drops the lock when its holder dies, so a killed build never blocks the next one (older
+    torch's ``FileBaton``, a file whose existence is the lock, does: :func:`_compile`). Yields False where
     ``blocking`` is False and another process holds it."""
     if fcntl is None:
         yield True
@@ -186,10 +186,11 @@ def _load(build_dir: Optional[str]) -> Tuple[Optional[object], Optional[str]]:
 
 def _compile(cpp_extension, name: str, build_dir: str, verbose: bool):
     """Compile and load the kernel in ``build_dir`` (its lock held), then stamp it."""
+    global _compiled
     path = os.path.join(build_dir, name + '.so')
     baton = os.path.join(build_dir, 'lock')
     if hasattr(cpp_extension, 'FileBaton') and os.path.exists(baton):
-        os.remove(baton)  # torch <= 2.13 waits for it to vanish: left by a killed build (every builder holds our lock)
+        os.remove(baton)  # older torch's FileBaton: left by a killed build (every builder holds our lock)
     if os.path.exists(path):
         os.remove(path)  # not stamped: half written by a killed build, or it does not load; ninja would keep it
     _logger.info("timm_lambda: building the tiled form's CPU kernel (about 40 s on 2 cores) into %s", build_dir)
@@ -204,6 +205,7 @@ def _compile(cpp_extension, name: str, build_dir: str, verbose: bool):
     with open(tmp, 'w') as f:
         json.dump(stamp, f)
     os.replace(tmp, os.path.join(build_dir, _STAMP))  # last: a reader sees a complete build or none
+    _compiled = True
     return kernel
 
 
@@ -244,6 +246,7 @@ _kernel = None  # the kernel module, once loaded or built in this process
 _reason = None  # why it cannot serve, after a lookup that found none
 _failed = None  # a failed build's cause (its first line), in this process
 _looked_up = False
+_compiled = False  # whether this process's last build() compiled (else it found the build complete)
 
 
 def build(verbose: bool = False):
@@ -253,7 +256,8 @@ def build(verbose: bool = False):
 
     Raises :class:`CpuKernelBuildError` (no compiler, a failed compile, a read-only cache), its first line the cause
     and the remedy."""
-    global _kernel, _failed
+    global _kernel, _failed, _compiled
+    _compiled = False
     try:
         kernel = _build(verbose)
     except CpuKernelBuildError as e:
@@ -279,7 +283,9 @@ def _build(verbose: bool):
     try:
         build_dir = cpp_extension._get_build_directory(name, verbose)
         with _locked(build_dir):
-            kernel = _load(build_dir)[0] or _compile(cpp_extension, name, build_dir, verbose)
+            kernel = _load(build_dir)[0]
+            if kernel is None:
+                kernel = _compile(cpp_extension, name, build_dir, verbose)
     except Exception as e:  # no ninja, no OpenMP, a read-only cache
         raise CpuKernelBuildError(_build_failed(e, build_dir)) from e
     removed = _prune(os.path.dirname(build_dir), name)
