@@ -166,3 +166,17 @@ def test_an_unstamped_library_and_a_baton_left_by_a_killed_build_go_before_the_c
     assert cpu_kernel.unavailable() is None
     monkeypatch.setattr(cpu_kernel, '_import', lambda name, path: 'loaded')
     assert cpu_kernel._load(str(folder)) == ('loaded', None)  # stamped: complete
+
+
+def test_the_command_without_a_compiler_fails_naming_the_cause_and_off_builds_nothing(tmp_path):
+    """``python -m timm_lambda.build_cpu_kernel`` where it cannot build: exit status 1 (tools/install.sh then warns
+    and goes on), the cause and remedy on stderr's first line; with TIMM_LAMBDA_CPU_KERNEL=0 nothing to build."""
+    env = dict(_env(tmp_path), CXX='no-such-compiler-38')
+    failed = subprocess.run(COMMAND, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert failed.returncode == 1, failed.stdout + failed.stderr[-3000:]
+    assert "timm_lambda: the tiled form's CPU kernel was not built: no C++ compiler ('no-such-compiler-38'" in \
+        failed.stderr
+    off = subprocess.run(COMMAND, cwd=REPO, env=dict(env, TIMM_LAMBDA_CPU_KERNEL='0'), capture_output=True, text=True,
+                         timeout=300)
+    assert off.returncode == 0 and off.stdout.startswith('timm_lambda: TIMM_LAMBDA_CPU_KERNEL=0: the CPU kernel is off')
+    assert list(tmp_path.iterdir()) == []
