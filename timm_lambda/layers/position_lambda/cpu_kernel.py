@@ -114,8 +114,9 @@ def _build_failed(e: Exception, build_dir: Optional[str]) -> str:
 
 def _not_built(build_dir: Optional[str]) -> str:
     """Why the kernel cannot serve where no complete build exists: the one command that builds it."""
+    where = build_dir or "torch's extension cache"
     return (f"the tiled form's CPU kernel is not built for this CPU, torch {torch.__version__} and Python "
-            f"{platform.python_version()} (in {build_dir or 'torch extension cache'}): build it once with "
+            f"{platform.python_version()} (in {where}): build it once with "
             f"`{_command()}` (tools/install.sh runs it; about 40 s on 2 cores); {_FALLBACK}; TIMM_LAMBDA_CPU_KERNEL=0 "
             f"chooses them without this warning")
 
