@@ -47,24 +47,36 @@ def test_flag_words_any_case(default):
 @pytest.mark.parametrize('value', BAD + ['auto'])
 def test_flag_refuses_other_values_naming_the_variable_and_its_values(value):
     with pytest.raises(ValueError) as e:
-        _env.parse_flag('TIMM_LAMBDA_CPU_KERNEL', value, True)
-    assert str(e.value) == (f'TIMM_LAMBDA_CPU_KERNEL={value!r} is not a valid value: use 1/true/yes/on or '
+        _env.parse_flag('TIMM_LAMBDA_STRICT', value, True)
+    assert str(e.value) == (f'TIMM_LAMBDA_STRICT={value!r} is not a valid value: use 1/true/yes/on or '
                             '0/false/no/off (any case), or leave it unset')
 
 
 def test_choice_takes_its_words_and_the_flag_words():
     for value in ('auto', 'AUTO', ' Auto '):
-        assert _env.parse_choice('TIMM_LAMBDA_TRITON', value, ('auto',), 'auto') == 'auto'
+        assert _env.parse_choice('TIMM_LAMBDA_MMCV_CUDA', value, ('auto',), 'auto') == 'auto'
     for value in ON:
-        assert _env.parse_choice('TIMM_LAMBDA_TRITON', value, ('auto',), 'auto') == '1'
+        assert _env.parse_choice('TIMM_LAMBDA_MMCV_CUDA', value, ('auto',), 'auto') == '1'
     for value in OFF:
-        assert _env.parse_choice('TIMM_LAMBDA_TRITON', value, ('auto',), 'auto') == '0'
+        assert _env.parse_choice('TIMM_LAMBDA_MMCV_CUDA', value, ('auto',), 'auto') == '0'
     for value in UNSET:
-        assert _env.parse_choice('TIMM_LAMBDA_TRITON', value, ('auto',), 'auto') == 'auto'
+        assert _env.parse_choice('TIMM_LAMBDA_MMCV_CUDA', value, ('auto',), 'auto') == 'auto'
     for value in BAD:
-        with pytest.raises(ValueError, match=r"^TIMM_LAMBDA_TRITON='.*' is not a valid value: use auto, 1/true/yes/on "
-                                             r"or 0/false/no/off \(any case\), or leave it unset$"):
-            _env.parse_choice('TIMM_LAMBDA_TRITON', value, ('auto',), 'auto')
+        with pytest.raises(ValueError, match=r"^TIMM_LAMBDA_MMCV_CUDA='.*' is not a valid value: use auto, "
+                                             r"1/true/yes/on or 0/false/no/off \(any case\), or leave it unset$"):
+            _env.parse_choice('TIMM_LAMBDA_MMCV_CUDA', value, ('auto',), 'auto')
+
+
+def test_a_name_takes_its_words_only():
+    """``TIMM_LAMBDA_BACKEND`` names a backend: its words in any case; a flag word means nothing there."""
+    kind, default, choices, _ = _env.VARIABLES['TIMM_LAMBDA_BACKEND']
+    assert (kind, default) == ('name', 'auto')
+    assert _env.parse_choice('TIMM_LAMBDA_BACKEND', ' Triton_TC ', choices, default, flags=False) == 'triton_tc'
+    assert _env.parse_choice('TIMM_LAMBDA_BACKEND', '', choices, default, flags=False) == 'auto'
+    for value in ('1', 'on', 'off', 'triton'):
+        with pytest.raises(ValueError, match=r"^TIMM_LAMBDA_BACKEND='.*' is not a valid value: use auto, cpu_kernel, "
+                                             r"triton_tc, triton_fma, gemm, plain, or leave it unset$"):
+            _env.parse_choice('TIMM_LAMBDA_BACKEND', value, choices, default, flags=False)
 
 
 def test_every_variable_of_the_package_is_in_the_table():
@@ -79,10 +91,10 @@ def test_every_variable_of_the_package_is_in_the_table():
     found |= set(re.findall(r'TIMM_LAMBDA_[A-Z0-9_]+', (REPO / 'timm_lambda_autoload.py').read_text()))
     paths = {'TIMM_LAMBDA_WHEEL_CACHE', 'TIMM_LAMBDA_CACHE', 'TIMM_LAMBDA_COMMIT'}  # values, not switches
     assert found - paths - {'TIMM_LAMBDA_'} <= set(_env.VARIABLES), found
-    assert _env.VARIABLES['TIMM_LAMBDA_CPU_KERNEL'][:2] == ('flag', True)
+    from timm_lambda.layers.position_lambda import backends
+    assert _env.VARIABLES['TIMM_LAMBDA_BACKEND'][:3] == ('name', 'auto', ('auto',) + backends.BACKENDS)
     assert _env.VARIABLES['TIMM_LAMBDA_NO_AUTOLOAD'][:2] == ('flag', False)
     assert _env.VARIABLES['TIMM_LAMBDA_STRICT'][:2] == ('flag', False)
-    assert _env.VARIABLES['TIMM_LAMBDA_TRITON'][:3] == ('choice', 'auto', ('auto',))
     assert _env.VARIABLES['TIMM_LAMBDA_MMCV_CUDA'][:3] == ('choice', 'auto', ('auto',))
 
 
@@ -90,8 +102,11 @@ def test_every_variable_of_the_package_is_in_the_table():
 def test_check_names_an_invalid_variable(name, monkeypatch):
     for other in _env.VARIABLES:
         monkeypatch.delenv(other, raising=False)
+    for other in _env.RETIRED:
+        monkeypatch.delenv(other, raising=False)
     _env.check()
-    monkeypatch.setenv(name, 'Off')
+    kind, _, choices, _ = _env.VARIABLES[name]
+    monkeypatch.setenv(name, 'Off' if kind != 'name' else choices[-1].upper())
     _env.check()
     monkeypatch.setenv(name, 'maybe')
     with pytest.raises(ValueError, match=f"^{name}='maybe' is not a valid value: use "):
@@ -150,24 +165,29 @@ def test_autoload_switch(value, hooked, tmp_path):
 
 
 def test_the_package_reads_the_switches_at_load_and_refuses_an_invalid_one(tmp_path):
-    """With the real packages: ``OFF`` turns the CPU kernel off, ``Yes`` is Triton's ``1``, ``false`` keeps the
+    """With the real packages: ``GEMM`` chooses the gemm backend, ``no`` turns strict mode off, ``false`` keeps the
     autoload hook; an invalid value fails ``import timm_lambda`` with the variable and its values in the last line,
-    and the hook's warning at ``import timm`` starts with them."""
+    a retired variable with its successor, and the hook's warning at ``import timm`` starts with them."""
     out = _python('''
         import sys, timm
-        from timm_lambda.layers.position_lambda import cpu_kernel, tiled_triton
-        print('timm_lambda' in sys.modules, cpu_kernel.ENABLED, tiled_triton.MODE,
+        from timm_lambda.layers.position_lambda import backends
+        print('timm_lambda' in sys.modules, backends.get_backend(), backends.is_strict(),
               'lambdaresnet50' in timm.list_models())
-    ''', dict(TIMM_LAMBDA_CPU_KERNEL='OFF', TIMM_LAMBDA_TRITON='Yes', TIMM_LAMBDA_NO_AUTOLOAD='false'), [REPO],
+    ''', dict(TIMM_LAMBDA_BACKEND='GEMM', TIMM_LAMBDA_STRICT='no', TIMM_LAMBDA_NO_AUTOLOAD='false'), [REPO],
         tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ['True', 'False', '1', 'True']
-    bad = _python('import timm_lambda', dict(TIMM_LAMBDA_NO_AUTOLOAD='1', TIMM_LAMBDA_TRITON='always'), [REPO],
+    assert out.stdout.split() == ['True', 'gemm', 'False', 'True']
+    bad = _python('import timm_lambda', dict(TIMM_LAMBDA_NO_AUTOLOAD='1', TIMM_LAMBDA_BACKEND='always'), [REPO],
                   tmp_path)
     assert bad.returncode == 1
     assert bad.stderr.strip().splitlines()[-1] == (
-        "ValueError: TIMM_LAMBDA_TRITON='always' is not a valid value: use auto, 1/true/yes/on or 0/false/no/off "
-        "(any case), or leave it unset")
+        "ValueError: TIMM_LAMBDA_BACKEND='always' is not a valid value: use auto, cpu_kernel, triton_tc, triton_fma, "
+        "gemm, plain, or leave it unset")
+    retired = _python('import timm_lambda', dict(TIMM_LAMBDA_NO_AUTOLOAD='1', TIMM_LAMBDA_CPU_KERNEL='0'), [REPO],
+                      tmp_path)
+    assert retired.returncode == 1 and retired.stderr.strip().splitlines()[-1] == (
+        'ValueError: TIMM_LAMBDA_CPU_KERNEL is no longer read: unset it and use TIMM_LAMBDA_BACKEND '
+        '(gemm runs the tiled form without the CPU kernel); docs/install.md, "Environment variables"')
     hook = _python('import timm', dict(TIMM_LAMBDA_NO_AUTOLOAD='maybe'), [REPO], tmp_path)
     assert hook.returncode == 0, hook.stderr[-3000:]
     warning = next(line for line in hook.stderr.splitlines() if 'RuntimeWarning' in line)

@@ -119,8 +119,8 @@ def test_gpu_check_layer_dry_run(tmp_path):
     tests = record['results']['cuda_tests_kernels']
     assert tests['tests'] > 200 and tests['skipped'] == tests['tests']  # no CUDA here
     rows = record['results']['layer_vs_conv']
-    assert {r['execution'] for r in rows} == {'tensor_cores', 'gemm', 'cuda_cores'}
-    assert {(r['dtype'], r['mode']) for r in rows if r['execution'] == 'tensor_cores'} == {
+    assert {r['execution'] for r in rows} == {'triton_tc', 'gemm', 'triton_fma'}
+    assert {(r['dtype'], r['mode']) for r in rows if r['execution'] == 'triton_tc'} == {
         (d, m) for d in ('float32', 'bfloat16') for m in ('train', 'eval')}
     assert all(len(r['shapes']) == 3 and r['ratio_summed'] > 0 for r in rows)
     graphs = record['results']['cuda_graphs_batch1']

@@ -28,6 +28,7 @@ INSTALLED = ('timm_lambda', 'timm_lambda_mmdet', 'mmdet_plugin')
 INSTALLED_FILES = sorted(p for package in INSTALLED for p in (REPO / package).rglob('*.py'))
 USER_MODULES = {
     'timm_lambda': 'the models and layers (also imported by the autoload hook on `import timm`)',
+    'timm_lambda.build_cpu_kernel': '`python -m timm_lambda.build_cpu_kernel`, the CPU kernel\'s build at install',
     'timm_lambda_mmdet': 'the MMDetection plugin, imported by the configs (custom_imports)',
     'timm_lambda_mmdet.__main__': '`python -m timm_lambda_mmdet train|test`, the main job',
     'timm_lambda_mmdet.runner_checkpoints': 'opt-in, every config imports it (custom_imports)',

@@ -1,30 +1,42 @@
 """The messages of issue 39: each names the cause and the remedy in its first line (the CPU kernel's build: a
-read-only extension cache, no compiler, a failed build, and the one line before a first build). The global-scope
+read-only extension cache, no compiler, a failed build, and the one line before a first build; at run time without
+a build, the command that builds it: issue 38). The global-scope
 model's size error: tests/test_models.py; the switches' errors: tests/test_env.py."""
 import errno
 import logging
+import os
+import platform
+import types
 import warnings
 
 import pytest
 
-from timm_lambda.layers.position_lambda import cpu_kernel, execution
+from timm_lambda.layers.position_lambda import cpu_kernel, custom_ops, execution
 
 
 @pytest.fixture
 def build(monkeypatch, tmp_path):
-    """Run ``cpu_kernel._build`` (uncached) with ``cpp_extension.load`` replaced by ``load``; its warnings' first
-    lines and its log records."""
+    """Run ``cpu_kernel.build`` with ``cpp_extension.load`` replaced by ``load``, on an empty extension cache and a
+    fresh lookup; what it returns, or its error's first line."""
     from torch.utils import cpp_extension
-    monkeypatch.setattr(execution, '_WARNED', set())
+    fresh_state(monkeypatch)
     monkeypatch.setenv('TORCH_EXTENSIONS_DIR', str(tmp_path))
 
-    def run(load, caplog=None):
+    def run(load):
         monkeypatch.setattr(cpp_extension, 'load', load)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter('always')
-            result = cpu_kernel._build.__wrapped__()
-        return result, [str(w.message).splitlines()[0] for w in caught if w.category is RuntimeWarning]
+        try:
+            return cpu_kernel.build(), None
+        except cpu_kernel.CpuKernelBuildError as e:
+            assert cpu_kernel.unavailable() == str(e).splitlines()[0]  # what the dispatch and its warning say
+            return None, str(e).splitlines()[0]
     return run
+
+
+def fresh_state(monkeypatch):
+    """A process that has not looked the kernel up, nor warned."""
+    monkeypatch.setattr(execution, '_WARNED', set())
+    for name, value in dict(_kernel=None, _reason=None, _failed=None, _looked_up=False).items():
+        monkeypatch.setattr(cpu_kernel, name, value)
 
 
 def _raise(e):
@@ -35,54 +47,91 @@ def _raise(e):
 
 def test_a_read_only_extension_cache_names_torch_extensions_dir(build):
     e = PermissionError(errno.EACCES, 'Permission denied', '/ro/torch_extensions/lock')
-    result, lines = build(_raise(e))
-    assert result is None and len(lines) == 1
-    assert lines[0].startswith("timm_lambda: the tiled form's CPU kernel could not be built: its build folder ")
-    assert 'is not writable; set TORCH_EXTENSIONS_DIR to a writable folder (TIMM_LAMBDA_CPU_KERNEL=0 skips the ' \
-           'build); the position lambdas run as batched GEMMs instead' in lines[0]
+    result, line = build(_raise(e))
+    assert result is None
+    assert line.startswith("the tiled form's CPU kernel could not be built: its build folder ")
+    assert line.endswith('is not writable; set TORCH_EXTENSIONS_DIR to a writable folder (at run time too); the '
+                         'position lambdas run as batched GEMMs instead (correct, about half as fast)')
 
 
 def test_a_read_only_file_system_too(build):
-    result, lines = build(_raise(OSError(errno.EROFS, 'Read-only file system')))
-    assert 'set TORCH_EXTENSIONS_DIR to a writable folder' in lines[0]
+    result, line = build(_raise(OSError(errno.EROFS, 'Read-only file system')))
+    assert 'set TORCH_EXTENSIONS_DIR to a writable folder' in line
 
 
 def test_no_compiler_is_said_before_torch_tries(build, monkeypatch):
     monkeypatch.setenv('CXX', 'no-such-compiler-39')
-    result, lines = build(_raise(AssertionError('torch must not be asked to build')))
+    result, line = build(_raise(AssertionError('torch must not be asked to build')))
     assert result is None
-    assert lines == ["timm_lambda: the tiled form's CPU kernel was not built: no C++ compiler ('no-such-compiler-39', "
-                     "$CXX or c++ on PATH); install one with OpenMP, e.g. g++ (TIMM_LAMBDA_CPU_KERNEL=0 skips the "
-                     "build); the position lambdas run as batched GEMMs instead (correct, about half as fast) "
-                     "(docs/execution_modes.md)"]
+    assert line == ("the tiled form's CPU kernel was not built: no C++ compiler ('no-such-compiler-39', $CXX or c++ "
+                    "on PATH); install one with OpenMP, e.g. g++; the position lambdas run as batched GEMMs instead "
+                    "(correct, about half as fast)")
 
 
 def test_a_failed_build_puts_the_remedy_before_torchs_output(build, monkeypatch):
     monkeypatch.setenv('CXX', 'sh')  # a program that exists: the build is tried
     banner = '\n'.join(['!! WARNING !!'] * 50 + ['fatal error: omp.h: No such file or directory'])
-    result, lines = build(_raise(RuntimeError(f'Error building extension\n{banner}')))
+    result, line = build(_raise(RuntimeError(f'Error building extension\n{banner}')))
     assert result is None
-    assert lines == ["timm_lambda: the tiled form's CPU kernel could not be built (RuntimeError): install a C++ "
-                     "compiler with OpenMP (g++, or clang++ with libomp) or see its output below "
-                     "(TIMM_LAMBDA_CPU_KERNEL=0 skips the build); the position lambdas run as batched GEMMs instead "
-                     "(correct, about half as fast)"]
+    assert line == ("the tiled form's CPU kernel could not be built (RuntimeError): install a C++ compiler with OpenMP "
+                    "(g++, or clang++ with libomp) or see its output below; the position lambdas run as batched GEMMs "
+                    "instead (correct, about half as fast)")
 
 
-def test_one_line_before_a_first_build_and_none_after(build, monkeypatch, caplog, tmp_path):
+def _fake_load(built):
+    """A ``cpp_extension.load`` that writes an empty library where torch would and returns ``built``."""
+    def load(name, sources, build_directory, **kwargs):
+        with open(os.path.join(build_directory, name + '.so'), 'wb'):
+            pass
+        return built
+    return load
+
+
+def test_one_line_before_a_build_and_none_where_it_is_built(build, monkeypatch, caplog, tmp_path):
     monkeypatch.setenv('CXX', 'sh')
-    built = object()
-    with caplog.at_level(logging.WARNING, logger=cpu_kernel.__name__):
-        assert build(lambda name, *a, **k: built)[0] is built
+    built = types.SimpleNamespace(bf16=False)
+    name = cpu_kernel._name()
+    with caplog.at_level(logging.INFO, logger=cpu_kernel.__name__):
+        assert build(_fake_load(built)) == (built, None)
     assert [r.getMessage() for r in caplog.records] == [
-        f"timm_lambda: building the tiled form's CPU kernel, once per CPU and torch version (about 40 s on 2 cores), "
-        f"into {tmp_path / ('timm_lambda_tiled_cpu_' + cpu_kernel._machine_tag())}; TIMM_LAMBDA_CPU_KERNEL=0 skips "
-        f"the build"]
+        f"timm_lambda: building the tiled form's CPU kernel (about 40 s on 2 cores) into {tmp_path / name}"]
     caplog.clear()
-    name = 'timm_lambda_tiled_cpu_' + cpu_kernel._machine_tag()
-    (tmp_path / name / (name + '.so')).write_bytes(b'')  # already built: torch loads it, nothing to say
-    with caplog.at_level(logging.WARNING, logger=cpu_kernel.__name__):
-        assert build(lambda name, *a, **k: built)[0] is built
+    fresh_state(monkeypatch)
+    monkeypatch.setattr(cpu_kernel, '_import', lambda name, path: built)  # the stamped build: loaded, not compiled
+    with caplog.at_level(logging.INFO, logger=cpu_kernel.__name__):
+        assert build(_raise(AssertionError('a stamped build is not compiled again'))) == (built, None)
     assert caplog.records == []
+
+
+def test_no_build_one_warning_naming_the_command(monkeypatch, tmp_path, backend):
+    """At run time the kernel is loaded, never compiled: without a build, the gemm backend and one warning naming the
+    command that builds it; :func:`unavailable` says the same to the backend table."""
+    import sys
+
+    import torch
+    from torch.utils import cpp_extension
+    fresh_state(monkeypatch)
+    monkeypatch.setenv('TORCH_EXTENSIONS_DIR', str(tmp_path))
+    monkeypatch.setattr(cpp_extension, 'load', _raise(AssertionError('no build at run time')))
+    from timm_lambda.layers.position_lambda import backends, execution
+    monkeypatch.setattr(execution, '_WARNED', set())
+    backend('auto')  # asks the kernel's availability again
+    q, v, table = torch.randn(1, 2, 3, 5, 6), torch.randn(1, 4, 5, 6), torch.randn(3, 1, 5, 5)
+    backends.served_backends(reset=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        for dtype in (torch.float32, torch.float64):
+            custom_ops.tiled_op(q.to(dtype), v.to(dtype), table.to(dtype), 1)
+    assert {k[1] for k in backends.served_backends()} == {'gemm'}
+    lines = [str(w.message) for w in caught if w.category is RuntimeWarning]
+    reason = cpu_kernel.unavailable()
+    assert lines == [f'timm_lambda: {reason} (docs/execution_modes.md)']
+    assert reason == (
+        f"the tiled form's CPU kernel is not built for this CPU, torch {torch.__version__} and Python "
+        f"{platform.python_version()} (in {tmp_path / cpu_kernel._name()}): build it once with `{sys.executable} -m "
+        f"timm_lambda.build_cpu_kernel` (tools/install.sh runs it; about 40 s on 2 cores); the position lambdas run "
+        f"as batched GEMMs instead (correct, about half as fast); TIMM_LAMBDA_BACKEND=gemm chooses them without this "
+        f"warning")
 
 
 def test_torchrun_without_a_gpu_names_the_cpu_ddp_config(monkeypatch, tmp_path):

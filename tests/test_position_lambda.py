@@ -124,12 +124,31 @@ def test_tiled_operator_with_a_content_lambda_double_backward(stride, execution,
 
 
 def require_cpu_kernel():
-    """Skip where no C++ toolchain can build the CPU kernel (the GEMM path, tested beside it, then serves); CI sets
-    TIMM_LAMBDA_REQUIRE_CPU_KERNEL=1: there it must build, never skip."""
-    no_compiler = shutil.which('c++') is None and shutil.which('g++') is None
-    if no_compiler and not env_flag('TIMM_LAMBDA_REQUIRE_CPU_KERNEL', False):
+    """The CPU kernel must serve. It is built at install (``python -m timm_lambda.build_cpu_kernel``, run by
+    tools/install.sh), never at run time. CI sets TIMM_LAMBDA_REQUIRE_CPU_KERNEL=1: there a kernel that is not built
+    (or is off) fails the test, never skips it: the install must have built it. Elsewhere a test builds it here (a
+    test is no training step) and skips where no C++ compiler can."""
+    if cpu_kernel.load() is not None:
+        return
+    if env_flag('TIMM_LAMBDA_REQUIRE_CPU_KERNEL', False):
+        pytest.fail(f'TIMM_LAMBDA_REQUIRE_CPU_KERNEL=1, but the CPU kernel cannot serve: {cpu_kernel.unavailable()}')
+    if shutil.which('c++') is None and shutil.which('g++') is None:
         pytest.skip('no C++ compiler: the tiled operator runs its GEMM path')
+    cpu_kernel.build()  # raises with the cause where a compiler exists but the build fails
     assert cpu_kernel.unavailable() is None, 'the CPU kernel did not build'
+
+
+def test_require_cpu_kernel_fails_where_ci_requires_an_unbuilt_kernel(monkeypatch, tmp_path):
+    """With TIMM_LAMBDA_REQUIRE_CPU_KERNEL=1 (CI) and no build, the kernel's tests fail, never skip nor build."""
+    from torch.utils import cpp_extension
+    for name, value in dict(_kernel=None, _reason=None, _failed=None, _looked_up=False).items():
+        monkeypatch.setattr(cpu_kernel, name, value)
+    monkeypatch.setenv('TORCH_EXTENSIONS_DIR', str(tmp_path))
+    monkeypatch.setenv('TIMM_LAMBDA_REQUIRE_CPU_KERNEL', '1')
+    monkeypatch.setattr(cpp_extension, 'load', lambda *a, **k: pytest.fail('the tests must not build it here'))
+    with pytest.raises(pytest.fail.Exception, match='TIMM_LAMBDA_REQUIRE_CPU_KERNEL=1, but the CPU kernel cannot '
+                                                    "serve: the tiled form's CPU kernel is not built"):
+        require_cpu_kernel()
 
 
 def test_the_cpu_kernel_serves_cpu_tensors_only_and_16_bit_ones_in_float32_at_stride_1():

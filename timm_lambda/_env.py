@@ -11,7 +11,7 @@ cannot be imported: ``timm_lambda_autoload.py`` (run from a ``.pth`` file at sta
 import os
 from typing import Optional, Sequence
 
-__all__ = ['TRUE', 'FALSE', 'VARIABLES', 'env_flag', 'env_choice', 'parse_flag', 'parse_choice', 'check']
+__all__ = ['TRUE', 'FALSE', 'VARIABLES', 'RETIRED', 'env_flag', 'env_choice', 'parse_flag', 'parse_choice', 'check']
 
 TRUE = ('1', 'true', 'yes', 'on')
 FALSE = ('0', 'false', 'no', 'off')
@@ -24,6 +24,13 @@ VARIABLES = {
     'TIMM_LAMBDA_NO_AUTOLOAD': ('flag', False, (), 'skip registering the models at `import timm` (the .pth hook)'),
     'TIMM_LAMBDA_STRICT': ('flag', False, (), 'a position-lambda backend that fails raises (no next backend)'),
     'TIMM_LAMBDA_MMCV_CUDA': ('choice', 'auto', ('auto',), 'tools/install.sh: mmcv with CUDA ops: auto, on or off'),
+}
+
+
+# variables this package no longer reads: set, they fail the import with their successor named (not ignored)
+RETIRED = {
+    'TIMM_LAMBDA_CPU_KERNEL': 'TIMM_LAMBDA_BACKEND (gemm runs the tiled form without the CPU kernel)',
+    'TIMM_LAMBDA_TRITON': 'TIMM_LAMBDA_BACKEND (triton_tc, triton_fma or gemm on CUDA; auto picks)',
 }
 
 
@@ -64,7 +71,12 @@ def env_choice(name: str, choices: Sequence[str], default: str, flags: bool = Tr
 
 
 def check() -> None:
-    """Read every variable of :data:`VARIABLES`: a ValueError names the first invalid one and its values."""
+    """Read every variable of :data:`VARIABLES`: a ValueError names the first invalid one and its values, or a
+    retired one (:data:`RETIRED`) and its successor."""
+    for name, successor in RETIRED.items():
+        if os.environ.get(name):
+            raise ValueError(f'{name} is no longer read: unset it and use {successor}; '
+                             'docs/install.md, "Environment variables"')
     for name, (kind, default, choices, _) in VARIABLES.items():
         if kind == 'flag':
             env_flag(name, default)

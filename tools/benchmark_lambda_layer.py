@@ -238,19 +238,17 @@ def _plot(results, args, machine_line=None):
     print(f'plot: {args.plot}')
 
 
-# the GPU check's tables (tools/gpu_check.py layer): every dtype, batch and mode on the default execution, the training
-# steps on the other CUDA executions of the tiled operator, selected by tiled_triton's switches
+# the GPU check's tables (tools/gpu_check.py layer): every dtype, batch and mode on the backend 'auto' runs on CUDA
+# (triton_tc), the training steps on the other CUDA backends of the tiled form, chosen by the public override
 GPU_CHECK_SETS = [(dtype, batch, mode) for mode in ('train', 'eval') for batch in (1, 8)
                   for dtype in ('float32', 'bfloat16')]
-EXECUTIONS = {'tensor_cores': dict(MODE='auto', TENSOR_CORES=True), 'gemm': dict(MODE='0', TENSOR_CORES=True),
-              'cuda_cores': dict(MODE='1', TENSOR_CORES=False)}
+GPU_CHECK_BACKENDS = ('triton_tc', 'gemm', 'triton_fma')
 
 
-def use_execution(name: str) -> None:
-    """Select one of :data:`EXECUTIONS` (``tensor_cores`` is what ``auto`` runs on CUDA)."""
-    from timm_lambda.layers.position_lambda import tiled_triton
-    for k, v in EXECUTIONS[name].items():
-        setattr(tiled_triton, k, v)
+def use_backend(name: str, device: str) -> None:
+    """Choose backend ``name`` (``set_backend``); on a CPU (the dry run) the Triton ones are 'auto' (the CPU kernel)."""
+    from timm_lambda.layers import set_backend
+    set_backend(name if device == 'cuda' or not name.startswith('triton') else 'auto')
 
 
 def gpu_check(out: str, tiny: bool) -> None:
@@ -262,13 +260,14 @@ def gpu_check(out: str, tiny: bool) -> None:
     global fma_peak_gmacs
     if tiny:
         fma_peak_gmacs = lambda: None  # noqa: E731  (the CPU's float32 limit, a 30 s measurement, is no GPU figure)
-    todo = [('tensor_cores', s) for s in GPU_CHECK_SETS] + [
-        (e, s) for e in ('gemm', 'cuda_cores') for s in GPU_CHECK_SETS if s[2] == 'train']
-    if tiny:  # every execution, dtype and mode once
-        todo = [t for t in todo if t[1][1] == 1 and (t[0] == 'tensor_cores' or t[1][0] == 'float32')]
+    todo = [('triton_tc', s) for s in GPU_CHECK_SETS] + [
+        (e, s) for e in GPU_CHECK_BACKENDS[1:] for s in GPU_CHECK_SETS if s[2] == 'train']
+    if tiny:  # every backend, dtype and mode once
+        todo = [t for t in todo if t[1][1] == 1 and (t[0] == 'triton_tc' or t[1][0] == 'float32')]
     results = []
+    device = 'cpu' if tiny else 'cuda'
     for execution, (dtype, batch, mode) in todo:
-        use_execution(execution)
+        use_backend(execution, device)
         path = os.path.join(out, f'layer_{execution}_{dtype}_b{batch}_{mode}.json')
         argv = ['--dtype', dtype, '--batch', str(batch), '--mode', mode, '--json', path]
         argv += ['--image-size', '64', '--repeats', '1'] if tiny else ['--device', 'cuda', '--tf32', '--repeats', '10']
@@ -286,8 +285,7 @@ def gpu_check(out: str, tiny: bool) -> None:
                                     triton_launches=tiled_triton.LAUNCHES - launches))
         with open(os.path.join(out, 'layer_benchmarks.json'), 'w') as f:
             json.dump(results, f, indent=1)
-    use_execution('tensor_cores')
-    device = 'cpu' if tiny else 'cuda'
+    use_backend('auto', device)
     rows = []
     for width, side, stride in backbone_shapes(64 if tiny else 1024):
         for name, m in _candidates(width, stride, ['auto'], device).items():

@@ -101,9 +101,7 @@ class Run:
         self.env = dict(os.environ, PYTHONUNBUFFERED='1', PYTHONWARNINGS='ignore',
                         PYTHONPATH=os.pathsep.join([ROOT, TOOLS] + [p for p in [os.environ.get('PYTHONPATH')] if p]),
                         # strict executions: a kernel that fails is an error, never a silent fallback
-                        TIMM_LAMBDA_STRICT='1',
-                        # the CPU side of the CUDA tests (the float64 comparisons) needs no kernel build
-                        TIMM_LAMBDA_CPU_KERNEL='0')
+                        TIMM_LAMBDA_STRICT='1')
 
     def left(self) -> float:
         return self.budget - (time.time() - self.t0)

@@ -22,7 +22,12 @@
 #        c. a wheel offered by pip's find-links (PIP_FIND_LINKS / pip config);
 #        d. a source build (tools/build_mmcv_wheel.sh, ~17+ min on 2 cores for
 #           CPU ops, ~18 min per CUDA arch), whose wheel is stored in the cache;
-#   4. pip install -c constraints.txt ".[det,test]" and an import check.
+#   4. pip install -c constraints.txt ".[det,test]", an import check, and the
+#      tiled form's C++ CPU kernel (python -m timm_lambda.build_cpu_kernel:
+#      about 40 s on 2 cores, once per CPU, torch and Python; the layers never
+#      compile it at run time).  A failed build (no compiler) warns and the
+#      install goes on: the models run the GEMM path, about half as fast;
+#   5. timm's tests/test_models.py of the installed timm (tests/test_timm_suite.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -182,6 +187,12 @@ import mmdet  # noqa: F401  (runs mmdet's mmcv/mmengine version checks)
 print("[install] OK: " + ", ".join(f"{d} {md.version(d)}" for d in
       ("timm-lambda", "torch", "torchvision", "timm", "mmcv", "mmengine", "mmdet")))
 EOF
+# The tiled form's CPU kernel: built here, at install, never inside a training step. No compiler: a warning, not
+# a failed install (the position lambdas then run as batched GEMMs, correct and about half as fast).
+log "building the tiled form's C++ CPU kernel: $PY -m timm_lambda.build_cpu_kernel (about 40 s on 2 cores, once)"
+if ! "$PY" -m timm_lambda.build_cpu_kernel; then
+    log "WARNING: the CPU kernel did not build (the cause is above); the models run the GEMM path on a CPU (about half as fast); after fixing it: $PY -m timm_lambda.build_cpu_kernel"
+fi
 # 5. timm's own model tests (tests/test_timm_suite.py runs them on our models) --------
 # They ship in timm's sdist, not its wheel: keep tests/test_models.py of the installed timm version.
 TIMM_VERSION="$("$PY" -c 'import importlib.metadata as m; print(m.version("timm"))')"

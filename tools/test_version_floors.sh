@@ -30,6 +30,9 @@ fi
 # timm-lambda itself, editable and without dependencies (they are the pinned-above ones); installs the
 # timm_lambda_autoload.pth hook into the venv like a normal install.
 "$VENV/bin/pip" install -q --no-deps -e "$REPO"
+# the tiled form's CPU kernel against the floor torch, at install as tools/install.sh builds it (a failure warns: its
+# tests then build it, or skip without a compiler)
+"$VENV/bin/python" -m timm_lambda.build_cpu_kernel || echo "[floors] WARNING: the CPU kernel did not build (above)" >&2
 
 # Deselected on the floor versions, each for a reason that is not a timm-lambda defect:
 DESELECT=(

@@ -112,6 +112,8 @@ def _unavailable(kernels: str) -> Optional[str]:
     """Why the ``'cpu_kernel'`` or ``'triton'`` kernels cannot run in this process (None: they can), asked once."""
     if kernels not in _availability:
         _availability[kernels] = (cpu_kernel if kernels == 'cpu_kernel' else tiled_triton).unavailable()
+        if kernels == 'cpu_kernel' and _availability[kernels] is not None:  # a CPU call without its fast kernel
+            warn_once('cpu_kernel', _availability[kernels])
     return _availability[kernels]
 
 
@@ -250,12 +252,15 @@ def served_backends(reset: bool = False) -> Dict[Tuple[str, str, str, str], int]
 
 # The tiled operator's backends: forward (q, v, table, step, content) -> y; backward (gy, q, v, table, step,
 # content) -> (dq, dv, dtable, dcontent). Layouts: :mod:`.custom_ops`.
+def _triton(backward: bool, tensor_cores: bool) -> Callable:
+    run = tiled_triton.backward if backward else tiled_triton.forward
+    return lambda *args: run(*args, tensor_cores=tensor_cores, chunk_elements=gemm.DEVICE_CHUNK_ELEMENTS)
+
+
 _TILED: Dict[str, Tuple[Callable, Callable]] = {
     'cpu_kernel': (cpu_kernel.forward, cpu_kernel.backward),
-    'triton_tc': (lambda *a: tiled_triton.forward(*a, tensor_cores=True),
-                  lambda *a: tiled_triton.backward(*a, tensor_cores=True)),
-    'triton_fma': (lambda *a: tiled_triton.forward(*a, tensor_cores=False),
-                   lambda *a: tiled_triton.backward(*a, tensor_cores=False)),
+    'triton_tc': (_triton(False, True), _triton(True, True)),
+    'triton_fma': (_triton(False, False), _triton(True, False)),
     'gemm': (gemm.forward, gemm.backward),
 }
 

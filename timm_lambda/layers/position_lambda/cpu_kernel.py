@@ -1,64 +1,121 @@
 """The tiled form's exact CPU kernels (``tiled_cpu.h``; ``tiled_cpu.cpp``: float32 and float64; ``tiled_cpu_bf16.cpp``:
-bfloat16): built with the machine's C++ compiler on first use.
+bfloat16): built at install with the machine's C++ compiler (``python -m timm_lambda.build_cpu_kernel``, which
+``tools/install.sh`` runs: :func:`build`), only loaded at run time (:func:`load`), never compiled inside a training
+step.
 
 Each query meets exactly its ``K_h x K_w`` scope (the GEMM path pads it to its block's window, 1.7x the work at a
 23x23 scope) and its logits never leave the cache, so the layer runs near the CPU's multiply-add rate
 (docs/benchmarks.md). float32 and float64 on a CPU. bfloat16 (CPU autocast) on a CPU with AVX-512 BF16 runs in
 bfloat16 itself, at both strides, as a bfloat16 matmul computes: the logits rounded to bfloat16, products of bfloat16
 operands summed in float32 by VDPBF16PS (``tiled_forward_bf16``, ``tiled_backward_bf16``). Other 16-bit calls run in
-float32, the result rounded back. The ``cpu_kernel`` backend of :mod:`.backends`, which says where ``'auto'`` runs it
-(not for 16-bit stride-2 calls without AVX-512 BF16, where the gemm backend's 16-bit GEMM is faster, nor where the
-build failed: a one-time warning says why).
+float32, the result rounded back. The ``cpu_kernel`` backend of :mod:`.backends`, which says where ``'auto'`` runs it:
+not for 16-bit stride-2 calls without AVX-512 BF16 (the gemm backend's 16-bit GEMM is faster there), nor where the
+kernel is not built (one warning names the command, or the failed build's cause: :func:`unavailable`).
+
+One build per CPU, torch, Python and kernel source (:func:`_name`) in torch's extension cache
+(``$TORCH_EXTENSIONS_DIR``); a build supersedes those of the same CPU, torch and Python with another source, and
+builds unused for :data:`PRUNE_DAYS` days go (:func:`_prune`; docs/install.md).
 """
+import contextlib
 import errno
 import functools
 import hashlib
+import importlib.util
+import json
 import logging
 import os
 import platform
+import shlex
 import shutil
-from typing import Optional
+import sys
+import time
+from typing import List, Optional, Tuple
 
 import torch
 
-from .execution import BackendUnusable, warn_once
+from .execution import BackendUnusable
 
-__all__ = ['forward', 'backward', 'unavailable', 'native', 'compute_dtype']
+try:
+    import fcntl
+except ImportError:  # not POSIX: torch's own lock alone serialises the builds
+    fcntl = None
+
+__all__ = ['forward', 'backward', 'native', 'compute_dtype', 'build', 'load', 'unavailable', 'CpuKernelBuildError']
 
 _logger = logging.getLogger(__name__)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = [os.path.join(_HERE, name) for name in ('tiled_cpu.cpp', 'tiled_cpu_bf16.cpp')]
 _HEADER = os.path.join(_HERE, 'tiled_cpu.h')
+_CFLAGS = ['-O3', '-march=native', '-fopenmp']
+_LDFLAGS = ['-fopenmp']
+_PREFIX = 'timm_lambda_tiled_cpu_'
+_STAMP = 'timm_lambda_build.json'  # written last by a build: its .so's size and mtime (a half-written one never loads)
+_LOCK = 'timm_lambda.lock'
+PRUNE_DAYS = 30
+COMMAND = 'python -m timm_lambda.build_cpu_kernel'
 
 
-def _machine_tag() -> str:
-    """A build name per CPU, torch and header (``-march=native`` code must not load on another CPU sharing the cache;
-    torch itself rebuilds when a source file or the flags change, not for another CPU or torch, nor for a header)."""
-    flags = ''
-    if os.path.exists('/proc/cpuinfo'):
-        with open('/proc/cpuinfo') as f:
-            flags = next((line for line in f if line.startswith(('flags', 'Features'))), '')
-    with open(_HEADER) as f:
-        header = f.read()
-    return hashlib.sha1(f'{platform.machine()} {flags} {torch.__version__} {header}'.encode()).hexdigest()[:12]
+def _cpu_flags() -> str:
+    """The CPU's flags line of /proc/cpuinfo ('' elsewhere)."""
+    if not os.path.exists('/proc/cpuinfo'):
+        return ''
+    with open('/proc/cpuinfo') as f:
+        return next((line for line in f if line.startswith(('flags', 'Features'))), '')
+
+
+@functools.lru_cache(maxsize=None)
+def _tags() -> Tuple[str, str, str]:
+    """The build name's three parts: the CPU (``-march=native`` code must not load on another CPU sharing the cache),
+    torch and Python (the module's ABI), and the kernel's sources and flags (torch's own check is the files' mtimes,
+    and misses the header)."""
+    sources = ' '.join(_CFLAGS + _LDFLAGS).encode()
+    for path in _SOURCES + [_HEADER]:
+        with open(path, 'rb') as f:
+            sources += f.read()
+    env = f'{torch.__version__} {sys.implementation.cache_tag}{getattr(sys, "abiflags", "")}'
+    parts = (f'{platform.machine()} {_cpu_flags()}'.encode(), env.encode(), sources)
+    return tuple(hashlib.sha1(p).hexdigest()[:8] for p in parts)
+
+
+def _name() -> str:
+    """The extension's name, also its folder in torch's extension cache: ``timm_lambda_tiled_cpu_<cpu>_<torch and
+    python>_<source>``."""
+    return _PREFIX + '_'.join(_tags())
+
+
+def _command() -> str:
+    """:data:`COMMAND` with this environment's python (the build is for its torch and Python)."""
+    return f'{shlex.quote(sys.executable)} -m timm_lambda.build_cpu_kernel' if sys.executable else COMMAND
 
 
 _FALLBACK = 'the position lambdas run as batched GEMMs instead (correct, about half as fast)'
-_OFF = 'TIMM_LAMBDA_BACKEND=gemm skips the build'
+
+
+class CpuKernelBuildError(RuntimeError):
+    """The kernel could not be built: the cause and its remedy on the first line, torch's output after it."""
 
 
 def _build_failed(e: Exception, build_dir: Optional[str]) -> str:
-    """The warning for a failed build: the cause and its remedy on the first line, torch's output (its banner and
+    """The message of a failed build: the cause and its remedy on the first line, torch's output (its banner and
     the compiler's messages, kilobytes) after it."""
     if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         where = build_dir or getattr(e, 'filename', None) or "torch's extension cache"
         first = (f'the tiled form\'s CPU kernel could not be built: its build folder {where} is not writable; set '
-                 f'TORCH_EXTENSIONS_DIR to a writable folder ({_OFF}); {_FALLBACK}')
+                 f'TORCH_EXTENSIONS_DIR to a writable folder (at run time too); {_FALLBACK}')
     else:
         first = (f'the tiled form\'s CPU kernel could not be built ({type(e).__name__}): install a C++ compiler with '
-                 f'OpenMP (g++, or clang++ with libomp) or see its output below ({_OFF}); {_FALLBACK}')
+                 f'OpenMP (g++, or clang++ with libomp) or see its output below; {_FALLBACK}')
     return f'{first}\n{str(e)[-3000:]}\n'
+
+
+def _not_built(build_dir: Optional[str]) -> str:
+    """Why the kernel cannot serve where no complete build exists: the one command that builds it."""
+    where = build_dir or "torch's extension cache"
+    return (f"the tiled form's CPU kernel is not built for this CPU, torch {torch.__version__} and Python "
+            f"{platform.python_version()} (in {where}): build it once with "
+            f"`{_command()}` (tools/install.sh runs it; about 40 s on 2 cores); {_FALLBACK}; TIMM_LAMBDA_BACKEND=gemm "
+            f"chooses them without this warning")
 
 
 def _build_dir(name: str) -> Optional[str]:
@@ -71,8 +128,144 @@ def _build_dir(name: str) -> Optional[str]:
         return None
 
 
-@functools.lru_cache(maxsize=None)
-def _build():
+@contextlib.contextmanager
+def _locked(folder: str, blocking: bool = True):
+    """Hold ``folder``'s build lock (``flock`` on its ``timm_lambda.lock``): one build of a folder at a time, across
+    processes. The system drops the lock when its holder dies, so a killed build never blocks the next one (older
+    torch's ``FileBaton``, a file whose existence is the lock, does: :func:`_compile`). Yields False where
+    ``blocking`` is False and another process holds it."""
+    if fcntl is None:
+        yield True
+        return
+    fd = os.open(os.path.join(folder, _LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _import(name: str, path: str):
+    """The extension module ``name`` from its shared library ``path`` (as torch's ``cpp_extension`` imports it)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load(build_dir: Optional[str]) -> Tuple[Optional[object], Optional[str]]:
+    """The complete build in ``build_dir`` (its .so as its stamp records it; one being written, or left half written
+    by a killed build, differs) imported, and None; or None and why not."""
+    if build_dir is None:
+        return None, _not_built(None)
+    name = _name()
+    path, stamp = os.path.join(build_dir, name + '.so'), os.path.join(build_dir, _STAMP)
+    try:
+        with open(stamp) as f:
+            recorded = json.load(f)
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None, _not_built(build_dir)
+    if (recorded.get('size'), recorded.get('mtime_ns')) != (st.st_size, st.st_mtime_ns):
+        return None, _not_built(build_dir)
+    try:
+        module = _import(name, path)
+    except Exception as e:  # a missing libgomp, a file damaged since
+        return None, (f"the tiled form's CPU kernel's build {path} does not load ({type(e).__name__}: {e}): rebuild "
+                      f"it with `{_command()}`; {_FALLBACK}")
+    with contextlib.suppress(OSError):  # its last use, for _prune (a read-only cache keeps its date)
+        os.utime(stamp)
+    return module, None
+
+
+def _compile(cpp_extension, name: str, build_dir: str, verbose: bool):
+    """Compile and load the kernel in ``build_dir`` (its lock held), then stamp it."""
+    global _compiled
+    path = os.path.join(build_dir, name + '.so')
+    baton = os.path.join(build_dir, 'lock')
+    if hasattr(cpp_extension, 'FileBaton') and os.path.exists(baton):
+        os.remove(baton)  # older torch's FileBaton: left by a killed build (every builder holds our lock)
+    if os.path.exists(path):
+        os.remove(path)  # not stamped: half written by a killed build, or it does not load; ninja would keep it
+    _logger.info("timm_lambda: building the tiled form's CPU kernel (about 40 s on 2 cores) into %s", build_dir)
+    t0 = time.monotonic()
+    kernel = cpp_extension.load(name, _SOURCES, extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS,
+                                build_directory=build_dir, verbose=verbose)
+    st = os.stat(path)
+    stamp = dict(size=st.st_size, mtime_ns=st.st_mtime_ns, torch=torch.__version__,
+                 python=platform.python_version(), bf16=bool(kernel.bf16), seconds=round(time.monotonic() - t0, 1),
+                 built=time.strftime('%Y-%m-%d %H:%M:%S'))
+    tmp = os.path.join(build_dir, f'{_STAMP}.{os.getpid()}')
+    with open(tmp, 'w') as f:
+        json.dump(stamp, f)
+    os.replace(tmp, os.path.join(build_dir, _STAMP))  # last: a reader sees a complete build or none
+    _compiled = True
+    return kernel
+
+
+def _idle_days(folder: str) -> float:
+    """Days since ``folder``'s build was last loaded (its stamp's mtime) or, unstamped (older versions of this
+    package), last written."""
+    stamp = os.path.join(folder, _STAMP)
+    paths = [stamp] if os.path.exists(stamp) else [folder] + [os.path.join(folder, n) for n in os.listdir(folder)]
+    return (time.time() - max(os.path.getmtime(p) for p in paths)) / 86400
+
+
+def _prune(root: str, keep: str) -> List[str]:
+    """Remove the kernel builds in ``root`` that ``keep`` supersedes (same CPU, torch and Python, another source) or
+    that no process has loaded for :data:`PRUNE_DAYS` days (another CPU sharing the cache, e.g. an NFS home, loads
+    its own at each start, so keeps it); never one being built (its lock held). Their names."""
+    kept = keep[len(_PREFIX):].split('_')
+    removed = []
+    for entry in sorted(os.listdir(root)):
+        folder = os.path.join(root, entry)
+        if not entry.startswith(_PREFIX) or entry == keep or not os.path.isdir(folder):
+            continue
+        parts = entry[len(_PREFIX):].split('_')
+        try:
+            if not ((len(parts) == 3 and parts[:2] == kept[:2]) or _idle_days(folder) > PRUNE_DAYS):
+                continue
+            with _locked(folder, blocking=False) as free:
+                if not free:
+                    continue
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # read-only, or removed by another process meanwhile
+            continue
+        shutil.rmtree(folder, ignore_errors=True)  # what an open lock file left (NFS renames it until closed)
+        removed.append(entry)
+    return removed
+
+
+_kernel = None  # the kernel module, once loaded or built in this process
+_reason = None  # why it cannot serve, after a lookup that found none
+_failed = None  # a failed build's cause (its first line), in this process
+_looked_up = False
+_compiled = False  # whether this process's last build() compiled (else it found the build complete)
+
+
+def build(verbose: bool = False):
+    """Build the kernel for this CPU, torch, Python and source into torch's extension cache, or load that build
+    where it is complete; prune the builds it supersedes (:func:`_prune`). The module. Two processes at once: one
+    builds, the other waits for it and loads its build (:func:`_locked`). ``verbose``: torch's build output.
+
+    Raises :class:`CpuKernelBuildError` (no compiler, a failed compile, a read-only cache), its first line the cause
+    and the remedy."""
+    global _kernel, _failed, _compiled
+    _compiled = False
+    try:
+        kernel = _build(verbose)
+    except CpuKernelBuildError as e:
+        _kernel, _failed = None, str(e).splitlines()[0]
+        raise
+    _kernel, _failed = kernel, None
+    return kernel
+
+
+def _build(verbose: bool):
     from torch.utils import cpp_extension
     try:
         import ninja  # the pip package (a dependency): torch runs `ninja`, on PATH only in an active venv
@@ -82,34 +275,55 @@ def _build():
         pass
     compiler = cpp_extension.get_cxx_compiler()
     if shutil.which(compiler) is None:  # torch would print its ABI banner, then fail kilobytes later
-        warn_once('cpu_kernel', f'the tiled form\'s CPU kernel was not built: no C++ compiler ({compiler!r}, '
-                                f'$CXX or c++ on PATH); install one with OpenMP, e.g. g++ ({_OFF}); {_FALLBACK}')
-        return None
-    name = f'timm_lambda_tiled_cpu_{_machine_tag()}'
-    build_dir = _build_dir(name)
-    if build_dir is None or not os.path.exists(os.path.join(build_dir, name + '.so')):
-        _logger.warning('timm_lambda: building the tiled form\'s CPU kernel, once per CPU and torch version (about '
-                        '40 s on 2 cores), into %s; %s', build_dir or "torch's extension cache", _OFF)
+        raise CpuKernelBuildError(f'the tiled form\'s CPU kernel was not built: no C++ compiler ({compiler!r}, $CXX '
+                                  f'or c++ on PATH); install one with OpenMP, e.g. g++; {_FALLBACK}')
+    name, build_dir = _name(), None
     try:
-        return cpp_extension.load(name, _SOURCES, extra_cflags=['-O3', '-march=native', '-fopenmp'],
-                                  extra_ldflags=['-fopenmp'])
-    except Exception as e:  # no ninja, no OpenMP, a read-only cache: the GEMM path
-        warn_once('cpu_kernel', _build_failed(e, build_dir))
-        return None
+        build_dir = cpp_extension._get_build_directory(name, verbose)
+        with _locked(build_dir):
+            kernel = _load(build_dir)[0]
+            if kernel is None:
+                kernel = _compile(cpp_extension, name, build_dir, verbose)
+    except Exception as e:  # no ninja, no OpenMP, a read-only cache
+        raise CpuKernelBuildError(_build_failed(e, build_dir)) from e
+    removed = _prune(os.path.dirname(build_dir), name)
+    if removed:
+        _logger.info('timm_lambda: removed %d older CPU kernel build(s) from %s: %s', len(removed),
+                     os.path.dirname(build_dir), ', '.join(removed))
+    return kernel
+
+
+def load():
+    """The kernel's complete build for this CPU, torch, Python and source, loaded without compiling, or None where
+    there is none (or it does not load: :func:`unavailable` says why). Looks again at each call until it finds one."""
+    global _kernel, _reason
+    if _kernel is None:
+        _kernel, _reason = _load(_build_dir(_name()))
+    return _kernel
+
+
+def _look_up():
+    """:func:`load` once per process."""
+    global _looked_up
+    if not _looked_up:
+        _looked_up = True
+        load()
 
 
 def unavailable() -> Optional[str]:
-    """Why the kernel cannot serve calls here (None: built and loaded; the first call builds it)."""
-    if _build() is None:
-        return 'could not be built here (the warning above says why)'
-    return None
+    """Why the kernel cannot serve, or None where it can: a build that failed in this process (its cause), or no
+    build (the command that makes one). Looks the build up once per process."""
+    _look_up()
+    if _kernel is not None:
+        return None
+    return _failed or _reason
 
 
 def native(dtype: torch.dtype) -> bool:
     """Whether the kernel computes a ``dtype`` call in that dtype itself: bfloat16 where the compiler targets AVX-512
     BF16 (``tiled_forward_bf16``, ``tiled_backward_bf16``); other 16-bit calls run in float32."""
-    kernel = _build()
-    return dtype == torch.bfloat16 and kernel is not None and kernel.bf16
+    _look_up()
+    return dtype == torch.bfloat16 and _kernel is not None and _kernel.bf16
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -119,10 +333,13 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _module():
-    kernel = _build()
-    if kernel is None:
-        raise BackendUnusable('the tiled form\'s CPU kernel could not be built')
-    return kernel
+    """The loaded kernel; :class:`.execution.BackendUnusable` where there is none (the backend table asks
+    :func:`unavailable` first: this is a kernel that went away since)."""
+    if _kernel is None:
+        _look_up()
+    if _kernel is None:
+        raise BackendUnusable(unavailable() or 'not loaded')
+    return _kernel
 
 
 def _to(x: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
