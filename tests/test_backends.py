@@ -84,7 +84,7 @@ def test_graph_recorders_record_plain_ops_whatever_the_choice(backend):
     """jit.trace (and torch.export) record plain tensor ops even with a kernel backend chosen: their graphs must run
     without this package's operators, at every size."""
     from timm_lambda.layers import LambdaLayer
-    backend('cpu_kernel')
+    backend('gemm')
     layer = LambdaLayer(8, dim_k=4, heads=2, scope=5).eval()
     x = torch.randn(1, 8, 9, 10)
     PL.served_backends(reset=True)

@@ -90,7 +90,7 @@ def test_every_variable_of_the_package_is_in_the_table():
                 found |= set(re.findall(r'TIMM_LAMBDA_[A-Z0-9_]+', path.read_text()))
     found |= set(re.findall(r'TIMM_LAMBDA_[A-Z0-9_]+', (REPO / 'timm_lambda_autoload.py').read_text()))
     paths = {'TIMM_LAMBDA_WHEEL_CACHE', 'TIMM_LAMBDA_CACHE', 'TIMM_LAMBDA_COMMIT'}  # values, not switches
-    assert found - paths - {'TIMM_LAMBDA_'} <= set(_env.VARIABLES), found
+    assert found - paths - {'TIMM_LAMBDA_'} <= set(_env.VARIABLES) | set(_env.RETIRED), found
     from timm_lambda.layers.position_lambda import backends
     assert _env.VARIABLES['TIMM_LAMBDA_BACKEND'][:3] == ('name', 'auto', ('auto',) + backends.BACKENDS)
     assert _env.VARIABLES['TIMM_LAMBDA_NO_AUTOLOAD'][:2] == ('flag', False)

@@ -9,7 +9,7 @@ relative self-attention layers of the AA-ResNets and the global and axial baseli
 local one (timm's ``HaloAttn``) guards on attention maps of width 1. All against eager mode
 (docs/execution_modes.md); AOTInductor packages of size-oblivious exports (slow).
 
-Query-block counts are kept >= 2 inside an export (``position_lambda.layout.tiled``): a count of 1 used to be
+Query-block counts are kept >= 2 inside an export (``position_lambda._tiled``): a count of 1 used to be
 specialised, and an export at 160 px held only for 129-256 px.
 """
 import math

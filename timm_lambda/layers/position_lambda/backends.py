@@ -166,8 +166,8 @@ def choose(call: Call) -> str:
     if _backend != 'auto':
         reason = why_not(_backend, call, auto=False)
         if reason is not None:
-            raise RuntimeError(f"timm_lambda: the position-lambda backend {_backend!r} cannot run {_describe(call)}: "
-                               f"it {reason}; set_backend('auto') or TIMM_LAMBDA_BACKEND=auto picks one that can")
+            raise RuntimeError(f"timm_lambda: the position-lambda backend {_backend!r} cannot run {_describe(call)} "
+                               f"({reason}); set_backend('auto') or TIMM_LAMBDA_BACKEND=auto picks one that can")
         return _backend
     for backend in BACKENDS:
         if why_not(backend, call) is None:
