@@ -135,7 +135,7 @@ def test_gpu_check_layer_dry_run(tmp_path):
 def test_gpu_check_mission_dry_run(tmp_path):
     """Command 2 on the CPU: the model tests collected, Mask R-CNN through mmdet's tools/train.py and tools/test.py
     (bbox and segm AP from pycocotools), timm's train.py and validate.py where TIMM_SCRIPTS has them, the model
-    comparisons."""
+    comparisons, hand-made CUDA graphs against torch.compile(mode='reduce-overhead')."""
     r = _run([TOOL, 'mission', '--dry-run', '--out', str(tmp_path)])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     record, names = _check_outputs(str(tmp_path), 'mission')
@@ -148,4 +148,6 @@ def test_gpu_check_mission_dry_run(tmp_path):
         assert res['timm_scripts']['train_rc'] == 0 and 'top1' in res['timm_scripts']['validate']
     else:
         assert 'not found' in res['timm_scripts']['note']
-    assert set(res['models']) == {'models_c4', 'models_cuda'}
+    assert set(res['models']) == {'models_c4', 'models_cuda', 'models_reduce_overhead'}
+    row, = res['models']['models_reduce_overhead'][0]['rows']  # eager standing in for the compiled step on a CPU
+    assert {'eager_ms', 'graphed_ms', 'compiled_ms', 'ratio_compiled', 'compile_and_capture_s'} <= set(row), row

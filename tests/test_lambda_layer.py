@@ -177,8 +177,8 @@ def test_torch_compile_matches_eager(impl, backend, monkeypatch):
     gradient equal to eager, with the operators' own backward (not the higher-order fallback) in the compiled
     backward. Inductor (C++ code generation) for the two forms that run custom operators: the reference forms are
     plain ops, which ``aot_eager`` already traces."""
-    from timm_lambda.layers.position_lambda import custom_ops
-    monkeypatch.setattr(custom_ops, 'CPU_CHUNK_ROWS', 64)
+    from timm_lambda.layers.position_lambda import custom_ops, gemm
+    monkeypatch.setattr(gemm, 'CPU_CHUNK_ROWS', 64)
     fallback = []
     plain_vjp = custom_ops._plain_vjp
     monkeypatch.setattr(custom_ops, '_plain_vjp', lambda *a: fallback.append(1) or plain_vjp(*a))

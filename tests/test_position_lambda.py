@@ -196,7 +196,7 @@ BF16_CASES = [
 def _bf16_call(case, draw):
     """Inputs of a BF16_CASES call drawn by ``draw(*shape)``, the operator's output and gradients (for a drawn output
     gradient) and a function giving the per-query float64 reference's (``logits_dtype``)."""
-    kernel = cpu_kernel._build()
+    kernel = cpu_kernel.load()
     if not kernel.bf16:  # a CPU with AVX-512 BF16 (CI's) must have them: fail there rather than skip
         assert not (os.path.exists('/proc/cpuinfo') and 'avx512_bf16' in _cpu_flags()), \
             'the CPU has AVX-512 BF16 but the kernel was built without its bfloat16 kernels'

@@ -318,17 +318,21 @@ def cuda_comparison(device, repeats, backbone_batch, classifier_batch, sizes=(10
     return results
 
 
-def graphs_comparison(device, repeats, sizes=(1024,)):
+def graphs_comparison(device, repeats, sizes=(1024,), reduce_overhead=False):
     """Batch 1, the launch overhead: each model's training step eager against the same step replayed from a CUDA
     graph (:func:`dev.benchmarks.measure.graphed_step`; float32, TF32 in matmuls and convolutions): LambdaResNet-101 and
-    ResNet-RS-101+SE feature extractors at ``sizes[0]`` px, LambdaResNet-101-C4 and its conv twin at half that."""
+    ResNet-RS-101+SE feature extractors at ``sizes[0]`` px, LambdaResNet-101-C4 and its conv twin at half that.
+    ``reduce_overhead``: LambdaResNet-101's features alone (the detection backbone), also under
+    ``torch.compile(mode='reduce-overhead')``: which of the two to use for detection training at 1-2 images a GPU."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     size = sizes[0]
     dry_run = device == 'cpu'  # no graphs on a CPU: eager twice (the GPU check's dry run)
     cases = [(label, name, kw, size) for label, name, kw in (LAMBDA101, RS101)]
     cases += [(label, name, kw, size // 2 if size > 64 else size) for label, name, kw in COMPARISONS['c4'][0][:2]]
+    if reduce_overhead:
+        cases = cases[:1]
     rows = [graphed_step(f'{label} features {s}px', build(name, kw, 'features', device), (1, 3, s, s), device,
-                         dry_run, repeats) for label, name, kw, s in cases]
+                         dry_run, repeats, reduce_overhead) for label, name, kw, s in cases]
     print(f'# CUDA graphs, batch 1, training step: {machine(device)}')
     return [dict(comparison='graphs', machine=machine(device), rows=rows)]
 
@@ -361,6 +365,8 @@ def main(argv=None):
     p.add_argument('--threads', type=int, default=None, help='torch.set_num_threads (CPU)')
     p.add_argument('--classifier-batch', type=int, default=64, help='cuda: batch of the 224 px classifiers')
     p.add_argument('--json', default=None, help='also write the results here')
+    p.add_argument('--reduce-overhead', action='store_true',
+                   help="graphs: LambdaResNet-101's features also under torch.compile(mode='reduce-overhead')")
     p.add_argument('--memory-only', action='store_true', help='peak memory only, no timing (see above)')
     p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'],
                    help=f'{", ".join(sorted(COMPARISONS))}: bfloat16 runs both models under autocast')
@@ -375,7 +381,7 @@ def main(argv=None):
     elif args.comparison == 'onnx':
         results = onnx_comparison(args.sizes or [224, 512], args.repeats)
     elif args.comparison == 'graphs':
-        results = graphs_comparison(device, args.repeats, args.sizes or (1024,))
+        results = graphs_comparison(device, args.repeats, args.sizes or (1024,), args.reduce_overhead)
     elif args.comparison == 'cuda':
         results = cuda_comparison(device, args.repeats, args.batch or 4, args.classifier_batch,
                                   tuple(args.sizes) if args.sizes else (1024, 224))

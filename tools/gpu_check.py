@@ -8,7 +8,7 @@ Run from a checkout with the offline bundle beside it (``tools/gpu_bundle.py bui
 
 ``layer``: installs the bundle, ``pytest -m cuda`` on the position-lambda tests with strict executions
 (``TIMM_LAMBDA_STRICT=1``: a kernel that fails to launch fails its test), one lambda layer against cuDNN's 3x3
-convolution at LambdaResNet-101's three 1024 px shapes (each CUDA execution; float32 with TF32 and bfloat16 autocast;
+convolution at LambdaResNet-101's three 1024 px shapes (each CUDA backend; float32 with TF32 and bfloat16 autocast;
 batch 1 and 8; training step and eval; ``benchmark_lambda_layer.py --gpu-check``), batch-1 training steps eager
 against CUDA graphs (layers, LambdaResNet-101, the C4 pair: ``benchmark_models.py graphs``), and LambdaResNet-101
 against ResNet-RS-101 with and without SE at 1024 px, batch 1. ``mission``: the model tests of ``pytest -m cuda`` (a
@@ -16,7 +16,9 @@ training step of every registered model, batch 1), Mask R-CNN from the Table 14 
 iterations with mmdet's own ``tools/train.py`` on a generated COCO-format set and ``tools/test.py`` (bbox and segm AP
 by pycocotools), timm's own ``train.py`` for 2 epochs with ``--amp --channels-last`` on a generated ImageFolder and
 ``validate.py``, and the model benchmarks (LambdaResNet-101-C4 vs its conv twin at 512 px; LambdaResNet-101 vs
-RS-101+SE at 1024 px, batch 4, and LambdaResNet-50 vs timm's ``lambda_resnet50ts`` at 224 px, float32 and bf16).
+RS-101+SE at 1024 px, batch 4, and LambdaResNet-50 vs timm's ``lambda_resnet50ts`` at 224 px, float32 and bf16),
+last LambdaResNet-101's batch-1 training step at 1024 px eager, from hand-made CUDA graphs and under
+``torch.compile(mode='reduce-overhead')``.
 
 Each step runs in its own process under its own time limit (the section's ``--budget`` shared out), so one hang
 costs only its step. ``OUT`` receives two files per section: ``gpu_check_<section>.json`` (command, date, commit,
@@ -360,15 +362,18 @@ MODEL_BENCHMARKS = [  # name, arguments (GPU), arguments (dry run)
     ('models_c4', ['c4', '--device', 'cuda', '--repeats', '10'], ['c4', '--sizes', '64', '--repeats', '1']),
     ('models_cuda', ['cuda', '--repeats', '10'],
      ['cuda', '--device', 'cpu', '--sizes', '64', '32', '--batch', '1', '--classifier-batch', '2', '--repeats', '1']),
+    # last: CUDA graphs by hand against torch.compile(mode='reduce-overhead') for the detection backbone (issue 37)
+    ('models_reduce_overhead', ['graphs', '--device', 'cuda', '--repeats', '10', '--reduce-overhead'],
+     ['graphs', '--device', 'cpu', '--sizes', '64', '--repeats', '1', '--reduce-overhead'], 240),
 ]
 
 
 def model_benchmarks(run: Run, which) -> None:
     res = run.record['results'].setdefault('models', {})
-    for name, gpu, dry in which:
+    for name, gpu, dry, *limit in which:
         path = run.path(f'{name}.json')
         rc = run.step(name, [PY, os.path.join(TOOLS, 'benchmark_models.py')] + (dry if run.dry_run else gpu)
-                      + ['--json', path], 70)
+                      + ['--json', path], limit[0] if limit else 70)
         if rc == 0 and os.path.exists(path):
             with open(path) as f:
                 res[name] = json.load(f)

@@ -171,10 +171,13 @@ def step_macs(step: Callable[[], object]) -> int:
     return counter.get_total_flops() // 2
 
 
-def graphed_step(label: str, module, shape, device: str, dry_run: bool = False, repeats: int = 15) -> dict:
+def graphed_step(label: str, module, shape, device: str, dry_run: bool = False, repeats: int = 15,
+                 reduce_overhead: bool = False) -> dict:
     """A training step of ``module`` on a random ``shape`` input eager, against the same step replayed from a CUDA
     graph (``torch.cuda.make_graphed_callables`` of a copy: it replaces a module's forward), interleaved; medians in
-    ms. ``dry_run`` (a CPU, no graphs): eager twice, one round. A module that cannot be captured: the error."""
+    ms. ``reduce_overhead``: also a copy under ``torch.compile(mode='reduce-overhead')`` (inductor's CUDA graphs; its
+    compile and capture time, the first two steps, reported apart). ``dry_run`` (a CPU, no graphs, no compile): eager
+    in every role, one round. A module that cannot be captured or compiled: the error."""
     import copy
     module.train()
     x = torch.randn(*shape, device=device, requires_grad=True)
@@ -189,10 +192,30 @@ def graphed_step(label: str, module, shape, device: str, dry_run: bool = False, 
             out = torch.cat([o.flatten() for o in out]) if isinstance(out, (list, tuple)) else out
             out.float().sum().backward()
         return run
-    times = interleaved_times({'eager': step(module), 'graphed': step(graphed)}, repeats=1 if dry_run else repeats,
-                              warmup=0 if dry_run else 3, device=device)
-    eager, graph = median(times['eager']), median(times['graphed'])
-    row = dict(case=label, eager_ms=round(1e3 * eager, 3), graphed_ms=round(1e3 * graph, 3),
-               ratio=round(graph / eager, 3))
+    steps = {'eager': step(module), 'graphed': step(graphed)}
+    row = dict(case=label)
+    if reduce_overhead:
+        compiled = step(module if dry_run else torch.compile(copy.deepcopy(module), mode='reduce-overhead'))
+
+        def compiled_step():
+            if not dry_run:
+                torch.compiler.cudagraph_mark_step_begin()  # a new training step: the last one's outputs are free
+            compiled()
+        try:
+            t0 = time.perf_counter()
+            for _ in range(2):  # compile, then record the graph
+                compiled_step()
+            synchronize(device)
+            row['compile_and_capture_s'] = round(time.perf_counter() - t0, 1)
+            steps['compiled'] = compiled_step
+        except Exception as e:
+            row['compiled_error'] = f'{type(e).__name__}: {e}'[:1000]
+    times = interleaved_times(steps, repeats=1 if dry_run else repeats, warmup=0 if dry_run else 3, device=device)
+    eager = median(times['eager'])
+    for name in steps:
+        row[f'{name}_ms'] = round(1e3 * median(times[name]), 3)
+    row['ratio'] = round(median(times['graphed']) / eager, 3)
+    if 'compiled' in steps:
+        row['ratio_compiled'] = round(median(times['compiled']) / eager, 3)
     print(row, flush=True)
     return row
