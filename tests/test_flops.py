@@ -1,13 +1,11 @@
 """Multiply-add counts (the README model table's GMACs column, ``dev.docs.forward_macs``): torch's FlopCounterMode
 counts the position-lambda custom operators by their registered FLOP formulas, on the meta device as on a CPU."""
-from unittest import mock
-
 import pytest
 import timm
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import timm_lambda.layers.position_lambda as position_lambda
+from _helpers import force_plain_ops
 from _layer_helpers import CUSTOM_OP_FLOPS
 from dev.docs import forward_macs
 from timm_lambda.layers import LambdaLayer
@@ -31,7 +29,7 @@ def test_meta_device_counts_as_a_cpu_does():
     assert on_meta == sum(counts.values())
 
 
-def test_dense_operator_counts_as_torch_counts_its_plain_ops():
+def test_dense_operator_counts_as_torch_counts_its_plain_ops(monkeypatch):
     """The dense operator's formula against torch's own count of the same arithmetic in plain tensor ops (the form
     that traces and exports run): equal, layer for layer. Without the formula the operator would count 0."""
     model = timm.create_model('resnet26_lambda_cifar', device='meta').eval()
@@ -40,8 +38,8 @@ def test_dense_operator_counts_as_torch_counts_its_plain_ops():
             layer.impl = 'dense'
     x = torch.zeros(1, 3, 32, 32, device='meta')
     ops = _counts(model, x)
-    with mock.patch.object(position_lambda, 'use_custom_ops', lambda: False):
-        plain = _counts(model, x)
+    force_plain_ops(monkeypatch)
+    plain = _counts(model, x)
     assert 'timm_lambda.dense_position_lambdas' not in plain
     position = ops.pop('timm_lambda.dense_position_lambdas')
     assert position > 0.4 * sum(ops.values())  # the position lambdas are a large share: a missing formula shows
