@@ -18,10 +18,6 @@ from timm_lambda.paper import AA_TABLE3, AA_TABLE6
 TINY = dict(layers=(1, 1, 1, 1), num_classes=5)
 
 
-def _rel_err(a, b):
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
-
-
 def naive_relative_attention(x, qkv_weight, table_h, table_w, heads, dk, dv):
     """AA eq. 3-4, one query at a time, float64: ``O_h(i) = sum_j softmax_j(l_ij) v_j`` with
     ``l_ij = q_i . (k_j + r^H[j_y - i_y] + r^W[j_x - i_x]) / sqrt(dk)``; table row ``R - 1`` is offset 0."""

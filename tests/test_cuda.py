@@ -17,11 +17,11 @@ import torch
 import _backend_matrix as M
 import _sixteen_bit as SB
 import timm_lambda
+from _batch_one import BLOCK_BY_BLOCK, check_model_batch_one, input_size, model_params, worst_grad_diff
 from _cases import CASES, IDS
 from _cases import call as _call
 from _cases import inputs as _inputs
 from reference import position_term_reference
-from test_batch_one import BLOCK_BY_BLOCK, _input_size, _model_params, _worst, check_model_batch_one
 from timm_lambda.layers import position_lambda as PL
 from timm_lambda.layers.position_lambda import custom_ops, gemm, tiled_triton
 
@@ -194,7 +194,7 @@ def test_training_step_on_cuda(name, channels_last):
     step). float64: the device's parameter gradients equal the CPU's (the CPU execution is tested against the
     per-query reference elsewhere), in the device's memory format."""
     torch.manual_seed(0)
-    size = _input_size(name)
+    size = input_size(name)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     cpu_model = timm.create_model(name, num_classes=10)
     model = copy.deepcopy(cpu_model).to(DEV, memory_format=fmt).train()
@@ -221,7 +221,7 @@ def test_training_step_on_cuda(name, channels_last):
     train = name not in _CHAOTIC_IN_TRAIN_MODE
     want = _float64_grads(copy.deepcopy(cpu_model).double().train(train), x.double())
     got = _float64_grads(cpu_model.double().to(DEV, memory_format=fmt).train(train), xd.double())
-    worst = _worst([g.cpu() for g in got], want)
+    worst = worst_grad_diff([g.cpu() for g in got], want)
     assert worst < 1e-6, f'float64 parameter gradients on {DEV} differ from the CPU\'s by a relative {worst:.3g}'
 
 
@@ -244,7 +244,7 @@ def test_downsample_pool_gradient_of_a_channels_last_input_on_cuda():
 # --------------------------------------------------------------------------
 # batch size 1 on the device (tests/test_batch_one.py's check)
 # --------------------------------------------------------------------------
-@pytest.mark.parametrize('name,train', _model_params())
+@pytest.mark.parametrize('name,train', model_params())
 def test_model_batch_one_equals_duplicated_batch_on_cuda(name, train):
     check_model_batch_one(name, train, DEV)
 

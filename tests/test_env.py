@@ -10,23 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import load_file
 from timm_lambda import _env
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _load(path, name):
-    """A stdlib-only module of this checkout by its file (the installed ``timm_lambda_autoload`` is already imported
-    by the ``.pth`` hook; loading it again leaves that hook as it is)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, REPO / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-timm_lambda_autoload = _load('timm_lambda_autoload.py', '_test_env_autoload')
-mmcv_cuda = _load('timm_lambda_mmdet/mmcv_cuda.py', '_test_env_mmcv_cuda')
+# stdlib-only modules of this checkout by their files (the installed ``timm_lambda_autoload`` is already imported by
+# the ``.pth`` hook; loading it again under another name leaves that hook as it is)
+timm_lambda_autoload = load_file('timm_lambda_autoload.py', '_test_env_autoload')
+mmcv_cuda = load_file('timm_lambda_mmdet/mmcv_cuda.py', '_test_env_mmcv_cuda')
 
 ON = ['1', 'true', 'True', 'TRUE', 'yes', 'Yes', 'on', 'ON', ' 1 ', 'yes\n']
 OFF = ['0', 'false', 'False', 'no', 'NO', 'off', 'Off', ' 0']

@@ -9,13 +9,13 @@ one form spread by 6-194% of its median (outlier rounds of the tiled form at 24 
 percent between medians does not say which form is faster. In the committed sweeps (2026-11-24, the tiled form's
 CPU kernel) 20 sizes are decided, the slower median 1.04-32x the faster; 2 are not (6 and 7 px at 7x7).
 """
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from _helpers import load_file
 from timm_lambda.layers import LambdaLayer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,10 +83,7 @@ def test_auto_gives_the_same_output_as_every_impl():
 def test_the_documented_sweep_command_writes_the_committed_format(tmp_path):
     """A tiny sweep by the tool writes the same keys as the committed files (which the tests above read); a
     committed file may also hold ``memory``, the record of a later ``--memory-only`` run over it."""
-    spec = importlib.util.spec_from_file_location('benchmark_lambda_layer',
-                                                  ROOT / 'tools' / 'benchmark_lambda_layer.py')
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_file('tools/benchmark_lambda_layer.py', 'benchmark_lambda_layer')
     out = tmp_path / 'sweep.json'
     tool.main(['--sweep', '--width', '8', '--scope', '7', '--sizes', '5', '--repeats', '1', '--json', str(out)])
     written, committed = _load(out), _load(ROOT / 'docs' / 'results' / 'sweep_scope7_u4.json')

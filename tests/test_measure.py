@@ -2,14 +2,13 @@
 custom operators too: a custom operator's own scratch, and the lambda layer's dense form (one custom operator
 holding the logits ``[b, h n, m]`` inside) against the same arithmetic in plain ops."""
 import statistics
-import sys
 
 import pytest
 import torch
 
+from _helpers import force_plain_ops, load_file
 from dev.benchmarks.measure import peak_of_memory_events, peak_step_bytes, step_macs
 from timm_lambda.layers import LambdaLayer
-from timm_lambda.layers.position_lambda import position_lambdas
 
 MIB = 2 ** 20
 
@@ -66,18 +65,12 @@ def _dense_layer_steps(training: bool):
     return step, logits_bytes
 
 
-def _plain_ops(monkeypatch):
-    """Run the position lambdas as the plain tensor ops that tracers and torch.func record (the dispatcher's
-    switch, forced)."""
-    monkeypatch.setattr(sys.modules[position_lambdas.__module__], 'use_custom_ops', lambda: False)
-
-
 def test_dense_form_inference_matches_its_plain_op_form(monkeypatch):
     """Forward without grad: the custom operator computes the same logits and product as the plain ops,
     so the peaks agree (the forms build the embedding differently: 2% here); both hold the logits."""
     step, logits_bytes = _dense_layer_steps(training=False)
     kernel_peak = peak_step_bytes(step)
-    _plain_ops(monkeypatch)
+    force_plain_ops(monkeypatch)
     plain_peak = peak_step_bytes(step)
     assert plain_peak >= logits_bytes
     assert kernel_peak == pytest.approx(plain_peak, rel=0.05), (kernel_peak / MIB, plain_peak / MIB)
@@ -89,14 +82,9 @@ def test_dense_form_training_step_holds_logits_and_their_gradient():
     assert peak_step_bytes(step) >= 2 * logits_bytes
 
 
-def _tool(name):
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / 'tools' / f'{name}.py'
-    spec = importlib.util.spec_from_file_location(name, path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
+def _tool(name: str):
+    """tools/<name>.py as a new module."""
+    return load_file(f'tools/{name}.py', name)
 
 
 def test_memory_only_run_replaces_the_memory_of_a_saved_result(tmp_path):
@@ -114,16 +102,6 @@ def test_memory_only_run_replaces_the_memory_of_a_saved_result(tmp_path):
     assert result['machine'] == 'timing run' and row['conv3x3']['ms'] == 3.0 and row['dense']['ms'] == 2.0
     assert all(row[k]['peak_mib'] > 0 for k in ('conv3x3', 'dense', 'tiled', 'conv', 'einsum'))
     assert '--memory-only' in result['memory']['command']
-
-
-def _tool(name: str):
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / 'tools' / f'{name}.py'
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow

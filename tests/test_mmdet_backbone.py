@@ -15,6 +15,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from _helpers import dli14_state_dict
 from _mmdet_helpers import REPO
 from timm_lambda_mmdet import TimmLambdaResNet, norm_layer_from_cfg
 
@@ -313,7 +314,6 @@ def test_is_registered_class():
 def test_pretrained_through_a_model_that_has_its_own_filter(tmp_path, name):
     """resnet50_lambda(_dli14) convert d-li14/lambda.pytorch keys with their own pretrained_filter_fn; the
     backbone's key checks run after it, on the converted keys, and the weights equal timm's own load."""
-    from test_peer_weights import dli14_state_dict
     torch.save(dli14_state_dict(), tmp_path / 'dli14.pth')
     kwargs = (dict(model_kwargs=dict(position_bias=True, pool_count_include_pad=True))
               if name == 'resnet50_lambda' else {})

@@ -6,13 +6,13 @@ message of the default run, at about three quarters of its CPU time (bbox AP50 0
 import _det  # noqa: F401  (skips this module without the [det] extra)
 
 # isort: split
-import importlib.util
 import os.path as osp
 import re
 import sys
 
 import pytest
 
+from _helpers import load_file
 from _mmdet_helpers import REPO, run
 
 pytestmark = pytest.mark.slow
@@ -47,9 +47,7 @@ def test_quickstart_default_run(tmp_path):
 def test_quickstart_options_reach_the_run(monkeypatch):
     """Every command-line option of tools/quickstart.py is handed to dev.quickstart.run (the runs
     themselves are the run above and the mmdet end-to-end tests)."""
-    spec = importlib.util.spec_from_file_location('quickstart_tool', osp.join(REPO, 'tools', 'quickstart.py'))
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_file('tools/quickstart.py', 'quickstart_tool')
     calls = []
     monkeypatch.setattr(tool, 'run', lambda config, work_dir, **kw: calls.append((config, work_dir, kw)))
     tool.main(['--work-dir', 'w', '--config', 'c.py', '--model', 'lambdaresnet26', '--iters', '2', '--image-size',

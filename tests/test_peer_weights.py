@@ -5,7 +5,7 @@ conversion on a state_dict with their exact key names and shapes, loading throug
 (and through the deprecated tag ``resnet50_lambda.dli14_in1k``, which builds the same architecture), and the
 converted model against an independent float64 forward of their network (tests/reference.py).
 
-Their key names and shapes: ``dli14_state_dict`` below writes them from their published model definition
+Their key names and shapes: ``dli14_state_dict`` (tests/_helpers.py) writes them from their published model definition
 (github.com/d-li14/lambda.pytorch, commit 646de55: torchvision's ResNet-50 v1.5 layout whose ``conv2`` is
 their LambdaLayer with ``conv_qkv``, ``norm_q``, ``norm_v`` and ``lambda_conv = Conv3d(du, dk, (1, 23, 23))``
 with bias); tests/fixtures/dli14_lambda_resnet50_state_dict.txt is the list their code itself produces
@@ -18,6 +18,7 @@ import pytest
 import timm
 import torch
 
+from _helpers import dli14_state_dict, rel_err
 from _layer_helpers import perturb_for_eval
 from reference import dli14_lambda_reference, dli14_resnet_reference, lambda_layer_reference
 from timm_lambda.layers import LambdaLayer
@@ -36,10 +37,6 @@ def _create(name, **kwargs):
         return timm.create_model(name, **kwargs)
     with pytest.warns(DeprecationWarning, match='resnet50_lambda_dli14.in1k'):
         return timm.create_model(name, **kwargs)
-
-
-def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
 
 
 # --- the two options on the layer -------------------------------------------------------------------
@@ -161,7 +158,7 @@ def test_options_under_torchscript_fx_and_trace():
             traced = torch.jit.trace(model, torch.randn(1, 3, 64, 64), check_trace=False)
         gm = torch.fx.symbolic_trace(model)
         for out in (scripted(x), traced(x), gm(x)):
-            assert _rel_err(out, ref) < 1e-5
+            assert rel_err(out, ref) < 1e-5
 
 
 def test_options_in_onnx_export(tmp_path):
@@ -176,61 +173,10 @@ def test_options_in_onnx_export(tmp_path):
     x = torch.randn(2, 3, 96, 72)
     with torch.no_grad():
         ref = model(x)
-    assert _rel_err(torch.from_numpy(session.run(None, {'x': x.numpy()})[0]), ref) < 1e-4
+    assert rel_err(torch.from_numpy(session.run(None, {'x': x.numpy()})[0]), ref) < 1e-4
 
 
 # --- their state_dict ------------------------------------------------------------------------------
-
-def dli14_state_dict(seed: int = 0, num_classes: int = 1000, layers=(3, 4, 6, 3)) -> dict:
-    """A state_dict with their key names, order and shapes, filled with random values that keep activations
-    O(1) (BN statistics and affine non-trivial; lambda-convolution biases as large as PyTorch's init allows
-    x 10, so that a missing bias shows)."""
-    g = torch.Generator().manual_seed(seed)
-    sd = {}
-
-    def normal(*shape, std):
-        return torch.randn(*shape, generator=g) * std
-
-    def uniform(n, lo, hi):
-        return torch.rand(n, generator=g) * (hi - lo) + lo
-
-    def conv(name, out_chs, in_chs, k=1):
-        sd[name] = normal(out_chs, in_chs, k, k, std=0.7 * (2.0 / (in_chs * k * k)) ** 0.5)
-
-    def bn(prefix, n, gamma=(0.5, 1.0)):
-        sd[prefix + 'weight'] = uniform(n, *gamma)
-        sd[prefix + 'bias'] = uniform(n, -0.2, 0.2)
-        sd[prefix + 'running_mean'] = uniform(n, -0.1, 0.1)
-        sd[prefix + 'running_var'] = uniform(n, 0.5, 1.5)
-        sd[prefix + 'num_batches_tracked'] = torch.tensor(1000)
-
-    conv('conv1.weight', 64, 3, 7)
-    bn('bn1.', 64)
-    inplanes, nh, dk, du, r = 64, 4, 16, 1, 23
-    for stage, (planes, depth) in enumerate(zip((64, 128, 256, 512), layers), start=1):
-        for i in range(depth):
-            p = f'layer{stage}.{i}.'
-            width, dv = planes, planes // nh
-            conv(p + 'conv1.weight', width, inplanes)
-            bn(p + 'bn1.', width)
-            sd[p + 'conv2.conv_qkv.weight'] = torch.cat([
-                normal(nh * dk, width, 1, 1, std=(dk * width) ** -0.5),
-                normal(dk * du + dv * du, width, 1, 1, std=width ** -0.5)])
-            bn(p + 'conv2.norm_q.', nh * dk)
-            bn(p + 'conv2.norm_v.', dv * du)
-            sd[p + 'conv2.lambda_conv.weight'] = normal(dk, du, 1, r, r, std=0.02)
-            sd[p + 'conv2.lambda_conv.bias'] = uniform(dk, -0.4, 0.4)
-            bn(p + 'bn2.', width)
-            conv(p + 'conv3.weight', planes * 4, width)
-            bn(p + 'bn3.', planes * 4, gamma=(0.2, 0.5))
-            if i == 0:
-                conv(p + 'downsample.0.weight', planes * 4, inplanes)
-                bn(p + 'downsample.1.', planes * 4)
-            inplanes = planes * 4
-    sd['fc.weight'] = normal(num_classes, 2048, std=0.02)
-    sd['fc.bias'] = uniform(num_classes, -0.1, 0.1)
-    return sd
-
 
 @pytest.fixture(scope='module')
 def peer_sd():
@@ -315,8 +261,8 @@ def test_loaded_model_reproduces_their_network(loaded, peer_sd):
         name = f"{loaded.pretrained_cfg['architecture']}.{loaded.pretrained_cfg['tag']}"
         model64 = _create(name, pretrained=True, pretrained_cfg_overlay=dict(state_dict=peer_sd))
         out64 = model64.double().eval()(x.double())
-    assert _rel_err(out64, ref) < 1e-10
-    assert _rel_err(out32, ref) < 1e-4
+    assert rel_err(out64, ref) < 1e-10
+    assert rel_err(out32, ref) < 1e-4
 
 
 def test_their_conventions_matter_for_the_outputs(peer_sd):
@@ -329,7 +275,7 @@ def test_their_conventions_matter_for_the_outputs(peer_sd):
         model = timm.create_model(NAMED, **kwargs).eval()
         model.load_state_dict(converted, strict=False)
         with torch.no_grad():
-            assert _rel_err(model(x), ref) > 1e-2, kwargs
+            assert rel_err(model(x), ref) > 1e-2, kwargs
 
 
 def test_layer_reference_of_their_conventions_matches_ours(loaded, peer_sd):

@@ -13,6 +13,7 @@ from _cases import CASES, FORMS, IDS
 from _cases import call as _call
 from _cases import content_reference as _content_reference
 from _cases import inputs as _inputs
+from _helpers import force_plain_ops
 from reference import position_term_reference, tiled_operator_reference
 from timm_lambda._env import env_flag
 from timm_lambda.layers import LambdaLayer
@@ -508,3 +509,82 @@ def test_opcheck_operators(backend):
         op, q, v, table, step = _operator_inputs('tiled')
         content = torch.randn(2, 3, 5, dtype=q.dtype).transpose(1, 2).requires_grad_()  # [B, c, V], c = 5, V = 3
         torch.library.opcheck(op, [q.requires_grad_(), v.requires_grad_(), table.requires_grad_(), step, content])
+
+
+# Double backward where a second-order gradient is disconnected:
+# Double backward (``create_graph=True``, then a gradient of the gradients) through the position lambdas' custom
+# operators against the plain-op forms they hand over to (``custom_ops._plain_vjp``), where the zeros-or-None choice
+# shows: a first gradient that does not depend on some input (the output is linear in the queries and in the content
+# lambda), so the second-order gradient of that input is disconnected. Autograd's contract, as the plain-op forms
+# give it: None with ``allow_unused=True``, an error without it; not a tensor of zeros. (At stride 2 the pooling's
+# backward keeps the queries in the graph with a zero derivative, autograd's formula for ``avg_pool2d_backward``: there
+# the plain-op forms give the queries zeros, and so must the operators.)
+_DB = dict(B=2, H=7, W=6, HEADS=2, K=3, U=1, V=4, SCOPE=5)  # a small layer
+
+
+def _db_leaves(stride):
+    g = torch.Generator().manual_seed(stride)
+    b, hh, ww, heads, k, u, dv, scope = _DB.values()
+    q = torch.randn(b, heads, k, hh * ww, generator=g, dtype=torch.float64)
+    v = torch.randn(b, u, dv, hh * ww, generator=g, dtype=torch.float64)
+    table = torch.randn(k, u, scope, scope, generator=g, dtype=torch.float64)
+    content = torch.randn(b, k, dv, generator=g, dtype=torch.float64)
+    weight = torch.randn(b, heads * dv, -(-hh // stride), -(-ww // stride), generator=g, dtype=torch.float64)
+    return [t.requires_grad_() for t in (q, v, table, content)], weight
+
+
+_DB_NAMES = ['q', 'v', 'table', 'content']
+# the first gradient penalised -> the inputs its gradient does not depend on (their second-order gradient is None)
+_PENALISED = {'q': {'q'}, 'content': {'v', 'table', 'content'}}
+
+
+def _second_order(impl, stride, penalised):
+    """A loss linear in the output (a fixed weight per entry), the first gradients with create_graph=True, then the
+    gradient of the squared norm of one of them with allow_unused=True."""
+    leaves, weight = _db_leaves(stride)
+    q, v, table, content = leaves
+    y = PL.position_lambdas(q, v, table, _DB['H'], _DB['W'], impl, False, stride, False, None, content)
+    first = torch.autograd.grad((y * weight).sum(), leaves, create_graph=True)
+    penalty = first[_DB_NAMES.index(penalised)].square().sum()
+    second = torch.autograd.grad(penalty, leaves, retain_graph=True, allow_unused=True)
+    if any(g is None for g in second):
+        with pytest.raises(RuntimeError, match='not have been used in the graph'):
+            torch.autograd.grad(penalty, leaves)
+    return second
+
+
+@pytest.mark.parametrize('penalised', sorted(_PENALISED))
+@pytest.mark.parametrize('stride', [1, 2])
+@pytest.mark.parametrize('impl', ['dense', 'tiled'])
+def test_a_disconnected_second_order_gradient_is_none_as_in_the_plain_op_forms(impl, stride, penalised, monkeypatch):
+    """The custom operators (tiled at stride 1: the content lambda inside the operator) against the same form in plain
+    ops and the einsum form: None for the same inputs, equal values for the others."""
+    ops = _second_order(impl, stride, penalised)
+    einsum = _second_order('einsum', stride, penalised)
+    force_plain_ops(monkeypatch)
+    plain = _second_order(impl, stride, penalised)
+    for name, got, same_form, other_form in zip(_DB_NAMES, ops, plain, einsum):
+        assert (got is None) == (same_form is None) == (other_form is None), name
+        if got is not None:
+            assert name in _PENALISED[penalised] or got.abs().max() > 1e-3, name
+            torch.testing.assert_close(got, same_form, rtol=1e-10, atol=1e-10, msg=name)
+            torch.testing.assert_close(got, other_form, rtol=1e-10, atol=1e-10, msg=name)
+    none = {name for name, got in zip(_DB_NAMES, ops) if got is None}
+    assert none == (_PENALISED[penalised] if stride == 1 or penalised == 'content' else set())
+
+
+def test_the_higher_order_backward_gives_none_for_an_input_its_plain_form_does_not_reach():
+    """The operators' create_graph backward (``_plain_vjp``) returns what autograd returns for the plain form: None
+    for an input it does not reach (autograd's zero, which leaves ``.grad`` None), not a tensor of zeros; and None for
+    an input that needs no gradient."""
+    a, b, c = (torch.randn(3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    grad = torch.randn(3, dtype=torch.float64)
+
+    def plain(a, b, c, step):
+        return a * step * c
+
+    got = custom_ops._plain_vjp(plain, [a, b, c, 2], (0, 1, 2), grad, (True, True, False))
+    want = torch.autograd.grad(plain(a, b, c, 2), (a, b), grad, allow_unused=True)
+    assert got[1] is None and want[1] is None and got[2] is None
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+    assert got[0].requires_grad  # differentiable again: its graph reaches c

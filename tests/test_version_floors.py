@@ -1,20 +1,16 @@
 """The version floors (timm_lambda/_compat.py): a torch or timm below them fails at import with an error that
 names the installed and required versions and the ``pip install -U`` that fixes it, and the timm autoload hook
 prints that message. The floors themselves are tested by tools/test_version_floors.sh (docs/install.md)."""
-import functools
-import inspect
 import os
 import re
 import subprocess
 import sys
-import tempfile
 import textwrap
-import warnings
 from pathlib import Path
-from typing import Optional
 
 import pytest
 
+from _helpers import dynamo_onnx_export_error
 from timm_lambda import _compat
 from timm_lambda._compat import MIN_TIMM, MIN_TORCH, VersionTooOld, check_versions, parse_version
 
@@ -110,30 +106,6 @@ def test_load_state_dict_pre_hook_shim(monkeypatch):
         outer.load_state_dict(outer.state_dict())
         assert calls == [(outer[0], '0.')]
 
-
-
-@functools.lru_cache(maxsize=None)
-def dynamo_onnx_export_error() -> Optional[str]:
-    """None if torch's dynamo ONNX exporter (``torch.onnx.export(dynamo=True)``) exports a plain Conv + BatchNorm
-    here, else why not. tests/test_timm_contract.py skips its dynamo-exporter cases with this reason: the exporter is
-    torch's (with onnxscript), and one that cannot export two torch.nn layers says nothing about timm-lambda.
-    Seen: torch 2.4 has no ``dynamic_shapes`` (TypeError); torch 2.5.1 and 2.6.0 with onnxscript 0.7.2 fail on the
-    BatchNorm (ConversionError; torch 2.6.0 with onnxscript 0.2.5 works); torch 2.14.1 works."""
-    import torch
-    from torch import nn
-    if 'dynamic_shapes' not in inspect.signature(torch.onnx.export).parameters:
-        return (f'torch {torch.__version__}: torch.onnx.export has no dynamic_shapes '
-                '(the dynamo exporter needs torch >= 2.5)')
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-        warnings.simplefilter('ignore')
-        try:
-            torch.onnx.export(model, (torch.randn(1, 3, 8, 8),), str(Path(tmp) / 'bn.onnx'), dynamo=True)
-        except Exception as e:  # torch.onnx's ConversionError
-            import onnxscript
-            return (f'torch {torch.__version__} with onnxscript {onnxscript.__version__}: the dynamo ONNX exporter '
-                    f'cannot export a plain Conv + BatchNorm ({type(e).__name__})')
-    return None
 
 
 def test_dynamo_onnx_exporter_floor():

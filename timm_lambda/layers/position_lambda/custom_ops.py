@@ -74,7 +74,12 @@ def _register(op, backward_op, plain, flops, tensors: Sequence[int] = (0, 1, 2))
 def _plain_vjp(plain, inputs: list, tensors: Sequence[int], grad: Tensor, needs: Sequence[bool]):
     """A differentiable vector-Jacobian product of ``plain(*inputs)`` with respect to ``inputs[i]`` for ``i`` in
     ``tensors`` where ``needs``: the operators' backward when a higher-order gradient is requested
-    (``create_graph=True``)."""
+    (``create_graph=True``).
+
+    An input that ``plain`` does not reach gets None, as autograd gives it for the plain-op form: a backward's None
+    is autograd's zero gradient, and the input's gradient stays None where nothing else reaches it (zeros would
+    leave ``.grad`` a tensor and make ``torch.autograd.grad`` without ``allow_unused`` return where the plain-op form
+    raises). tests/test_double_backward.py compares with the plain-op forms."""
     warn_once('create_graph', 'higher-order gradients (create_graph=True) differentiate the plain-op form of the '
                               'position lambdas: correct, but slower and with more memory than the custom operators')
     with torch.enable_grad():
@@ -82,8 +87,7 @@ def _plain_vjp(plain, inputs: list, tensors: Sequence[int], grad: Tensor, needs:
     wrt = [inputs[i] for i in tensors]
     got = iter(torch.autograd.grad(out, [x for x, need in zip(wrt, needs) if need], grad, create_graph=True,
                                    allow_unused=True))
-    grads = [next(got) if need else None for need in needs]
-    return tuple(torch.zeros_like(x) if need and g is None else g for x, g, need in zip(wrt, grads, needs))
+    return tuple(next(got) if need else None for need in needs)
 
 
 # ----------------------------------------------------------------------------------------------------------

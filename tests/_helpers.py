@@ -1,0 +1,112 @@
+"""Helpers shared by several test modules (a test module imports none of another's names): error measures, the
+switch to the position lambdas' plain-op execution, capability probes and fabricated state dicts."""
+import functools
+import importlib.util
+import inspect
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from timm_lambda.layers import position_lambda
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_file(path, name: str):
+    """The Python file ``path`` (relative to the repository root: a tool under tools/, a stdlib-only copy of a parser)
+    loaded as a new module ``name``, each call afresh (so that patching it touches no other test's copy, nor the
+    module already imported under its own name)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest absolute difference relative to the largest entry of the reference ``b``, in float64."""
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+def force_plain_ops(monkeypatch) -> None:
+    """Run the position lambdas in plain tensor ops (as traces and exports do), not as custom operators, for the rest
+    of the test: the ``plain`` backend through the public override; ``monkeypatch`` restores the choice after."""
+    monkeypatch.setattr(position_lambda.backends, '_backend', position_lambda.get_backend())  # (restored at teardown)
+    position_lambda.set_backend('plain')
+
+
+@functools.lru_cache(maxsize=None)
+def dynamo_onnx_export_error() -> Optional[str]:
+    """None if torch's dynamo ONNX exporter (``torch.onnx.export(dynamo=True)``) exports a plain Conv + BatchNorm
+    here, else why not. tests/test_timm_contract.py skips its dynamo-exporter cases with this reason: the exporter is
+    torch's (with onnxscript), and one that cannot export two torch.nn layers says nothing about timm-lambda.
+    Seen: torch 2.4 has no ``dynamic_shapes`` (TypeError); torch 2.5.1 and 2.6.0 with onnxscript 0.7.2 fail on the
+    BatchNorm (ConversionError; torch 2.6.0 with onnxscript 0.2.5 works); torch 2.14.1 works."""
+    if 'dynamic_shapes' not in inspect.signature(torch.onnx.export).parameters:
+        return (f'torch {torch.__version__}: torch.onnx.export has no dynamic_shapes '
+                '(the dynamo exporter needs torch >= 2.5)')
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        try:
+            torch.onnx.export(model, (torch.randn(1, 3, 8, 8),), str(Path(tmp) / 'bn.onnx'), dynamo=True)
+        except Exception as e:  # torch.onnx's ConversionError
+            import onnxscript
+            return (f'torch {torch.__version__} with onnxscript {onnxscript.__version__}: the dynamo ONNX exporter '
+                    f'cannot export a plain Conv + BatchNorm ({type(e).__name__})')
+    return None
+
+
+def dli14_state_dict(seed: int = 0, num_classes: int = 1000, layers=(3, 4, 6, 3)) -> dict:
+    """A state_dict of d-li14/lambda.pytorch's ImageNet LambdaResNet-50 (tests/test_peer_weights.py) with their key
+    names, order and shapes, filled with random values that keep activations
+    O(1) (BN statistics and affine non-trivial; lambda-convolution biases as large as PyTorch's init allows
+    x 10, so that a missing bias shows)."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+
+    def normal(*shape, std):
+        return torch.randn(*shape, generator=g) * std
+
+    def uniform(n, lo, hi):
+        return torch.rand(n, generator=g) * (hi - lo) + lo
+
+    def conv(name, out_chs, in_chs, k=1):
+        sd[name] = normal(out_chs, in_chs, k, k, std=0.7 * (2.0 / (in_chs * k * k)) ** 0.5)
+
+    def bn(prefix, n, gamma=(0.5, 1.0)):
+        sd[prefix + 'weight'] = uniform(n, *gamma)
+        sd[prefix + 'bias'] = uniform(n, -0.2, 0.2)
+        sd[prefix + 'running_mean'] = uniform(n, -0.1, 0.1)
+        sd[prefix + 'running_var'] = uniform(n, 0.5, 1.5)
+        sd[prefix + 'num_batches_tracked'] = torch.tensor(1000)
+
+    conv('conv1.weight', 64, 3, 7)
+    bn('bn1.', 64)
+    inplanes, nh, dk, du, r = 64, 4, 16, 1, 23
+    for stage, (planes, depth) in enumerate(zip((64, 128, 256, 512), layers), start=1):
+        for i in range(depth):
+            p = f'layer{stage}.{i}.'
+            width, dv = planes, planes // nh
+            conv(p + 'conv1.weight', width, inplanes)
+            bn(p + 'bn1.', width)
+            sd[p + 'conv2.conv_qkv.weight'] = torch.cat([
+                normal(nh * dk, width, 1, 1, std=(dk * width) ** -0.5),
+                normal(dk * du + dv * du, width, 1, 1, std=width ** -0.5)])
+            bn(p + 'conv2.norm_q.', nh * dk)
+            bn(p + 'conv2.norm_v.', dv * du)
+            sd[p + 'conv2.lambda_conv.weight'] = normal(dk, du, 1, r, r, std=0.02)
+            sd[p + 'conv2.lambda_conv.bias'] = uniform(dk, -0.4, 0.4)
+            bn(p + 'bn2.', width)
+            conv(p + 'conv3.weight', planes * 4, width)
+            bn(p + 'bn3.', planes * 4, gamma=(0.2, 0.5))
+            if i == 0:
+                conv(p + 'downsample.0.weight', planes * 4, inplanes)
+                bn(p + 'downsample.1.', planes * 4)
+            inplanes = planes * 4
+    sd['fc.weight'] = normal(num_classes, 2048, std=0.02)
+    sd['fc.bias'] = uniform(num_classes, -0.1, 0.1)
+    return sd
