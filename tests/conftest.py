@@ -19,12 +19,14 @@ os.environ['TIMM_LAMBDA_STRICT'] = '1'
 
 # The longest tests of a CI run (its --durations list), longest first: each starts as soon as a worker is free.
 LONGEST_FIRST = (
-    'test_mmengine_compile_true_on_a_shrunk_table14_config',
-    'test_aoti_package_equals_eager_and_never_aborts',
     'test_quickstart_default_run',
-    'test_train_py_torchcompile_flow',
     'test_shortened_quick_run_beats_chance_clearly',
-    'test_triton_execution_interpreted_equals_the_reference',
+    'test_cuda_core_kernels_interpreted_equal_the_reference_in_float64',
+    'test_model_export_from_one_size_covers_every_size',
+    'test_compiled_training_at_a_second_size_equals_eager',
+    'test_tensor_core_kernels_interpreted_round_as_they_claim',
+    'test_gpu_check_mission_dry_run',
+    'test_aoti_package_of_one_export_equals_eager_at_every_size',
 )
 
 
