@@ -27,6 +27,7 @@ LONGEST_FIRST = (
     'test_tensor_core_kernels_interpreted_round_as_they_claim',
     'test_gpu_check_mission_dry_run',
     'test_aoti_package_of_one_export_equals_eager_at_every_size',
+    'test_two_builds_at_once_then_a_half_written_library_and_a_stale_lock',
 )
 
 
