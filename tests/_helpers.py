@@ -11,8 +11,6 @@ from typing import Optional
 import torch
 from torch import nn
 
-from timm_lambda.layers import position_lambda
-
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -29,13 +27,6 @@ def load_file(path, name: str):
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """The largest absolute difference relative to the largest entry of the reference ``b``, in float64."""
     return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
-
-
-def force_plain_ops(monkeypatch) -> None:
-    """Run the position lambdas in plain tensor ops (as traces and exports do), not as custom operators, for the rest
-    of the test: the ``plain`` backend through the public override; ``monkeypatch`` restores the choice after."""
-    monkeypatch.setattr(position_lambda.backends, '_backend', position_lambda.get_backend())  # (restored at teardown)
-    position_lambda.set_backend('plain')
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,7 +6,7 @@ import statistics
 import pytest
 import torch
 
-from _helpers import force_plain_ops, load_file
+from _helpers import load_file
 from dev.benchmarks.measure import peak_of_memory_events, peak_step_bytes, step_macs
 from timm_lambda.layers import LambdaLayer
 
@@ -65,12 +65,12 @@ def _dense_layer_steps(training: bool):
     return step, logits_bytes
 
 
-def test_dense_form_inference_matches_its_plain_op_form(monkeypatch):
+def test_dense_form_inference_matches_its_plain_op_form(backend):
     """Forward without grad: the custom operator computes the same logits and product as the plain ops,
     so the peaks agree (the forms build the embedding differently: 2% here); both hold the logits."""
     step, logits_bytes = _dense_layer_steps(training=False)
     kernel_peak = peak_step_bytes(step)
-    force_plain_ops(monkeypatch)
+    backend('plain')
     plain_peak = peak_step_bytes(step)
     assert plain_peak >= logits_bytes
     assert kernel_peak == pytest.approx(plain_peak, rel=0.05), (kernel_peak / MIB, plain_peak / MIB)

@@ -115,7 +115,7 @@ def test_no_build_one_warning_naming_the_command(monkeypatch, tmp_path, backend)
     monkeypatch.setattr(cpp_extension, 'load', _raise(AssertionError('no build at run time')))
     from timm_lambda.layers.position_lambda import backends, execution
     monkeypatch.setattr(execution, '_WARNED', set())
-    backend('auto')  # asks the kernel's availability again
+    backend('auto')
     q, v, table = torch.randn(1, 2, 3, 5, 6), torch.randn(1, 4, 5, 6), torch.randn(3, 1, 5, 5)
     backends.served_backends(reset=True)
     with warnings.catch_warnings(record=True) as caught:

@@ -13,7 +13,6 @@ from _cases import CASES, FORMS, IDS
 from _cases import call as _call
 from _cases import content_reference as _content_reference
 from _cases import inputs as _inputs
-from _helpers import force_plain_ops
 from reference import position_term_reference, tiled_operator_reference
 from timm_lambda._env import env_flag
 from timm_lambda.layers import LambdaLayer
@@ -556,12 +555,12 @@ def _second_order(impl, stride, penalised):
 @pytest.mark.parametrize('penalised', sorted(_PENALISED))
 @pytest.mark.parametrize('stride', [1, 2])
 @pytest.mark.parametrize('impl', ['dense', 'tiled'])
-def test_a_disconnected_second_order_gradient_is_none_as_in_the_plain_op_forms(impl, stride, penalised, monkeypatch):
+def test_a_disconnected_second_order_gradient_is_none_as_in_the_plain_op_forms(impl, stride, penalised, backend):
     """The custom operators (tiled at stride 1: the content lambda inside the operator) against the same form in plain
     ops and the einsum form: None for the same inputs, equal values for the others."""
     ops = _second_order(impl, stride, penalised)
     einsum = _second_order('einsum', stride, penalised)
-    force_plain_ops(monkeypatch)
+    backend('plain')
     plain = _second_order(impl, stride, penalised)
     for name, got, same_form, other_form in zip(_DB_NAMES, ops, plain, einsum):
         assert (got is None) == (same_form is None) == (other_form is None), name

@@ -98,7 +98,6 @@ def _broken_triton(monkeypatch):
     monkeypatch.setattr(tiled_triton, 'INTERPRETED', True)
     monkeypatch.setattr(tiled_triton, '_LAUNCHED', False)
     monkeypatch.setattr(cpu_kernel, 'unavailable', lambda: 'out of the way for this test')
-    monkeypatch.setattr(backends, '_availability', {})
     monkeypatch.setattr(backends, '_failed', {})
     monkeypatch.setattr(execution, '_WARNED', set())
 

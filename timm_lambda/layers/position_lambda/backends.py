@@ -53,7 +53,6 @@ SMALL_CALL = 4096  # queries (images x output positions) up to which 'auto' runs
 _backend = env_choice('TIMM_LAMBDA_BACKEND', ('auto',) + BACKENDS, 'auto', flags=False)
 _strict = env_flag('TIMM_LAMBDA_STRICT', False)
 _failed: Dict[str, str] = {}  # backend -> why it failed at run time in this process (not in strict mode)
-_availability: Dict[str, Optional[str]] = {}  # 'cpu_kernel' / 'triton' -> why its kernels cannot run here
 _SERVED: 'collections.Counter[Tuple[str, str, str, str]]' = collections.Counter()
 
 
@@ -65,7 +64,6 @@ def set_backend(backend: str = 'auto', strict: Optional[bool] = None) -> None:
     if backend not in ('auto',) + BACKENDS:
         raise ValueError(f"backend must be 'auto' or one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
     _backend = backend
-    _availability.clear()  # asked again: a kernel may have been built since
     if strict is not None:
         _strict = bool(strict)
 
@@ -105,22 +103,18 @@ def _triton_cannot(call: Call, dtypes) -> Optional[str]:
         return "needs CUDA tensors (or Triton's interpreter, TRITON_INTERPRET=1)"
     if call.dtype not in dtypes:
         return f"computes {', '.join(map(_dtype_name, dtypes))}"
-    return _unavailable('triton')
+    return tiled_triton.unavailable()
 
 
-def _unavailable(kernels: str) -> Optional[str]:
-    """Why the ``'cpu_kernel'`` or ``'triton'`` kernels cannot run in this process (None: they can), asked once."""
-    if kernels not in _availability:
-        _availability[kernels] = (cpu_kernel if kernels == 'cpu_kernel' else tiled_triton).unavailable()
-        if kernels == 'cpu_kernel' and _availability[kernels] is not None:  # a CPU call without its fast kernel
-            warn_once('cpu_kernel', _availability[kernels])
-    return _availability[kernels]
+def _forms_of(backend: str) -> str:
+    forms = _FORMS_OF[backend]
+    return ' and '.join(forms) + (' forms' if len(forms) > 1 else ' form')
 
 
 def _cannot(backend: str, call: Call) -> Optional[str]:
     """Why ``backend`` cannot compute ``call`` at all (None: it can)."""
     if call.form not in _FORMS_OF[backend]:
-        return f"computes the {' and '.join(_FORMS_OF[backend])} form{'s' * (len(_FORMS_OF[backend]) > 1)}"
+        return f'computes the {_forms_of(backend)}'
     if backend in _failed:
         return _failed[backend]
     if backend == 'cpu_kernel':
@@ -128,7 +122,10 @@ def _cannot(backend: str, call: Call) -> Optional[str]:
             return 'needs CPU tensors'
         if call.dtype not in _FLOATS:
             return 'computes float16, bfloat16, float32 and float64'
-        return _unavailable('cpu_kernel')
+        reason = cpu_kernel.unavailable()  # (looked up once per process by cpu_kernel)
+        if reason is not None:  # a CPU call without its fast kernel: say so once
+            warn_once('cpu_kernel', reason)
+        return reason
     if backend == 'triton_tc':
         return _triton_cannot(call, (torch.float16, torch.bfloat16, torch.float32))
     if backend == 'triton_fma':
@@ -219,9 +216,9 @@ def _dispatch(impl: str, q: Tensor, height: int, width: int, table_h: int, table
     context = recorder()
     form = choose_form(impl, height, width, table_h, table_w, global_scope, context in ('jit.trace', 'torch.export'))
     if _backend != 'auto' and form not in _FORMS_OF[_backend]:
-        forms = ' and '.join(_FORMS_OF[_backend]) + (' forms' if len(_FORMS_OF[_backend]) > 1 else ' form')
-        raise ValueError(f"timm_lambda: the position-lambda backend {_backend!r} computes the {forms}, not "
-                         f"{form!r}: choose the layer's impl accordingly, or set_backend('auto')")
+        raise ValueError(f"timm_lambda: the position-lambda backend {_backend!r} computes the "
+                         f"{_forms_of(_backend)}, not {form!r}: choose the layer's impl accordingly, or "
+                         "set_backend('auto')")
     if context == 'torch.func' and form in ('dense', 'tiled') and _backend != 'plain':
         warn_once('functorch', 'inside torch.func transforms the position lambdas run as plain tensor ops (the '
                                'custom operators have no batching rules): correct, but slower and with more memory')

@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
 from . import backends
-from .execution import warn_once
+from .execution import compiled_copy, warn_once
 from .plain_ops import dense_plain, operator_content_term, tile, tiled_plain, to_blocks
 
 __all__ = ['dense_op', 'tiled_op']
@@ -79,7 +79,7 @@ def _plain_vjp(plain, inputs: list, tensors: Sequence[int], grad: Tensor, needs:
     An input that ``plain`` does not reach gets None, as autograd gives it for the plain-op form: a backward's None
     is autograd's zero gradient, and the input's gradient stays None where nothing else reaches it (zeros would
     leave ``.grad`` a tensor and make ``torch.autograd.grad`` without ``allow_unused`` return where the plain-op form
-    raises). tests/test_double_backward.py compares with the plain-op forms."""
+    raises). tests/test_position_lambda.py compares with the plain-op forms."""
     warn_once('create_graph', 'higher-order gradients (create_graph=True) differentiate the plain-op form of the '
                               'position lambdas: correct, but slower and with more memory than the custom operators')
     with torch.enable_grad():
@@ -131,8 +131,7 @@ _register(_dense, _dense_backward, dense_plain, _dense_flops)
 @torch.jit.unused
 def dense_op(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
     """:func:`.plain_ops.dense_plain` by the custom operator."""
-    if torch.compiler.is_compiling():  # copies, not views: see .execution.compiled_copy (no export runs an operator)
-        q, v, emb = (x.clone(memory_format=torch.contiguous_format) for x in (q, v, emb))
+    q, v, emb = compiled_copy(q), compiled_copy(v), compiled_copy(emb)  # compiled: copies, not views
     return _dense(q, v.to(q.dtype), emb.to(q.dtype), heads)
 
 
@@ -205,6 +204,5 @@ def tiled_op(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[T
     """:func:`.plain_ops.tiled_plain` by the custom operator, in the layer's layouts: ``q [B, h, c, Ho, Wo]``,
     ``v [B, u V, H, W]``, ``table [c, u, K_h, K_w]``, optionally a content lambda ``[B, c, V]`` applied to the same
     queries -> ``[B, h V, Ho, Wo]`` (see the comment above ``_tiled``)."""
-    if torch.compiler.is_compiling():  # copies, not views: see .execution.compiled_copy (no export runs an operator)
-        q, v = q.clone(memory_format=torch.contiguous_format), v.clone(memory_format=torch.contiguous_format)
+    q, v = compiled_copy(q), compiled_copy(v)  # compiled: copies, not views
     return _tiled(q, v.to(q.dtype), table.to(q.dtype), step, None if content is None else content.to(q.dtype))

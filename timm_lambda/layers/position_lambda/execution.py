@@ -7,7 +7,7 @@ import torch
 
 from ..._compat import DYNAMO_FOLDS_FUNCTORCH_FLAG
 
-__all__ = ['size_independent', 'is_exporting', 'functorch_active', 'contiguous', 'compiled_copy', 'warn_once',
+__all__ = ['is_exporting', 'functorch_active', 'contiguous', 'compiled_copy', 'warn_once',
            'recorder', 'BackendUnusable']
 
 
@@ -52,11 +52,6 @@ def compiled_copy(x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() and not is_exporting():
             return x.clone(memory_format=torch.contiguous_format)
     return x
-
-
-def size_independent() -> bool:
-    """True while a size-specialising tracer records the graph (jit.trace, legacy ONNX, torch.export)."""
-    return not torch.jit.is_scripting() and (torch.jit.is_tracing() or is_exporting())
 
 
 def recorder() -> Optional[str]:

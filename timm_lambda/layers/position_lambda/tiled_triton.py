@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .execution import BackendUnusable
-from .plain_ops import content_term, operator_content_grads
+from .plain_ops import operator_content_grads, operator_content_term
 
 __all__ = ['forward', 'backward', 'unavailable', 'INTERPRETED', 'LAUNCHES']
 
@@ -373,7 +373,7 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
         logits = _logits(q[b0:b0 + n], table)
         _launch(k['query_rows'], (k['triton'].cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], y[b0:b0 + n],
                 height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, False)
-    return y if content is None else y + content_term(content.to(q.dtype), q.reshape(b, h, c, ho * wo), ho, wo)
+    return y if content is None else y + operator_content_term(q, content)
 
 
 def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None,
