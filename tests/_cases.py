@@ -18,6 +18,8 @@ CASES = [
     (2, 7, 5, 2, 3, 2, 4, None, 2, False, 16),
     (1, 20, 19, 5, 9, 1, 43, 7, 1, False, 512),     # the CPU kernel's vector paths: 4 + 1 heads, |v| 32 + 8 + 3
     (2, 13, 14, 4, 3, 2, 24, 5, 2, False, 512),
+    (1, 11, 13, 2, 3, 2, 4, 5, 2, False, 64),       # pooled, a scope smaller than the map: small for the interpreter
+    (1, 10, 9, 5, 9, 1, 43, 7, 1, False, 512),      # 5 heads and |v| 43 on a small map (the interpreter)
 ]
 IDS = [f'B{c[0]}_{c[1]}x{c[2]}_u{c[5]}_{"global" if c[7] is None else "scope%d" % c[7]}_s{c[8]}' for c in CASES]
 

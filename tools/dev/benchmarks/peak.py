@@ -1,11 +1,18 @@
 """The CPU's float32 multiply-add limit, measured: the yardstick for the GMAC/s of ``tools/benchmark_*.py``.
 
 A register-only loop (twelve independent vector accumulators per thread, ``-O3 -march=native``, GCC/Clang vector
-extensions: whatever the machine's widest FMA is) on every thread torch uses; no memory traffic, so it is the most
-multiply-adds per second that any kernel, oneDNN's convolution included, can reach on these threads. Built with the
-machine's C++ compiler on first use (like the tiled form's CPU kernel); None where that fails.
+extensions: whatever the machine's widest FMA is) on every thread torch uses (OpenMP); no memory traffic, so it is the
+most multiply-adds per second that any kernel, oneDNN's convolution included, can reach on these threads. Plain C
+loaded by ctypes, built with the machine's C compiler on first use (under a second: no torch headers) into
+``~/.cache/timm-lambda/peak/``; None where that fails.
 """
+import ctypes
 import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
 import time
 from typing import Optional
 
@@ -14,56 +21,65 @@ import torch
 __all__ = ['fma_peak_gmacs']
 
 _SOURCE = r'''
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
 typedef float vec16 __attribute__((vector_size(64)));
-// acc = acc * x + y on twelve independent accumulators, iters times, on every thread; returns a sum (kept live)
-double fma_loop(int64_t iters) {
-  const int64_t n = at::get_num_threads();
-  std::vector<double> out(n, 0.0);
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      vec16 a[12];
-      for (int i = 0; i < 12; ++i) a[i] = vec16{} + (float)(i + t);
-      const vec16 x = vec16{} + 0.999999f, y = vec16{} + 1e-6f;
-      for (int64_t k = 0; k < iters; ++k)
-        for (int i = 0; i < 12; ++i) a[i] = a[i] * x + y;
-      for (int i = 0; i < 12; ++i) out[t] += a[i][0];
-    }
-  });
+/* acc = acc * x + y on twelve independent accumulators, iters times, on each of threads threads; returns a sum
+   (kept live) */
+double fma_loop(long long iters, int threads) {
   double s = 0;
-  for (double v : out) s += v;
+  #pragma omp parallel for num_threads(threads) reduction(+:s)
+  for (int t = 0; t < threads; ++t) {
+    vec16 a[12];
+    for (int i = 0; i < 12; ++i) a[i] = (vec16){} + (float)(i + t);
+    const vec16 x = (vec16){} + 0.999999f, y = (vec16){} + 1e-6f;
+    for (long long k = 0; k < iters; ++k)
+      for (int i = 0; i < 12; ++i) a[i] = a[i] * x + y;
+    for (int i = 0; i < 12; ++i) s += a[i][0];
+  }
   return s;
 }
 '''
+_FLAGS = ['-O3', '-march=native', '-ffp-contract=fast', '-fopenmp', '-shared', '-fPIC']
 
 
 @functools.lru_cache(maxsize=None)
-def _module():
-    from torch.utils import cpp_extension
-    try:
-        return cpp_extension.load_inline('timm_lambda_fma_peak', cpp_sources=_SOURCE, functions=['fma_loop'],
-                                         extra_cflags=['-O3', '-march=native', '-ffp-contract=fast', '-fopenmp'],
-                                         extra_ldflags=['-fopenmp'])
-    except Exception:  # no compiler: no yardstick
+def _library():
+    compiler = shutil.which(os.environ.get('CC', 'cc')) or shutil.which('gcc')
+    if compiler is None:
         return None
+    tag = hashlib.sha1((_SOURCE + ' '.join(_FLAGS) + compiler).encode()).hexdigest()[:12]
+    folder = os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'timm-lambda', 'peak')
+    path = os.path.join(folder, f'fma_peak_{tag}.so')
+    try:
+        if not os.path.exists(path):
+            os.makedirs(folder, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                src, out = os.path.join(tmp, 'peak.c'), os.path.join(tmp, 'peak.so')
+                with open(src, 'w') as f:
+                    f.write(_SOURCE)
+                subprocess.run([compiler, *_FLAGS, src, '-o', out], check=True, capture_output=True)
+                os.replace(out, path)  # atomic: a concurrent build loads one whole library or the other
+        lib = ctypes.CDLL(path)
+    except (OSError, subprocess.CalledProcessError):  # no working compiler or OpenMP: no yardstick
+        return None
+    lib.fma_loop.argtypes, lib.fma_loop.restype = [ctypes.c_longlong, ctypes.c_int], ctypes.c_double
+    return lib
 
 
 def fma_peak_gmacs(seconds: float = 0.3, rounds: int = 5) -> Optional[float]:
     """Float32 multiply-adds per second (G) on ``torch.get_num_threads()`` threads: the best of ``rounds`` runs of
     about ``seconds`` each."""
-    module = _module()
-    if module is None:
+    lib = _library()
+    if lib is None:
         return None
     threads, per_iter = torch.get_num_threads(), 12 * 16
     iters = 1 << 16
-    module.fma_loop(iters)
+    lib.fma_loop(iters, threads)
     t = time.perf_counter()
-    module.fma_loop(iters)
+    lib.fma_loop(iters, threads)
     iters = max(iters, int(iters * seconds / max(time.perf_counter() - t, 1e-6)))
     best = float('inf')
     for _ in range(rounds):
         t = time.perf_counter()
-        module.fma_loop(iters)
+        lib.fma_loop(iters, threads)
         best = min(best, time.perf_counter() - t)
     return threads * iters * per_iter / best / 1e9
