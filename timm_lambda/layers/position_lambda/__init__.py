@@ -6,6 +6,7 @@ chooses (:func:`set_backend` overrides it, :func:`served_backends` says which ra
 their operands here: ``q [B, h, k, n]``, ``v [B, u, V, n]`` into those of :mod:`.plain_ops` or :mod:`.custom_ops` and
 the result back to ``[B, h V, H_out, W_out]`` (a strided view where that saves a copy).
 """
+import functools
 from typing import List, Optional
 
 import torch
@@ -87,23 +88,47 @@ def _dense(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, masked:
 
 def _pooled_table(table: Tensor) -> Tensor:
     """The nine shifted tables of a 3x3 average pool: ``[9 k, u, K_h + 2, K_w + 2]``, rows ``(dy, dx, k)``,
-    ``out[(d, k), u, e] = table[k, u, e - d]`` (zero outside)."""
-    return torch.cat([F.pad(table, [d % 3, 2 - d % 3, d // 3, 2 - d // 3]) for d in range(9)], 0)  # d = (dy, dx)
+    ``out[(d, k), u, e] = table[k, u, e - d]`` (zero outside): windows of the table padded by 2 (window ``2 - d``),
+    by one pad, one flip and one copy (a launch each: the nine pads and their concatenation were 10, and 18 in the
+    backward)."""
+    k, u, kh, kw = table.shape[0], table.shape[1], table.shape[2], table.shape[3]
+    padded = F.pad(table, [2, 2, 2, 2])  # [k, u, K_h + 4, K_w + 4]
+    windows = padded.unfold(2, kh + 2, 1).unfold(3, kw + 2, 1)  # [k, u, 3 (2 - dy), 3 (2 - dx), K_h + 2, K_w + 2]
+    return windows.flip([2, 3]).permute(2, 3, 0, 1, 4, 5).reshape(9 * k, u, kh + 2, kw + 2)
 
 
 def _query_patches(q: Tensor, height: int, width: int) -> Tensor:
     """The 3x3 patches of the queries at the stride-2 output positions: ``q [B, h, k, H W]`` ->
     ``[B, h, 9 k, Ho, Wo]``, channels ``(dy, dx, k)``, patch ``(dy, dx)`` of output ``(oy, ox)`` the query at
-    ``(2 oy - 1 + dy, 2 ox - 1 + dx)`` (zero outside the map)."""
+    ``(2 oy - 1 + dy, 2 ox - 1 + dx)`` (zero outside the map): one pad, windows as views, one copy."""
     b, h, k = q.shape[0], q.shape[1], q.shape[2]
     ho, wo = (height + 1) // 2, (width + 1) // 2
-    qp = F.pad(q.reshape(b, h * k, height, width), [1, 2 * wo - width, 1, 2 * ho - height]).view(
-        b, h, k, 2 * ho + 1, 2 * wo + 1)
-    patch: List[Tensor] = []
-    for dy in range(3):
-        for dx in range(3):
-            patch.append(qp[:, :, :, dy:dy + 2 * ho:2, dx:dx + 2 * wo:2])
-    return torch.stack(patch, 2).reshape(b, h, 9 * k, ho, wo)
+    qp = F.pad(q.reshape(b, h * k, height, width), [1, 2 * wo - width, 1, 2 * ho - height])
+    patches = qp.unfold(2, 3, 2).unfold(3, 3, 2)  # [B, h k, Ho, Wo, 3 (dy), 3 (dx)]
+    return patches.reshape(b, h, k, ho, wo, 3, 3).permute(0, 1, 5, 6, 2, 3, 4).reshape(b, h, 9 * k, ho, wo)
+
+
+def _in_image_counts(height: int, width: int, like: Tensor) -> Tensor:
+    """``[Ho, Wo]``: the in-image inputs of each stride-2 output's 3x3 window (whole numbers, exact in every dtype), in
+    ``like``'s dtype and device: built once a size in eager mode (a dozen small launches fewer a step), in the graph
+    where one is recorded."""
+    if not torch.jit.is_scripting():
+        if not torch.compiler.is_compiling():
+            return _in_image_counts_cached(height, width, like.device, like.dtype)
+    return _count_in_image(height, width, like.device, like.dtype)
+
+
+@functools.lru_cache(maxsize=32)
+def _in_image_counts_cached(height: int, width: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    return _count_in_image(height, width, device, dtype)
+
+
+def _count_in_image(height: int, width: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    ho, wo = (height + 1) // 2, (width + 1) // 2
+    oy, ox = torch.arange(ho, device=device), torch.arange(wo, device=device)
+    in_rows = 3 - (oy == 0).to(dtype) - (2 * oy + 1 >= height).to(dtype)
+    in_cols = 3 - (ox == 0).to(dtype) - (2 * ox + 1 >= width).to(dtype)
+    return in_rows[:, None] * in_cols[None, :]
 
 
 def _tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride: int, count_include_pad: bool,
@@ -149,13 +174,8 @@ def _tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride:
         # block', a reshape to [.., ho, wo] on ho * wo != 1)
         y = y.reshape(b, blocks_y * blocks_x * t * t, h * dv)[:, row].permute(0, 3, 1, 2)
     if stride == 2:
-        if count_include_pad:
-            y = y / 9
-        else:  # average over the in-image inputs of each output
-            oy, ox = torch.arange(ho, device=q.device), torch.arange(wo, device=q.device)
-            in_rows = 3 - (oy == 0).to(y.dtype) - (2 * oy + 1 >= height).to(y.dtype)
-            in_cols = 3 - (ox == 0).to(y.dtype) - (2 * ox + 1 >= width).to(y.dtype)
-            y = y / (in_rows[:, None] * in_cols[None, :])
+        # average over the 9 window positions, or over the in-image ones
+        y = y / 9 if count_include_pad else y / _in_image_counts(height, width, y)
     return y
 
 

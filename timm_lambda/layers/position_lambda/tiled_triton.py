@@ -83,7 +83,8 @@ def _kernels():
     def _query_rows(l_ptr, v_ptr, y_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, STEP: tl.constexpr, ACC: tl.constexpr,
                     BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_V: tl.constexpr, LOGIT_GRAD: tl.constexpr):
         """Rows (head, query) of one output row segment against every in-image scope offset. Forward: ``y`` from
-        the logits ``l``. ``LOGIT_GRAD``: ``l`` (zero-initialised) from the output gradient ``y``."""
+        the logits ``l``. ``LOGIT_GRAD``: ``l`` from the output gradient ``y``, every scope offset of the rows written
+        (zero off the image)."""
         ox0, oy, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1), tl.program_id(2).to(tl.int64)
         r = tl.arange(0, BLOCK_Q * BLOCK_H)
         hd, ox = r // BLOCK_Q, ox0 + r % BLOCK_Q
@@ -108,10 +109,14 @@ def _kernels():
                         vg = tl.load(v_ptr + v_base + vv[None, :] * hw + row * W + col[:, None],
                                      mask=m[:, None] & vmask[None, :], other=0.0).to(ACC)
                         l_at = l_ptr + l_row + ((u * KH + ky) * KW + kx) * howo
-                        if LOGIT_GRAD:
-                            tl.store(l_at, tl.sum(g * vg, axis=1).to(l_ptr.dtype.element_ty), mask=m)
+                        if LOGIT_GRAD:  # zero off the image (vg is): every offset written, no zero-filled buffer
+                            tl.store(l_at, tl.sum(g * vg, axis=1).to(l_ptr.dtype.element_ty), mask=rmask)
                         else:
                             acc += tl.load(l_at, mask=m, other=0.0).to(ACC)[:, None] * vg
+                elif LOGIT_GRAD:  # a scope row off the image: zero gradients
+                    for kx in range(KW):
+                        tl.store(l_ptr + l_row + ((u * KH + ky) * KW + kx) * howo,
+                                 tl.zeros([BLOCK_Q * BLOCK_H], l_ptr.dtype.element_ty), mask=rmask)
         if not LOGIT_GRAD:
             tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
 
@@ -157,8 +162,9 @@ def _kernels():
         values), against the ``BLOCK_W`` value columns that hold their scopes, one scope row at a time. Forward:
         ``y += A V`` with ``A[(h, q), w] = L[h, q, ky, w - STEP q]`` gathered from the query-major compact logits
         (zero off the band), plus ``q lambda^c`` with ``CONTENT``. ``LOGIT_GRAD``: ``dA = dY V^T``, its band
-        stored into ``l`` (``y`` holds ``dY``). ``WIDEN``: 16-bit tiles widened to float32 before each product
-        (exact; Triton's interpreter has no bfloat16 matmul)."""
+        stored into ``l`` (``y`` holds ``dY``), every scope offset of the rows written (zero off the image).
+        ``WIDEN``: 16-bit tiles widened to float32 before each product (exact; Triton's interpreter has no bfloat16
+        matmul)."""
         ox0, oy, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1), tl.program_id(2).to(tl.int64)
         r = tl.arange(0, BLOCK_H * BLOCK_Q)
         hd, j = r // BLOCK_Q, r % BLOCK_Q
@@ -190,7 +196,7 @@ def _kernels():
                     if WIDEN:
                         vt = vt.to(tl.float32)
                     l_at = l_ptr + l_row[:, None] + (u * KH + ky) * KW + kx
-                    if LOGIT_GRAD:
+                    if LOGIT_GRAD:  # zero at the columns off the image (vt is)
                         da = tl.dot(g, tl.trans(vt), input_precision=PREC)
                         tl.store(l_at, da.to(l_ptr.dtype.element_ty), mask=kmask)
                     else:
@@ -198,6 +204,9 @@ def _kernels():
                         if WIDEN:
                             a = a.to(tl.float32)
                         acc = tl.dot(a, vt, acc, input_precision=PREC)
+                elif LOGIT_GRAD:  # a scope row off the image: zero gradients (no zero-filled buffer)
+                    tl.store(l_ptr + l_row[:, None] + (u * KH + ky) * KW + kx,
+                             tl.zeros([BLOCK_H * BLOCK_Q, BLOCK_W], l_ptr.dtype.element_ty), mask=kmask)
         if not LOGIT_GRAD:
             if CONTENT:
                 cc = tl.arange(0, BLOCK_C)
@@ -378,27 +387,24 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
 
 def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None,
              tensor_cores: bool = True, chunk_elements: int = 1 << 26):
-    """The gradients of ``q``, ``v``, ``table`` (contiguous; the table's summed in float32 or float64) and the content
-    lambda (an empty tensor without one; its term's gradients by matmuls)."""
-    gq, gv, gt = _position_backward(gy, q, v, table, step, tensor_cores, chunk_elements)
-    if content is None:
-        return gq, gv, gt, v.new_empty(0)
-    gq_content, gcontent = operator_content_grads(gy, q, content)
-    return gq_content + gq, gv, gt, gcontent
-
-
-def _position_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, tensor_cores: bool,
-                       chunk_elements: int):
+    """The gradients of ``q``, ``v``, ``table`` (contiguous; the table's summed in float32 or float64 over chunks)
+    and the content lambda (an empty tensor without one). The content term's ``dq`` enters the GEMM that gives the
+    position term's (one launch fewer); its ``dcontent`` is one matmul."""
     b, h, c, ho, wo, u, kh, kw, dv, height, width, acc, k = _meta(q, v, table)
     q, v, table, gy = q.contiguous(), v.contiguous(), table.contiguous(), gy.contiguous()
     gq, gv = torch.empty_like(q), torch.empty_like(v)
-    gt = torch.zeros(c, u * kh * kw, dtype=torch.promote_types(table.dtype, torch.float32), device=q.device)
+    gcontent = v.new_empty(0)
+    if content is not None:
+        gq_content, gcontent = operator_content_grads(gy, q, content)
     if q.numel() == 0 or v.numel() == 0:
-        return gq.zero_(), gv.zero_(), gt.to(table.dtype).view_as(table)
+        gq = gq.zero_() if content is None else gq_content.contiguous()
+        return gq, gv.zero_(), table.new_zeros(table.shape), gcontent
     if PREFILL_NAN:
         gq.fill_(float('nan')), gv.fill_(float('nan'))
     cdiv = k['triton'].cdiv
     rm = table.view(c, u * kh * kw)
+    chunks = _chunks(b, h * u * kh * kw * ho * wo, chunk_elements)
+    gt = None  # the table's gradient: [c, u K_h K_w], summed over chunks in float32 (float64) where there are several
     if tensor_cores:
         prec = _precision(q.dtype)
         bq, bh, bw = _tc_row_tiles(h, wo, kw, step)
@@ -406,34 +412,54 @@ def _position_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: in
         bv = _pow2(dv, 16)
         widen = _widen(q.dtype)
         gvw = gv.float() if widen else gv
-        for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
-            qc, gyc = q[b0:b0 + n], gy[b0:b0 + n]
+    else:
+        bq, bh, bv = _row_tiles(h, wo, dv)
+        bp = max(1, min(_pow2(-(-width // step)), 4096 // bv))
+    for b0, n in chunks:
+        qc, gyc = q[b0:b0 + n], gy[b0:b0 + n]
+        if tensor_cores:
             logits = _query_major_logits(qc, table)  # [n h, Ho Wo, u K_h K_w]
             _launch(k['tc_value_grad'], (cdiv(width, bp), height, n * u), logits, gyc, gvw[b0:b0 + n],
                     height, width, ho, wo, h, u, dv, kh, kw, step, prec, bp, bwv, bv, widen,
                     num_warps=_warps(bp * bv, bp * bwv, bwv * bv))
-            gl = torch.zeros(logits.shape, dtype=torch.float32 if widen else logits.dtype, device=logits.device)
+            gl = torch.empty(logits.shape, dtype=torch.float32 if widen else logits.dtype, device=logits.device)
+            if PREFILL_NAN:
+                gl.fill_(float('nan'))
             _launch(k['tc_rows'], (cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc, qc, gl,
                     height, width, ho, wo, h, u, dv, c, kh, kw, step, prec, bq, bh, bw, bv, 16, True, False,
                     widen, num_warps=_warps(bh * bq * bv, bh * bq * bw))
             gl = gl.to(logits.dtype)  # the logit gradients in the 16-bit dtype, as a matmul's backward has them
-            torch.bmm(rm.expand(n * h, *rm.shape), gl.transpose(1, 2), out=gq[b0:b0 + n].view(n * h, c, ho * wo))
+            gl_t = gl.transpose(1, 2)  # [n h, u K_h K_w, Ho Wo]
+            flat = gl.view(n * h * ho * wo, -1)  # [(n h Ho Wo), u K_h K_w]
+        else:
+            logits = _logits(qc, table)  # [n, h, u K_h K_w, Ho, Wo]
+            _launch(k['value_grad'], (cdiv(width, step * bp) * step, height, n * u), logits, gyc, gv[b0:b0 + n],
+                    height, width, ho, wo, h, u, dv, kh, kw, step, acc, bp, bv)
+            gl = torch.empty_like(logits)
+            if PREFILL_NAN:
+                gl.fill_(float('nan'))
+            _launch(k['query_rows'], (cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc,
+                    height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, True)
+            gl_t = gl.view(n * h, u * kh * kw, ho * wo)
+            flat = None
+        # dq = R dL (+ the content term's dq, in the same GEMM)
+        gq_c = gq[b0:b0 + n].view(n * h, c, ho * wo)
+        rm_b = rm.expand(n * h, *rm.shape)
+        if content is None:
+            torch.bmm(rm_b, gl_t, out=gq_c)
+        else:
+            torch.baddbmm(gq_content[b0:b0 + n].reshape(n * h, c, ho * wo), rm_b, gl_t, out=gq_c)
+        # dR = sum over images, heads and queries of q dL^T
+        if flat is not None:
             qt = qc.reshape(n * h, c, ho * wo).transpose(0, 1).reshape(c, n * h * ho * wo)
-            gt += torch.mm(qt, gl.view(n * h * ho * wo, -1)).to(gt.dtype)
-        if widen:
-            gv.copy_(gvw)
-        return gq, gv, gt.to(table.dtype).view_as(table)
-    bq, bh, bv = _row_tiles(h, wo, dv)
-    bp = max(1, min(_pow2(-(-width // step)), 4096 // bv))
-    for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
-        qc, gyc = q[b0:b0 + n], gy[b0:b0 + n]
-        logits = _logits(qc, table)
-        _launch(k['value_grad'], (cdiv(width, step * bp) * step, height, n * u), logits, gyc, gv[b0:b0 + n],
-                height, width, ho, wo, h, u, dv, kh, kw, step, acc, bp, bv)
-        gl = torch.zeros_like(logits)
-        _launch(k['query_rows'], (cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc,
-                height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, True)
-        gl = gl.view(n * h, u * kh * kw, ho * wo)
-        torch.bmm(rm.expand(n * h, *rm.shape), gl, out=gq[b0:b0 + n].view(n * h, c, ho * wo))
-        gt += torch.bmm(gl, qc.reshape(n * h, c, ho * wo).transpose(1, 2)).to(gt.dtype).sum(0).t()
-    return gq, gv, gt.to(table.dtype).view_as(table)
+            part = torch.mm(qt, flat)
+        else:
+            part = torch.bmm(gl_t, qc.reshape(n * h, c, ho * wo).transpose(1, 2)).sum(0).t()
+        if len(chunks) == 1:
+            gt = part
+        else:
+            part = part.to(torch.promote_types(table.dtype, torch.float32))
+            gt = part if gt is None else gt.add_(part)
+    if tensor_cores and widen:
+        gv.copy_(gvw)
+    return gq, gv, gt.to(table.dtype).view_as(table), gcontent

@@ -1,0 +1,144 @@
+"""Count the kernels one lambda layer launches per step, on a CPU: the host-side cost that dominates the layer on a GPU
+at small batches (docs/benchmarks.md, "GPU": the tensor-core layer took 4-5x the conv eagerly and 1.95x replayed from
+a CUDA graph). Every aten operator that runs a kernel (views, allocations and other metadata-only operators left out)
+and every Triton launch, in a training step (forward and backward) and an eval forward, at LambdaResNet-101's three
+lambda-layer shapes (maps shrunk: the counts do not depend on the map size), next to a 3x3 convolution's.
+
+The Triton backends run under Triton's interpreter (``TRITON_INTERPRET=1``, set here before the package loads): the
+launches are those a GPU would get, the times are not. Counts, not times: the same on every machine.
+
+    python tools/count_launches.py [--backends triton_tc gemm ...] [--json docs/results/launches.json]
+"""
+import os
+
+os.environ.setdefault('TRITON_INTERPRET', '1')  # before timm_lambda loads: the Triton kernels run on CPU tensors
+
+import argparse  # noqa: E402
+import collections  # noqa: E402
+import json  # noqa: E402
+import shlex  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+from torch._library.custom_ops import OPDEFS  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from timm_lambda.layers import LambdaLayer, set_backend  # noqa: E402
+from timm_lambda.layers.position_lambda import tiled_triton  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# LambdaResNet-101's lambda layers at 1024 px (c4 256 ch 64x64; c5's first, 512 ch stride 2; c5 512 ch 32x32), maps
+# shrunk to keep the interpreter quick
+SHAPES = [('c4 256ch', 256, 1, 12), ('c5 512ch stride 2', 512, 2, 12), ('c5 512ch', 512, 1, 8)]
+_NO_KERNEL = {'empty', 'empty_like', 'empty_strided', 'new_empty', 'new_empty_strided', 'detach', 'lift_fresh',
+              'alias', 'promote_types', '_unsafe_view', 'set_', 'resize_', 'sym_size', 'sym_stride', 'sym_numel',
+              'is_same_size'}
+
+
+class Kernels(TorchDispatchMode):
+    """Counts the aten operators that run a kernel, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.paused = collections.Counter(), False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if self.paused:  # the Triton interpreter's own copies to and from its host buffers
+            return func(*args, **(kwargs or {}))
+        if func.namespace == 'timm_lambda':  # this package's operators: the kernels their implementation runs
+            with self:
+                return OPDEFS[func._schema.name]._init_fn(*args, **(kwargs or {}))
+        if not (func.is_view or name in _NO_KERNEL):
+            self.ops[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _launch_uncounted(launch):
+    def run(*args, **kwargs):
+        mode = _COUNTING[-1] if _COUNTING else None
+        if mode is not None:
+            mode.paused = True
+        try:
+            return launch(*args, **kwargs)
+        finally:
+            if mode is not None:
+                mode.paused = False
+    return run
+
+
+_COUNTING = []
+tiled_triton._launch = _launch_uncounted(tiled_triton._launch)
+
+
+def count(module, x, train: bool, autocast: bool):
+    """(aten kernels by name, Triton launches) of one step of ``module`` on ``x``."""
+    def step():
+        with torch.autocast('cpu', torch.float16, enabled=autocast):
+            y = module(x)
+        if train:
+            y.float().sum().backward()
+    def step_from_zero():  # as a training loop steps after optimizer.zero_grad(): no gradient accumulation
+        for t in [x] + list(module.parameters()):
+            t.grad = None
+        step()
+    module.train(train)
+    with torch.set_grad_enabled(train):
+        step_from_zero()  # first calls (caches, compiles) outside the count
+        launches, mode = tiled_triton.LAUNCHES, Kernels()
+        _COUNTING.append(mode)
+        try:
+            with mode:
+                step_from_zero()
+        finally:
+            _COUNTING.pop()
+    return mode.ops, tiled_triton.LAUNCHES - launches
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--backends', nargs='+', default=['triton_tc', 'gemm'])
+    p.add_argument('--batch', type=int, default=1)
+    p.add_argument('--json', default=None)
+    p.add_argument('--ops', action='store_true', help='also list the aten operators of each count')
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    rows = []
+    print('| shape | step | 3x3 conv | ' + ' | '.join(f'{b}: aten + Triton' for b in args.backends) + ' |')
+    print('|---|---|---:|' + '---:|' * len(args.backends))
+    for label, ch, stride, side in SHAPES:
+        x = torch.randn(args.batch, ch, side, side, requires_grad=True)
+        layer = LambdaLayer(ch, ch, dim_k=16, heads=4, scope=23, stride=stride, impl='tiled')
+        conv = torch.nn.Sequential(torch.nn.Conv2d(ch, ch, 3, stride, 1, bias=False))
+        for mode, train, autocast in (('train f32', True, False), ('train 16-bit', True, True),
+                                      ('eval f32', False, False)):
+            conv_ops, _ = count(conv, x, train, autocast)
+            row = dict(shape=label, channels=ch, stride=stride, mode=mode, conv=sum(conv_ops.values()), backends={})
+            for backend in args.backends:
+                set_backend(backend, strict=True)
+                try:
+                    ops, launches = count(layer, x, train, autocast)
+                finally:
+                    set_backend('auto')
+                row['backends'][backend] = dict(aten=sum(ops.values()), triton=launches, ops=dict(ops))
+            rows.append(row)
+            print(f"| {label} | {mode} | {row['conv']} | " + ' | '.join(
+                f"{r['aten']} + {r['triton']}" for r in row['backends'].values()) + ' |', flush=True)
+            if args.ops:
+                for backend, r in row['backends'].items():
+                    print(f'    {backend}: ' + ', '.join(f'{k} {v}' for k, v in sorted(r['ops'].items())))
+    if args.json:
+        commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip()
+        record = dict(command=shlex.join(['python', 'tools/count_launches.py'] + list(argv or sys.argv[1:])),
+                      date=time.strftime('%Y-%m-%d', time.gmtime()), commit=commit, torch=torch.__version__,
+                      batch=args.batch, note='kernel counts (machine-independent; Triton interpreted on a CPU)',
+                      rows=rows)
+        with open(args.json, 'w') as f:
+            json.dump(record, f, indent=1)
+
+
+if __name__ == '__main__':
+    main()
