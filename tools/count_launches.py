@@ -25,6 +25,7 @@ import torch  # noqa: E402
 from torch._library.custom_ops import OPDEFS  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from dev.benchmarks.measure import machine  # noqa: E402
 from timm_lambda.layers import LambdaLayer, set_backend  # noqa: E402
 from timm_lambda.layers.position_lambda import tiled_triton  # noqa: E402
 
@@ -133,7 +134,7 @@ def main(argv=None):
         commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True,
                                 text=True).stdout.strip()
         record = dict(command=shlex.join(['python', 'tools/count_launches.py'] + list(argv or sys.argv[1:])),
-                      date=time.strftime('%Y-%m-%d', time.gmtime()), commit=commit, torch=torch.__version__,
+                      date=time.strftime('%Y-%m-%d', time.gmtime()), commit=commit, machine=machine('cpu'),
                       batch=args.batch, note='kernel counts (machine-independent; Triton interpreted on a CPU)',
                       rows=rows)
         with open(args.json, 'w') as f:
