@@ -382,14 +382,16 @@ def test_jacfwd_and_jvp(impl):
     torch.testing.assert_close(jvp, (jacobian * tangent).flatten(-4).sum(-1), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize('stride', [1, 2])
 @pytest.mark.parametrize('impl', FORMS)
 @pytest.mark.parametrize('scope', [5, 'global'])
-def test_inference_mode_then_training(impl, scope):
+def test_inference_mode_then_training(impl, scope, stride):
     """Evaluation under torch.inference_mode() first, then training steps at the same and other sizes,
-    no_grad in between: nothing built under inference mode reaches autograd."""
+    no_grad in between: nothing built under inference mode reaches autograd (the dense index cache; at stride 2
+    the cached in-image counts of the average, which the training step's division saves)."""
     torch.manual_seed(0)
     kw = dict(max_size=(12, 12)) if scope == 'global' else {}
-    layer = LambdaLayer(8, dim_k=4, heads=2, scope=scope, impl=impl, **kw)
+    layer = LambdaLayer(8, dim_k=4, heads=2, scope=scope, impl=impl, stride=stride, **kw)
     x = torch.randn(2, 8, 11, 12)
     layer.eval()
     with torch.inference_mode():

@@ -120,7 +120,8 @@ def _in_image_counts(height: int, width: int, like: Tensor) -> Tensor:
 
 @functools.lru_cache(maxsize=32)
 def _in_image_counts_cached(height: int, width: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-    return _count_in_image(height, width, device, dtype)
+    with torch.inference_mode(False):  # a later training step saves it for backward (the division's)
+        return _count_in_image(height, width, device, dtype)
 
 
 def _count_in_image(height: int, width: int, device: torch.device, dtype: torch.dtype) -> Tensor:
