@@ -1,4 +1,4 @@
-"""impl='auto' rule (timm_lambda.layers.position_lambda.choose_impl) against the committed sweeps.
+"""impl='auto' rule (timm_lambda.layers.position_lambda.choose_form) against the committed sweeps.
 
 The expectations are read from docs/results/sweep_*.json, written by the commands in their ``command`` field
 (`tools/benchmark_lambda_layer.py --sweep ...`): training steps of the dense and tiled forms side by side,

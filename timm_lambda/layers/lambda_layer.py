@@ -31,7 +31,7 @@ from .checks import (
 )
 from .dilation import batch_to_space, check_dilation, space_to_batch
 from .pooling import downsample_pool
-from .position_lambda import POSITION_IMPLS, choose_impl, content_term, position_lambdas
+from .position_lambda import POSITION_IMPLS, choose_form, content_term, position_lambdas
 from .position_lambda.execution import compiled_copy, functorch_active, warn_once
 from .relative_embedding import RelativePositionEmbedding
 
@@ -198,7 +198,7 @@ class LambdaLayer(nn.Module):
             return 'none'
         d = self.dilation  # the position lambdas run on the d x d sub-grids
         height, width = (height + d - 1) // d, (width + d - 1) // d
-        return choose_impl(self.impl, height, width, self.table_size[0], self.table_size[1], self.global_scope)
+        return choose_form(self.impl, height, width, self.table_size[0], self.table_size[1], self.global_scope)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_input(x, self.dim, 'LambdaLayer')

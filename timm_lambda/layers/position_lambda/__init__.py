@@ -21,11 +21,10 @@ from .custom_ops import dense_op, tiled_op
 from .execution import contiguous, is_exporting
 from .plain_ops import content_term, conv_form, dense_plain, einsum_form, tile, tiled_plain, to_blocks
 
-__all__ = ['POSITION_IMPLS', 'FORMS', 'BACKENDS', 'position_lambdas', 'content_term', 'choose_impl', 'choose_form',
+__all__ = ['POSITION_IMPLS', 'FORMS', 'BACKENDS', 'position_lambdas', 'content_term', 'choose_form',
            'set_backend', 'get_backend', 'served_backends']
 
 POSITION_IMPLS = FORMS  # the layer's ``impl`` argument: a form or 'auto'
-choose_impl = choose_form
 
 
 def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, impl: str,
