@@ -8,6 +8,7 @@ import sys
 import types
 
 import pytest
+from _helpers import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -154,56 +155,26 @@ def test_a_failing_launch_raises_in_strict_mode_and_for_a_chosen_backend(monkeyp
     assert tiled_triton.LAUNCHES == before + 1
 
 
-# LambdaResNet-101's lambda layers at 1024 px (heads, |k|, |v|, map side, stride: the table is pooled to 25x25 at
-# stride 2) and a small odd one
-_SM90_SHAPES = [(4, 16, 64, 64, 1), (4, 16, 128, 64, 2), (4, 16, 128, 32, 1), (5, 9, 43, 13, 1)]
+_SM90 = load_file('tools/sm90_kernels.py', 'sm90_kernels')
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('heads, dim_k, dim_v, side, step', _SM90_SHAPES, ids=['c4', 'c5_s2', 'c5', 'odd'])
-def test_tensor_core_kernels_compile_for_sm90_with_mma(heads, dim_k, dim_v, side, step):
-    """Every tensor-core kernel as the wrappers launch it at these shapes, compiled ahead of time for sm_90 (H100 and
-    H200) by Triton on this CPU: the 16-bit and TF32 variants contain tensor-core instructions (``mma``/``wgmma`` in
-    the PTX), the exact float32 one compiles too, and each fits the SM's shared memory (227 KiB a block)."""
-    triton = pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
-    import re
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from timm_lambda.layers.position_lambda import tiled_triton as T
-
-    k = T._kernels()
-    kw = 23 + 2 * (step == 2)
-    width = side
-    wo = -(-side // step)
-    bq, bh, bw = T._tc_row_tiles(heads, wo, kw, step)
-    bp, bwv = T._tc_value_tiles(width, kw, step)
-    bv, bc = T._pow2(dim_v, 16), T._pow2(9 * dim_k if step == 2 else dim_k, 16)
-    row_ints = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'C', 'KH', 'KW']
-    value_ints = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'KH', 'KW']
-    variants = [('bf16', 'ieee', True), ('fp16', 'ieee', True), ('fp32', 'tf32', True)]
-    if heads == 4 and step == 1 and dim_v == 64:
-        variants.append(('fp32', 'ieee', False))
-    for dtype, prec, mma in variants:
-        launches = []
-        for logit_grad in (False, True):
-            consts = dict(STEP=step, PREC=prec, BLOCK_Q=bq, BLOCK_H=bh, BLOCK_W=bw, BLOCK_V=bv, BLOCK_C=bc,
-                          LOGIT_GRAD=logit_grad, CONTENT=not logit_grad and step == 1, WIDEN=False)
-            sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'v_ptr', 'y_ptr', 'q_ptr', 'c_ptr')},
-                       **{n: 'i32' for n in row_ints}, **{n: 'constexpr' for n in consts})
-            launches.append((k['tc_rows'], sig, consts, T._warps(bh * bq * bv, bh * bq * bw)))
-        consts = dict(STEP=step, PREC=prec, BLOCK_P=bp, BLOCK_W=bwv, BLOCK_V=bv, WIDEN=False)
-        sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'gy_ptr', 'gv_ptr')}, **{n: 'i32' for n in value_ints},
-                   **{n: 'constexpr' for n in consts})
-        launches.append((k['tc_value_grad'], sig, consts, T._warps(bp * bv, bp * bwv, bwv * bv)))
-        for fn, sig, consts, warps in launches:
-            compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts),
-                                      target=GPUTarget('cuda', 90, 32), options=dict(num_warps=warps))
-            name = f"{fn.fn.__name__ if hasattr(fn, 'fn') else fn} {dtype} {prec} {consts}"
-            ops = set(re.findall(r'\b(wgmma|mma)\.', compiled.asm['ptx']))
-            assert bool(ops) == mma, f'{name}: tensor-core instructions {ops or "none"}'
-            assert compiled.metadata.shared <= 227 * 1024, f'{name}: {compiled.metadata.shared} bytes of shared memory'
+@pytest.mark.parametrize('shape', _SM90.SHAPES, ids=[s[0] for s in _SM90.SHAPES])
+def test_tensor_core_kernels_compile_for_sm90_with_mma_and_no_spills(shape):
+    """Every tensor-core kernel as the wrappers launch it (``tiled_triton.tc_launch_meta``) at LambdaResNet-101's
+    three 1024 px shapes and a small odd one, compiled ahead of time for sm_90 (H100 and H200) by Triton on this CPU
+    (tools/sm90_kernels.py): the 16-bit and TF32 variants contain tensor-core instructions (``mma``/``wgmma`` in the
+    PTX), the exact float32 one does not; each fits the SM's shared memory (227 KiB a block) and spills no register
+    to local memory (``ptxas -v``: the value-gradient kernel spilled 28-2044 bytes a thread before its channels were
+    split over the grid)."""
+    pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
+    rows = _SM90.report([shape])
+    assert {(r['dtype'], r['precision']) for r in rows} >= {('bf16', 'ieee'), ('fp16', 'ieee'), ('fp32', 'tf32')}
+    for r in rows:
+        name = f"{r['kernel']} {r['dtype']} {r['precision']} {r['constexprs']}"
+        assert bool(r['mma'] + r['wgmma']) == r['tensor_cores'], f'{name}: tensor-core instructions {r}'
+        assert r['shared'] <= _SM90.SHARED_LIMIT, f"{name}: {r['shared']} bytes of shared memory"
+        assert r['registers'] is not None and r['spill_stores'] == 0 and r['spill_loads'] == 0, f'{name}: {r}'
 
 
 def test_a_kernel_error_at_the_first_launch_propagates(monkeypatch):

@@ -164,7 +164,7 @@ def _kernels():
         (zero off the band), plus ``q lambda^c`` with ``CONTENT``. ``LOGIT_GRAD``: ``dA = dY V^T``, its band
         stored into ``l`` (``y`` holds ``dY``), every scope offset of the rows written (zero off the image).
         ``WIDEN``: 16-bit tiles widened to float32 before each product (exact; Triton's interpreter has no bfloat16
-        matmul)."""
+        matmul). One loop over the (u, in-image scope row) pairs, without branches: Triton pipelines its loads."""
         ox0, oy, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1), tl.program_id(2).to(tl.int64)
         r = tl.arange(0, BLOCK_H * BLOCK_Q)
         hd, j = r // BLOCK_Q, r % BLOCK_Q
@@ -180,33 +180,39 @@ def _kernels():
         hw, howo, ukk = H * W, Ho * Wo, U * KH * KW
         l_row = ((b * HEADS + hd) * howo + oy * Wo + ox) * ukk  # [R]: the row's compact logits
         y_off = ((b * HEADS + hd) * V)[:, None] * howo + vv[None, :] * howo + oy * Wo + ox[:, None]
+        row0 = oy * STEP - (KH - 1) // 2  # the value row of scope row 0
+        ky_lo = tl.maximum(0, -row0)  # the scope rows in the image: [ky_lo, ky_hi)
+        ky_hi = tl.minimum(KH, H - row0)
+        n_ky = ky_hi - ky_lo
+        v_at = v_ptr + b * U * V * hw + vv[None, :] * hw + col[:, None]  # [BW, BV] at (u 0, value row 0)
+        l_at = l_ptr + l_row[:, None] + kx  # [R, BW] at (u 0, scope row 0)
         if LOGIT_GRAD:
             g = tl.load(y_ptr + y_off, mask=rmask[:, None] & vmask[None, :], other=0.0)
             if WIDEN:
                 g = g.to(tl.float32)
+            for i in range(0, U * (KH - n_ky)):  # the scope rows off the image: zero gradients, no zero-filled buffer
+                n_off = KH - n_ky
+                ky = i % n_off
+                ky = tl.where(ky < ky_lo, ky, ky + n_ky)
+                tl.store(l_at + ((i // n_off) * KH + ky) * KW,
+                         tl.zeros([BLOCK_H * BLOCK_Q, BLOCK_W], l_ptr.dtype.element_ty), mask=kmask)
         else:
             acc = tl.zeros([BLOCK_H * BLOCK_Q, BLOCK_V], tl.float32)
-        for u in range(U):
-            v_base = (b * U + u) * V * hw
-            for ky in range(KH):
-                row = oy * STEP - (KH - 1) // 2 + ky
-                if (row >= 0) & (row < H):
-                    vt = tl.load(v_ptr + v_base + vv[None, :] * hw + row * W + col[:, None],
-                                 mask=cmask[:, None] & vmask[None, :], other=0.0)  # [BW, BV], zero off the image
-                    if WIDEN:
-                        vt = vt.to(tl.float32)
-                    l_at = l_ptr + l_row[:, None] + (u * KH + ky) * KW + kx
-                    if LOGIT_GRAD:  # zero at the columns off the image (vt is)
-                        da = tl.dot(g, tl.trans(vt), input_precision=PREC)
-                        tl.store(l_at, da.to(l_ptr.dtype.element_ty), mask=kmask)
-                    else:
-                        a = tl.load(l_at, mask=kmask, other=0.0)
-                        if WIDEN:
-                            a = a.to(tl.float32)
-                        acc = tl.dot(a, vt, acc, input_precision=PREC)
-                elif LOGIT_GRAD:  # a scope row off the image: zero gradients (no zero-filled buffer)
-                    tl.store(l_ptr + l_row[:, None] + (u * KH + ky) * KW + kx,
-                             tl.zeros([BLOCK_H * BLOCK_Q, BLOCK_W], l_ptr.dtype.element_ty), mask=kmask)
+        for i in range(0, U * n_ky):
+            u = i // n_ky
+            ky = ky_lo + i % n_ky
+            vt = tl.load(v_at + (u * V * hw + (row0 + ky) * W), mask=cmask[:, None] & vmask[None, :],
+                         other=0.0)  # [BW, BV], zero off the image
+            if WIDEN:
+                vt = vt.to(tl.float32)
+            if LOGIT_GRAD:  # zero at the columns off the image (vt is)
+                da = tl.dot(g, tl.trans(vt), input_precision=PREC)
+                tl.store(l_at + (u * KH + ky) * KW, da.to(l_ptr.dtype.element_ty), mask=kmask)
+            else:
+                a = tl.load(l_at + (u * KH + ky) * KW, mask=kmask, other=0.0)
+                if WIDEN:
+                    a = a.to(tl.float32)
+                acc = tl.dot(a, vt, acc, input_precision=PREC)
         if not LOGIT_GRAD:
             if CONTENT:
                 cc = tl.arange(0, BLOCK_C)
@@ -223,13 +229,17 @@ def _kernels():
     def _tc_value_grad(l_ptr, gy_ptr, gv_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, STEP: tl.constexpr,
                        PREC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr,
                        WIDEN: tl.constexpr):
-        """Tensor cores: ``dv`` at ``BLOCK_P`` value columns of row ``r`` as ``sum_{h, ky} A^T dY`` over the
-        ``BLOCK_W`` queries of output row ``(r + p_y - ky) / STEP`` whose scopes reach them (no atomics)."""
-        c0, r, bu = tl.program_id(0) * BLOCK_P, tl.program_id(1), tl.program_id(2).to(tl.int64)
+        """Tensor cores: ``dv`` at ``BLOCK_P`` value columns of row ``r`` and ``BLOCK_V`` of the value channels
+        (program axis 2: image, |u| and channel block) as ``sum_{h, ky} A^T dY`` over the ``BLOCK_W`` queries of
+        output row ``(r + p_y - ky) / STEP`` whose scopes reach them (no atomics). One loop over the (output row,
+        head) pairs that reach row ``r``, without branches: Triton pipelines its loads."""
+        c0, r, z = tl.program_id(0) * BLOCK_P, tl.program_id(1), tl.program_id(2).to(tl.int64)
+        n_vb = tl.cdiv(V, BLOCK_V)
+        bu, v0 = z // n_vb, (z % n_vb) * BLOCK_V
         b, u = bu // U, bu % U
         c = c0 + tl.arange(0, BLOCK_P)
         pmask = c < W
-        vv = tl.arange(0, BLOCK_V)
+        vv = v0 + tl.arange(0, BLOCK_V)
         vmask = vv < V
         t = c0 + (KW - 1) // 2 - (KW - 1)  # STEP * (first query reaching c0), rounded up below
         ox = ((t + STEP - 1) >> (STEP - 1)) + tl.arange(0, BLOCK_W)  # ceil(t / STEP) on: STEP is 1 or 2
@@ -237,19 +247,22 @@ def _kernels():
         kx = c[:, None] + (KW - 1) // 2 - STEP * ox[None, :]  # [BP, BW]
         m = pmask[:, None] & qmask[None, :] & (kx >= 0) & (kx < KW)
         howo, ukk = Ho * Wo, U * KH * KW
+        # the output rows whose scope row ky = r + p_y - STEP oy is in [0, KH): oy in [oy_lo, oy_hi]
+        top = r + (KH - 1) // 2
+        oy_lo = tl.maximum(0, (top - (KH - 1) + STEP - 1) >> (STEP - 1))
+        oy_hi = tl.minimum(Ho - 1, top >> (STEP - 1))
+        at_ptr = l_ptr + ((b * HEADS * howo + ox) * ukk)[None, :] + u * KH * KW + kx  # [BP, BW] at (head 0, oy 0)
+        g_ptr = gy_ptr + b * HEADS * V * howo + vv[None, :] * howo + ox[:, None]  # [BW, BV] at (head 0, oy 0)
         acc = tl.zeros([BLOCK_P, BLOCK_V], tl.float32)
-        for ky in range(KH):
-            num = r + (KH - 1) // 2 - ky  # = STEP oy
-            oy = num // STEP
-            if (num >= 0) & (num % STEP == 0) & (oy < Ho):
-                for hd in range(HEADS):
-                    q_row = (b * HEADS + hd) * howo + oy * Wo + ox  # [BW]
-                    at = tl.load(l_ptr + (q_row * ukk)[None, :] + (u * KH + ky) * KW + kx, mask=m, other=0.0)
-                    g = tl.load(gy_ptr + ((b * HEADS + hd) * V + vv[None, :]) * howo + oy * Wo + ox[:, None],
-                                mask=qmask[:, None] & vmask[None, :], other=0.0)  # [BW, BV]
-                    if WIDEN:
-                        at, g = at.to(tl.float32), g.to(tl.float32)
-                    acc = tl.dot(at, g, acc, input_precision=PREC)
+        for i in range(0, (oy_hi - oy_lo + 1) * HEADS):
+            oy = oy_lo + i // HEADS
+            hd = i % HEADS
+            ky = top - STEP * oy
+            at = tl.load(at_ptr + ((hd * howo + oy * Wo) * ukk + ky * KW), mask=m, other=0.0)
+            g = tl.load(g_ptr + (hd * V * howo + oy * Wo), mask=qmask[:, None] & vmask[None, :], other=0.0)
+            if WIDEN:
+                at, g = at.to(tl.float32), g.to(tl.float32)
+            acc = tl.dot(at, g, acc, input_precision=PREC)
         out = ((b * U + u) * V + vv[None, :]) * (H * W) + r * W + c[:, None]
         tl.store(gv_ptr + out, acc.to(gv_ptr.dtype.element_ty), mask=pmask[:, None] & vmask[None, :])
 
@@ -314,9 +327,10 @@ def _tc_row_tiles(h: int, wo: int, kw: int, step: int):
 
 
 @functools.lru_cache(maxsize=None)
-def _tc_value_tiles(width: int, kw: int, step: int):
-    """Tensor-core value-gradient tiles: ``(value columns, queries)`` of a program, the most columns per padded
-    query (16 columns at least: the MMA's rows)."""
+def _tc_value_tiles(width: int, kw: int, step: int, dv: int):
+    """Tensor-core value-gradient tiles: ``(value columns, queries, value channels)`` of a program, the most columns
+    per padded query (16 columns at least: the MMA's rows); at most 64 channels a program (more spilled registers
+    on sm_90: tools/sm90_kernels.py), the rest on the grid."""
     best = None
     for bp in (16, 32, 64):
         if bp > _pow2(width, 16):
@@ -324,7 +338,19 @@ def _tc_value_tiles(width: int, kw: int, step: int):
         bw = _pow2((bp - 1 + kw - 1) // step + 1, 16)
         if best is None or bp * best[1] > best[0] * bw:
             best = (bp, bw)
-    return best
+    return best + (min(_pow2(dv, 16), 64),)
+
+
+def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, step: int) -> dict:
+    """The constants and warps of the tensor-core launches at a shape (``c``: the query depth, 9 |k| at step 2):
+    ``{'rows': {...}, 'value_grad': {...}}``, each the kernel's block sizes and ``num_warps`` (what the wrappers
+    launch; tests/test_tiled_triton.py compiles them for sm_90)."""
+    bq, bh, bw = _tc_row_tiles(heads, wo, kw, step)
+    bv = _pow2(dv, 16)
+    bp, bwv, bvv = _tc_value_tiles(width, kw, step, dv)
+    return dict(rows=dict(BLOCK_Q=bq, BLOCK_H=bh, BLOCK_W=bw, BLOCK_V=bv, BLOCK_C=_pow2(c, 16),
+                          num_warps=_warps(bh * bq * bv, bh * bq * bw)),
+                value_grad=dict(BLOCK_P=bp, BLOCK_W=bwv, BLOCK_V=bvv, num_warps=_warps(bp * bvv, bp * bwv, bwv * bvv)))
 
 
 def _warps(*tiles: int) -> int:
@@ -363,8 +389,7 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
     if PREFILL_NAN:
         y.fill_(float('nan'))
     if tensor_cores:
-        bq, bh, bw = _tc_row_tiles(h, wo, kw, step)
-        bv, bc = _pow2(dv, 16), _pow2(c, 16)
+        rows = tc_launch_meta(h, c, dv, width, wo, kw, step)['rows']
         widen = _widen(q.dtype)
         out = y.float() if widen else y
         if content is not None:
@@ -372,10 +397,10 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
         for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
             logits = _query_major_logits(q[b0:b0 + n], table)
             cn = None if content is None else content[b0:b0 + n]
-            _launch(k['tc_rows'], (k['triton'].cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], out[b0:b0 + n],
-                    q[b0:b0 + n], logits if cn is None else cn, height, width, ho, wo, h, u, dv, c, kh, kw,
-                    step, _precision(q.dtype), bq, bh, bw, bv, bc, False, cn is not None, widen,
-                    num_warps=_warps(bh * bq * bv, bh * bq * bw))
+            _launch(k['tc_rows'], (k['triton'].cdiv(wo, rows['BLOCK_Q']), ho, n), logits, v[b0:b0 + n],
+                    out[b0:b0 + n], q[b0:b0 + n], logits if cn is None else cn, height, width, ho, wo, h, u, dv, c,
+                    kh, kw, step, _precision(q.dtype), LOGIT_GRAD=False, CONTENT=cn is not None, WIDEN=widen,
+                    **rows)
         return out.to(y.dtype) if widen else y
     bq, bh, bv = _row_tiles(h, wo, dv)
     for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
@@ -407,9 +432,8 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
     gt = None  # the table's gradient: [c, u K_h K_w], summed over chunks in float32 (float64) where there are several
     if tensor_cores:
         prec = _precision(q.dtype)
-        bq, bh, bw = _tc_row_tiles(h, wo, kw, step)
-        bp, bwv = _tc_value_tiles(width, kw, step)
-        bv = _pow2(dv, 16)
+        meta = tc_launch_meta(h, c, dv, width, wo, kw, step)
+        rows, vg = dict(meta['rows'], BLOCK_C=16), meta['value_grad']  # (the backward has no content term)
         widen = _widen(q.dtype)
         gvw = gv.float() if widen else gv
     else:
@@ -419,15 +443,15 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
         qc, gyc = q[b0:b0 + n], gy[b0:b0 + n]
         if tensor_cores:
             logits = _query_major_logits(qc, table)  # [n h, Ho Wo, u K_h K_w]
-            _launch(k['tc_value_grad'], (cdiv(width, bp), height, n * u), logits, gyc, gvw[b0:b0 + n],
-                    height, width, ho, wo, h, u, dv, kh, kw, step, prec, bp, bwv, bv, widen,
-                    num_warps=_warps(bp * bv, bp * bwv, bwv * bv))
+            _launch(k['tc_value_grad'], (cdiv(width, vg['BLOCK_P']), height, n * u * cdiv(dv, vg['BLOCK_V'])),
+                    logits, gyc, gvw[b0:b0 + n], height, width, ho, wo, h, u, dv, kh, kw, step, prec,
+                    WIDEN=widen, **vg)
             gl = torch.empty(logits.shape, dtype=torch.float32 if widen else logits.dtype, device=logits.device)
             if PREFILL_NAN:
                 gl.fill_(float('nan'))
-            _launch(k['tc_rows'], (cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc, qc, gl,
-                    height, width, ho, wo, h, u, dv, c, kh, kw, step, prec, bq, bh, bw, bv, 16, True, False,
-                    widen, num_warps=_warps(bh * bq * bv, bh * bq * bw))
+            _launch(k['tc_rows'], (cdiv(wo, rows['BLOCK_Q']), ho, n), gl, v[b0:b0 + n], gyc, qc, gl,
+                    height, width, ho, wo, h, u, dv, c, kh, kw, step, prec, LOGIT_GRAD=True, CONTENT=False,
+                    WIDEN=widen, **rows)
             gl = gl.to(logits.dtype)  # the logit gradients in the 16-bit dtype, as a matmul's backward has them
             gl_t = gl.transpose(1, 2)  # [n h, u K_h K_w, Ho Wo]
             flat = gl.view(n * h * ho * wo, -1)  # [(n h Ho Wo), u K_h K_w]

@@ -1,0 +1,124 @@
+"""What the tensor-core kernels of the tiled position lambdas compile to on sm_90 (H100, H200), read on a CPU.
+
+Triton compiles for a GPU target without a GPU. For each kernel as the wrappers launch it
+(``tiled_triton.tc_launch_meta``) at LambdaResNet-101's three lambda-layer shapes at 1024 px (and a small odd one),
+in bfloat16, float16, float32 on TF32 and exact float32, this reports what ``ptxas -v`` (Triton's own, with
+Triton's flags) says of the kernel: registers a thread, bytes spilled to local memory, and from the PTX the
+tensor-core instructions (``mma``, ``wgmma``), the asynchronous copies that software pipelining issues
+(``cp.async``) and the shared memory. No timing: a GPU measures speed (tools/gpu_check.py); this says whether a
+kernel runs on tensor cores, fits the SM and keeps its working set in registers. tests/test_tiled_triton.py asserts
+the first three.
+
+    python tools/sm90_kernels.py [--json docs/results/sm90_kernels.json]
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_LIMIT = 227 * 1024  # bytes of shared memory a block may use on sm_90
+# (name, heads, |k|, |v|, map side, stride): LambdaResNet-101's lambda layers at 1024 px (c4: 256 ch 64x64; c5's
+# first: 512 ch 64x64 stride 2, the table pooled to 25x25; c5: 512 ch 32x32) and a small odd one
+SHAPES = [('c4', 4, 16, 64, 64, 1), ('c5_s2', 4, 16, 128, 64, 2), ('c5', 4, 16, 128, 32, 1), ('odd', 5, 9, 43, 13, 1)]
+# (dtype, tl.dot input precision, tensor cores expected)
+VARIANTS = [('bf16', 'ieee', True), ('fp16', 'ieee', True), ('fp32', 'tf32', True), ('fp32', 'ieee', False)]
+_ROW_INTS = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'C', 'KH', 'KW']
+_VALUE_INTS = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'KH', 'KW']
+
+
+def launches(heads: int, dim_k: int, dim_v: int, side: int, step: int, dtype: str, prec: str):
+    """``(name, jit function, signature, constexprs, num_warps)`` of each tensor-core launch at a shape (scope 23,
+    |u| 1), as tiled_triton's wrappers make them."""
+    from timm_lambda.layers.position_lambda import tiled_triton as T
+
+    k = T._kernels()
+    kw = 23 + 2 * (step == 2)
+    meta = T.tc_launch_meta(heads, 9 * dim_k if step == 2 else dim_k, dim_v, side, -(-side // step), kw, step)
+    out = []
+    for logit_grad in (False, True):
+        rows = dict(meta['rows'])
+        warps = rows.pop('num_warps')
+        if logit_grad:
+            rows['BLOCK_C'] = 16
+        consts = dict(STEP=step, PREC=prec, LOGIT_GRAD=logit_grad, CONTENT=not logit_grad and step == 1,
+                      WIDEN=False, **rows)
+        sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'v_ptr', 'y_ptr', 'q_ptr', 'c_ptr')},
+                   **{n: 'i32' for n in _ROW_INTS}, **{n: 'constexpr' for n in consts})
+        out.append(('tc_rows (logit grad)' if logit_grad else 'tc_rows', k['tc_rows'], sig, consts, warps))
+    vg = dict(meta['value_grad'])
+    warps = vg.pop('num_warps')
+    consts = dict(STEP=step, PREC=prec, WIDEN=False, **vg)
+    sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'gy_ptr', 'gv_ptr')}, **{n: 'i32' for n in _VALUE_INTS},
+               **{n: 'constexpr' for n in consts})
+    out.append(('tc_value_grad', k['tc_value_grad'], sig, consts, warps))
+    return out
+
+
+def compile_sm90(fn, sig: dict, consts: dict, num_warps: int) -> dict:
+    """Compile for sm_90 and read the result: registers, spill bytes (``ptxas -v``), shared memory, instruction
+    counts in the PTX."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget('cuda', 90, 32),
+                              options=dict(num_warps=num_warps))
+    ptx = compiled.asm['ptx']
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, 'k.ptx')
+        with open(src, 'w') as f:
+            f.write(ptx)
+        log = subprocess.run([get_ptxas(90).path, '-v', '--regAllocOptLevel=2', '--gpu-name=sm_90a', src, '-o',
+                              os.path.join(tmp, 'k.cubin')], capture_output=True, text=True, check=True).stderr
+
+    def number(pattern):
+        m = re.search(pattern, log)
+        return int(m.group(1)) if m else None
+
+    return dict(num_warps=num_warps, registers=number(r'Used (\d+) registers'),
+                spill_stores=number(r'(\d+) bytes spill stores'), spill_loads=number(r'(\d+) bytes spill loads'),
+                shared=compiled.metadata.shared, mma=len(re.findall(r'\bmma\.sync\.', ptx)),
+                wgmma=len(re.findall(r'\bwgmma\.mma_async\.', ptx)), cp_async=len(re.findall(r'\bcp\.async\.c[ag]\b', ptx)))
+
+
+def report(shapes=SHAPES, variants=VARIANTS):
+    rows = []
+    for name, *shape in shapes:
+        for dtype, prec, tensor_cores in variants:
+            if not tensor_cores and name != 'c4':  # the exact float32 variant: once
+                continue
+            for kernel, fn, sig, consts, warps in launches(*shape, dtype, prec):
+                rows.append(dict(shape=name, dtype=dtype, precision=prec, kernel=kernel, tensor_cores=tensor_cores,
+                                 constexprs={k: v for k, v in consts.items() if k.startswith('BLOCK')},
+                                 **compile_sm90(fn, sig, consts, warps)))
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--json', help='write the rows, with command, date, commit and Triton version, here')
+    args = p.parse_args(argv)
+    import triton
+    sys.path.insert(0, os.path.join(ROOT, 'tools'))
+    from dev.benchmarks.measure import commit
+    rows = report()
+    print(f"{'shape':6} {'dtype':5} {'prec':5} {'kernel':22} {'regs':>4} {'spill':>5} {'shared':>7} {'mma':>4} "
+          f"{'cp.async':>8}")
+    for r in rows:
+        print(f"{r['shape']:6} {r['dtype']:5} {r['precision']:5} {r['kernel']:22} {r['registers']:>4} "
+              f"{r['spill_stores']:>5} {r['shared']:>7} {r['mma'] + r['wgmma']:>4} {r['cp_async']:>8}")
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(dict(command='python ' + ' '.join(['tools/sm90_kernels.py'] + (argv or sys.argv[1:])),
+                           date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(),
+                           triton=triton.__version__, target='cuda sm_90 (sm_90a ptxas)', rows=rows), f, indent=1)
+
+
+if __name__ == '__main__':
+    main()
