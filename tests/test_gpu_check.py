@@ -113,8 +113,8 @@ def test_gpu_check_layer_dry_run(tmp_path):
     r = _run([TOOL, 'layer', '--dry-run', '--out', str(tmp_path)])
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     record, names = _check_outputs(str(tmp_path), 'layer')
-    assert [s['name'] for s in record['steps']] == ['cuda_tests_kernels', 'layer_benchmarks', 'models_graphs',
-                                                    'models_backbone_b1']
+    assert [s['name'] for s in record['steps']] == ['cuda_tests_kernels', 'layer_benchmarks', 'tune_tc_kernels',
+                                                    'models_graphs', 'models_backbone_b1']
     assert all(s['rc'] == 0 for s in record['steps'])
     tests = record['results']['cuda_tests_kernels']
     assert tests['tests'] > 200 and tests['skipped'] == tests['tests']  # no CUDA here
@@ -123,6 +123,10 @@ def test_gpu_check_layer_dry_run(tmp_path):
     assert {(r['dtype'], r['mode']) for r in rows if r['execution'] == 'triton_tc'} == {
         (d, m) for d in ('float32', 'bfloat16') for m in ('train', 'eval')}
     assert all(len(r['shapes']) == 3 and r['ratio_summed'] > 0 for r in rows)
+    tc = record['results']['tc_kernels']  # the step's profile rows and its sweep, each alternative equal to the default
+    assert {(p['shape'], p['module']) for p in tc['profile']} == {(s, m) for s in ('c4', 'c5_s2')
+                                                                  for m in ('lambda', 'conv3x3')}
+    assert len(tc['sweep']) == 6 and all(s['errors'] == 0 and s['configs'] == 2 for s in tc['sweep']), tc['sweep']
     graphs = record['results']['cuda_graphs_batch1']
     assert len(graphs) == 6 and all('eager_ms' in g for g in graphs), graphs
     rows = record['results']['models']['models_graphs'][0]['rows']

@@ -9,7 +9,8 @@ Run from a checkout with the offline bundle beside it (``tools/gpu_bundle.py bui
 ``layer``: installs the bundle, ``pytest -m cuda`` on the position-lambda tests with strict executions
 (``TIMM_LAMBDA_STRICT=1``: a kernel that fails to launch fails its test), one lambda layer against cuDNN's 3x3
 convolution at LambdaResNet-101's three 1024 px shapes (each CUDA backend; float32 with TF32 and bfloat16 autocast;
-batch 1 and 8; training step and eval; ``benchmark_lambda_layer.py --gpu-check``), batch-1 training steps eager
+batch 1 and 8; training step and eval; ``benchmark_lambda_layer.py --gpu-check``), where a layer step's GPU time goes
+and a sweep of the tensor-core kernels' tiles, warps and stages (``tune_tc_kernels.py``), batch-1 training steps eager
 against CUDA graphs (layers, LambdaResNet-101, the C4 pair: ``benchmark_models.py graphs``), and LambdaResNet-101
 against ResNet-RS-101 with and without SE at 1024 px, batch 1. ``mission``: the model tests of ``pytest -m cuda`` (a
 training step of every registered model, batch 1), Mask R-CNN from the Table 14 AMP config shrunk to 512 px for 20
@@ -232,6 +233,22 @@ def layer_summary(path: str) -> list:
     return rows
 
 
+def tc_kernels_summary(path: str) -> dict:
+    """From tools/tune_tc_kernels.py's JSON: each layer step's device time and its five largest kernels; each
+    tensor-core kernel's time at the wrappers' constants, its best alternative and the speedup."""
+    with open(path) as f:
+        rows = json.load(f)['rows']
+    profile = [dict(shape=r['shape'], module=r['module'], dtype=r['dtype'], device_us=r['device_us_per_step'],
+                    launches=r['launches_per_step'],
+                    top={k: v['us_per_step'] for k, v in list(r['kernels'].items())[:5]})
+               for r in rows if r['part'] == 'profile']
+    sweep = [dict(shape=r['shape'], dtype=r['dtype'], kernel=r['kernel'],
+                  default_ms=(r['default'] or {}).get('ms'), best=r['best'], speedup=r['speedup'],
+                  configs=len(r['configs']), errors=sum('error' in c for c in r['configs']))
+             for r in rows if r['part'] == 'sweep']
+    return dict(profile=profile, sweep=sweep)
+
+
 def section_layer(run: Run, args) -> None:
     install(run, args.bundle)
     pytest_step(run, 'cuda_tests_kernels', KERNEL_TESTS, args.workers, 110)
@@ -242,6 +259,14 @@ def section_layer(run: Run, args) -> None:
     if os.path.exists(run.path('graphs.json')):
         with open(run.path('graphs.json')) as f:
             run.record['results']['cuda_graphs_batch1'] = json.load(f)
+    # where a layer step's GPU time goes, and the tensor-core kernels' tiles, warps and stages (the tool stops itself
+    # at its budget and keeps what it measured)
+    limit = 100 if run.dry_run else min(100, run.left() - 25)  # (a dry run's steps get 4x their limit)
+    run.step('tune_tc_kernels', [PY, os.path.join(TOOLS, 'tune_tc_kernels.py'), '--out', run.path(), '--budget',
+                                 str(round(max(limit * (4 if run.dry_run else 1) - 15, 5)))]
+             + (['--dry-run'] if run.dry_run else []), limit)
+    if os.path.exists(run.path('tune_tc_kernels.json')):
+        run.record['results']['tc_kernels'] = tc_kernels_summary(run.path('tune_tc_kernels.json'))
     model_benchmarks(run, MODEL_BENCHMARKS[:2])
 
 

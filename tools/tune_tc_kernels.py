@@ -1,0 +1,251 @@
+"""Where a lambda layer's GPU time goes, and what the tensor-core kernels' tiles, warps and pipeline stages are worth.
+
+Two parts, at LambdaResNet-101's three lambda-layer shapes at 1024 px, batch 8 (the GPU check runs both, issue 37):
+
+* ``profile``: the CUDA kernels of one layer training step (float32 with TF32, and bfloat16 autocast), by
+  ``torch.profiler``: each kernel's device time a step and its launches, summed by name (the Triton kernels, cuBLAS,
+  batch norm, softmax...), beside the 3x3 conv's step.
+* ``sweep``: each tensor-core kernel (``tc_rows``, its logit-gradient variant, ``tc_value_grad``) alone, timed by
+  ``triton.testing.do_bench`` (CUDA events, median) at the constants the wrappers launch (``tc_launch_meta``) and at
+  a few alternatives: other pipeline stages and warps, other tiles. Each alternative's result is compared with the
+  default's (a wrong tile fails, it is not timed). The best per kernel and shape is what the wrappers should launch.
+
+Both stop at ``--budget`` seconds, the JSON written after each row. ``--dry-run``: a CPU at tiny shapes, the kernels
+under Triton's interpreter (every path runs; the comparison of alternatives is real, the times are not).
+
+    python tools/tune_tc_kernels.py --out DIR [--budget 100] [--dry-run]
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+if '--dry-run' in sys.argv:
+    os.environ.setdefault('TRITON_INTERPRET', '1')  # before timm_lambda loads: the kernels run on CPU tensors
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dev.benchmarks.measure import commit, machine  # noqa: E402
+from timm_lambda.layers import LambdaLayer, set_backend  # noqa: E402
+from timm_lambda.layers.position_lambda import tiled_triton as T  # noqa: E402
+
+HEADS, DIM_K, SCOPE = 4, 16, 23
+
+
+def shapes(dry_run: bool):
+    """(name, width, input side, stride) of LambdaResNet-101's lambda layers at 1024 px (tiny in a dry run)."""
+    if dry_run:
+        return [('c4', 128, 17, 1), ('c5_s2', 256, 18, 2)]
+    return [('c4', 256, 64, 1), ('c5_s2', 512, 64, 2), ('c5', 512, 32, 1)]
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# profile: where a layer step's device time goes
+
+
+def profile(rows: list, save, budget: Budget, dry_run: bool, batch: int, device: str) -> None:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == 'cuda' else [])
+    for name, width, side, stride in shapes(dry_run):
+        for dtype in (torch.float32,) if dry_run else (torch.float32, torch.bfloat16):
+            if budget.left() < 10:
+                return
+            torch.manual_seed(0)
+            x = torch.randn(batch, width, side, side, device=device, requires_grad=True)
+            for module in ('lambda', 'conv3x3'):
+                m = (LambdaLayer(width, dim_k=DIM_K, heads=HEADS, scope=SCOPE, stride=stride) if module == 'lambda'
+                     else torch.nn.Conv2d(width, width, 3, stride, 1, bias=False)).to(device)
+
+                def step():
+                    with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+                        y = m(x)
+                    y.float().sum().backward()
+                for _ in range(3):
+                    step()
+                steps = 5
+                if device == 'cuda':
+                    torch.cuda.synchronize()
+                with torch_profile(activities=activities) as prof:
+                    for _ in range(steps):
+                        step()
+                    if device == 'cuda':
+                        torch.cuda.synchronize()
+                kernels = {}
+                for e in prof.key_averages():
+                    if device == 'cuda':  # the kernels themselves (their operators' device time would count twice)
+                        if getattr(e, 'device_type', None) != torch.autograd.DeviceType.CUDA:
+                            continue
+                        us = e.self_device_time_total
+                    else:  # a dry run: the operators, no times
+                        if not e.key.startswith('aten::'):
+                            continue
+                        us = 0.0
+                    kernels[e.key] = dict(us_per_step=round(us / steps, 2), launches_per_step=e.count / steps)
+                total = sum(k['us_per_step'] for k in kernels.values())
+                top = dict(sorted(kernels.items(), key=lambda kv: -kv[1]['us_per_step'])[:25])
+                rows.append(dict(part='profile', shape=name, module=module, dtype=str(dtype).replace('torch.', ''),
+                                 batch=batch, device_us_per_step=round(total, 1),
+                                 launches_per_step=sum(k['launches_per_step'] for k in kernels.values()),
+                                 kernels=top))
+                save()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# sweep: the tensor-core kernels alone
+
+
+def _operands(width, side, stride, batch, dtype, device):
+    g = torch.Generator(device='cpu').manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+    c = 9 * DIM_K if stride == 2 else DIM_K
+    kw = SCOPE + 2 * (stride == 2)
+    dv = width // HEADS
+    ho = wo = -(-side // stride)
+    q, v, table = randn(batch, HEADS, c, ho, wo), randn(batch, dv, side, side), randn(c, 1, kw, kw) / c ** 0.5
+    gy, content = randn(batch, HEADS * dv, ho, wo), randn(batch, c, dv)
+    return dict(q=q, v=v, table=table, gy=gy, content=content, c=c, kw=kw, dv=dv, ho=ho, wo=wo, side=side,
+                step=stride, batch=batch)
+
+
+def _alternatives(kernel: str, default: dict, o: dict):
+    """The default constants and a few alternatives: pipeline stages, warps, tiles."""
+    out = [dict(default)]
+    for stages in (1, 2, 4):
+        out.append(dict(default, num_stages=stages))
+    out.append(dict(default, num_warps=8 if default['num_warps'] == 4 else 4))
+    if kernel == 'tc_value_grad':
+        for bp in (16, 32, 64):
+            if bp != default['BLOCK_P'] and bp <= T._pow2(o['side'], 16):
+                out.append(dict(default, BLOCK_P=bp, BLOCK_W=T._pow2((bp - 1 + o['kw'] - 1) // o['step'] + 1, 16)))
+        for bv in (32, 128):
+            if bv != default['BLOCK_V'] and bv <= T._pow2(o['dv'], 16):
+                out.append(dict(default, BLOCK_V=bv))
+    else:
+        for bq in (default['BLOCK_Q'] // 2, default['BLOCK_Q'] * 2):
+            if 16 <= default['BLOCK_H'] * bq <= 128:
+                out.append(dict(default, BLOCK_Q=bq, BLOCK_W=T._pow2(o['step'] * (bq - 1) + o['kw'], 16)))
+    return out
+
+
+def _runner(kernel: str, o: dict, prec: str, meta: dict):
+    """A function that runs ``kernel`` once with the constants ``meta`` and returns its output."""
+    k = T._kernels()
+    cdiv = k['triton'].cdiv
+    q, v, table, gy = o['q'], o['v'], o['table'], o['gy']
+    b, side, ho, wo, dv, c, kw, step = o['batch'], o['side'], o['ho'], o['wo'], o['dv'], o['c'], o['kw'], o['step']
+    logits = T._query_major_logits(q, table)
+    widen = T._widen(q.dtype)
+    if kernel == 'tc_value_grad':
+        out = torch.empty(v.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
+        grid = (cdiv(side, meta['BLOCK_P']), side, b * cdiv(dv, meta['BLOCK_V']))
+        args = (logits, gy, out, side, side, ho, wo, HEADS, 1, dv, kw, kw, step, prec)
+    elif kernel == 'tc_rows':
+        out = torch.empty(gy.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
+        content = o['content'] if step == 1 else None
+        grid = (cdiv(wo, meta['BLOCK_Q']), ho, b)
+        args = (logits, v, out, q, logits if content is None else content, side, side, ho, wo, HEADS, 1, dv, c, kw,
+                kw, step, prec)
+        meta = dict(meta, LOGIT_GRAD=False, CONTENT=content is not None)
+    else:  # the logit-gradient variant of tc_rows
+        out = torch.empty(logits.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
+        grid = (cdiv(wo, meta['BLOCK_Q']), ho, b)
+        args = (out, v, gy, q, out, side, side, ho, wo, HEADS, 1, dv, c, kw, kw, step, prec)
+        meta = dict(meta, LOGIT_GRAD=True, CONTENT=False, BLOCK_C=16)
+    fn = k['tc_value_grad' if kernel == 'tc_value_grad' else 'tc_rows']
+
+    def run():
+        fn[grid](*args, WIDEN=widen, **meta)
+        return out
+    return run
+
+
+def sweep(rows: list, save, budget: Budget, dry_run: bool, batch: int, device: str) -> None:
+    if device == 'cuda':
+        from triton.testing import do_bench
+    kernels = ('tc_rows', 'tc_rows (logit grad)', 'tc_value_grad')
+    for dtype, prec in ((torch.float32, 'tf32'),) if dry_run else ((torch.bfloat16, 'ieee'), (torch.float32, 'tf32')):
+        for name, width, side, stride in shapes(dry_run):
+            o = _operands(width, side, stride, batch, dtype, device)
+            meta = T.tc_launch_meta(HEADS, o['c'], o['dv'], side, o['wo'], o['kw'], stride)
+            for kernel in kernels:
+                default = dict(meta['value_grad' if kernel == 'tc_value_grad' else 'rows'])
+                options = _alternatives(kernel, default, o)
+                if dry_run:  # the interpreter: the default and another tiling (their results compared)
+                    options = [options[0]] + [x for x in options if any(x.get(k) != v for k, v in default.items()
+                                                                         if k.startswith("BLOCK"))][:1]
+                want = None
+                timed = []
+                for option in options:
+                    if budget.left() < 5:
+                        return
+                    run = _runner(kernel, o, prec, option)
+                    try:
+                        got = run().float().clone()
+                    except Exception as e:  # a config that does not compile or fit: recorded, not timed
+                        timed.append(dict(config=option, error=f'{type(e).__name__}: {str(e)[:300]}'))
+                        continue
+                    if want is None:
+                        want = got
+                    else:
+                        err = ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+                        if not err <= (1e-2 if dtype == torch.bfloat16 else 2e-3):
+                            timed.append(dict(config=option, error=f'differs from the default by {err:.2e}'))
+                            continue
+                    ms = do_bench(run, warmup=10, rep=40, return_mode='median') if device == 'cuda' else None
+                    timed.append(dict(config=option, ms=ms))
+                ok = [t for t in timed if t.get('ms') is not None]
+                best = min(ok, key=lambda t: t['ms']) if ok else None
+                rows.append(dict(part='sweep', shape=name, dtype=str(dtype).replace('torch.', ''), batch=batch,
+                                 kernel=kernel, default=timed[0] if timed else None, best=best,
+                                 speedup=round(timed[0]['ms'] / best['ms'], 3) if best and timed[0].get('ms') else None,
+                                 configs=timed))
+                save()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--out', required=True, help='folder for tune_tc_kernels.json')
+    p.add_argument('--budget', type=float, default=100, help='seconds for both parts (default: %(default)s)')
+    p.add_argument('--parts', nargs='+', default=['profile', 'sweep'], choices=['profile', 'sweep'])
+    p.add_argument('--dry-run', action='store_true', help='a CPU, tiny shapes, the kernels interpreted')
+    args = p.parse_args(argv)
+    device = 'cpu' if args.dry_run else 'cuda'
+    if device == 'cuda':
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    set_backend('triton_tc' if device == 'cuda' else 'auto', strict=device == 'cuda')
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, 'tune_tc_kernels.json')
+    rows: list = []
+    record = dict(command='python tools/tune_tc_kernels.py ' + ' '.join(argv if argv is not None else sys.argv[1:]),
+                  date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(),
+                  machine=machine(device), rows=rows)
+
+    def save():
+        with open(path, 'w') as f:
+            json.dump(record, f, indent=1)
+    budget = Budget(args.budget)
+    batch = 1 if args.dry_run else 8
+    save()
+    if 'profile' in args.parts:
+        profile(rows, save, budget, args.dry_run, batch, device)
+    if 'sweep' in args.parts:
+        sweep(rows, save, budget, args.dry_run, batch, device)
+    record['complete'] = budget.left() > 0
+    save()
+    print(f'tune_tc_kernels: {len(rows)} rows in {path}')
+
+
+if __name__ == '__main__':
+    main()
