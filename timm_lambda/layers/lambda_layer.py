@@ -206,7 +206,12 @@ class LambdaLayer(nn.Module):
         n = H * W
         k, u, v, h = self.dim_k, self.dim_u, self.dim_v, self.heads
         qkv = self.qkv(x)
-        q, values = qkv[:, :h * k], qkv[:, h * k + k * u:]
+        # one split of the flattened projection (its backward is one concatenation; three slices were six launches
+        # and two sums), each part a view: q and the values back to 4-D for their norms, the keys [B, u, k, n]
+        # (a reshape of a 4-D channel slice makes torch.export guard on sizes of 1 even with backed_size_oblivious:
+        # docs/execution_modes.md)
+        q, keys, values = qkv.flatten(2).split([h * k, k * u, v * u], dim=1)
+        q, values = q.unflatten(2, [H, W]), values.unflatten(2, [H, W])
         if not torch.jit.is_scripting() and functorch_active():
             # torch <= 2.13: torch.func.vmap of group_norm fails on a channel slice ("Expected X.is_contiguous"),
             # and .contiguous() is no copy there (the slice is contiguous per sample)
@@ -216,15 +221,18 @@ class LambdaLayer(nn.Module):
         values = reshape_normed(self.norm_v(values), [B, u, v, n])
         shared: Optional[torch.Tensor] = None  # the part of lambda_n that is the same for every n: [B, k, v]
         if self.content:
-            # a view of the flattened projection: a reshape of the 4-D channel slice makes torch.export guard on
-            # sizes of 1 (batch, height, width) even with backed_size_oblivious (docs/execution_modes.md)
-            keys = normalize_keys(qkv.flatten(2).narrow(1, h * k, k * u).unflatten(1, [u, k]), self.key_norm)
+            keys = normalize_keys(keys.unflatten(1, [u, k]), self.key_norm)
             # lambda^c [B, k, v] (eq. 1) by one bmm per |u| (torch.matmul's 4-D decomposition reshapes the
-            # transposed values: torch.export would guard on H W != 1)
+            # transposed values: torch.export would guard on H W != 1); |u| = 1 by views (a select's backward is
+            # a zero fill and a copy)
             # (compiled: copies, as the views bmm saves for backward broke inductor at symbolic sizes: compiled_copy)
-            shared = torch.bmm(compiled_copy(keys[:, 0]), compiled_copy(values[:, 0].transpose(1, 2)))
-            for i in range(1, u):
-                shared = shared + torch.bmm(compiled_copy(keys[:, i]), compiled_copy(values[:, i].transpose(1, 2)))
+            if u == 1:
+                shared = torch.bmm(compiled_copy(keys.squeeze(1)), compiled_copy(values.squeeze(1).transpose(1, 2)))
+            else:
+                shared = torch.bmm(compiled_copy(keys[:, 0]), compiled_copy(values[:, 0].transpose(1, 2)))
+                for i in range(1, u):
+                    shared = shared + torch.bmm(compiled_copy(keys[:, i]),
+                                                compiled_copy(values[:, i].transpose(1, 2)))
         if self.pos_bias is not None:  # lambda^p_n[k, :] += b_k for every n
             bias = self.pos_bias.unsqueeze(1).expand(k, v).unsqueeze(0).expand(B, k, v)
             shared = bias if shared is None else shared + bias
