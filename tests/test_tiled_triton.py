@@ -8,6 +8,7 @@ import sys
 import types
 
 import pytest
+
 from _helpers import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

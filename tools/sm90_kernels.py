@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_LIMIT = 227 * 1024  # bytes of shared memory a block may use on sm_90
 # (name, heads, |k|, |v|, map side, stride): LambdaResNet-101's lambda layers at 1024 px (c4: 256 ch 64x64; c5's
 # first: 512 ch 64x64 stride 2, the table pooled to 25x25; c5: 512 ch 32x32) and a small odd one
@@ -84,7 +83,8 @@ def compile_sm90(fn, sig: dict, consts: dict, num_warps: int) -> dict:
     return dict(num_warps=num_warps, registers=number(r'Used (\d+) registers'),
                 spill_stores=number(r'(\d+) bytes spill stores'), spill_loads=number(r'(\d+) bytes spill loads'),
                 shared=compiled.metadata.shared, mma=len(re.findall(r'\bmma\.sync\.', ptx)),
-                wgmma=len(re.findall(r'\bwgmma\.mma_async\.', ptx)), cp_async=len(re.findall(r'\bcp\.async\.c[ag]\b', ptx)))
+                wgmma=len(re.findall(r'\bwgmma\.mma_async\.', ptx)),
+                cp_async=len(re.findall(r'\bcp\.async\.c[ag]\b', ptx)))
 
 
 def report(shapes=SHAPES, variants=VARIANTS):
@@ -105,7 +105,7 @@ def main(argv=None):
     p.add_argument('--json', help='write the rows, with command, date, commit and Triton version, here')
     args = p.parse_args(argv)
     import triton
-    sys.path.insert(0, os.path.join(ROOT, 'tools'))
+
     from dev.benchmarks.measure import commit
     rows = report()
     print(f"{'shape':6} {'dtype':5} {'prec':5} {'kernel':22} {'regs':>4} {'spill':>5} {'shared':>7} {'mma':>4} "

@@ -26,7 +26,6 @@ if '--dry-run' in sys.argv:
 
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dev.benchmarks.measure import commit, machine  # noqa: E402
 from timm_lambda.layers import LambdaLayer, set_backend  # noqa: E402
 from timm_lambda.layers.position_lambda import tiled_triton as T  # noqa: E402
@@ -54,7 +53,8 @@ class Budget:
 
 
 def profile(rows: list, save, budget: Budget, dry_run: bool, batch: int, device: str) -> None:
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == 'cuda' else [])
     for name, width, side, stride in shapes(dry_run):
         for dtype in (torch.float32,) if dry_run else (torch.float32, torch.bfloat16):
