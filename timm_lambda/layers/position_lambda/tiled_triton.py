@@ -291,6 +291,10 @@ def _widen(dtype: torch.dtype) -> bool:
     return INTERPRETED and dtype == torch.bfloat16
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # (triton.cdiv is a constexpr function: 14 us a call on the host in Triton 3.8)
+
+
 def _pow2(n: int, least: int = 1) -> int:
     return max(least, 1 << (max(n, 1) - 1).bit_length())
 
@@ -397,7 +401,7 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
         for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
             logits = _query_major_logits(q[b0:b0 + n], table)
             cn = None if content is None else content[b0:b0 + n]
-            _launch(k['tc_rows'], (k['triton'].cdiv(wo, rows['BLOCK_Q']), ho, n), logits, v[b0:b0 + n],
+            _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), ho, n), logits, v[b0:b0 + n],
                     out[b0:b0 + n], q[b0:b0 + n], logits if cn is None else cn, height, width, ho, wo, h, u, dv, c,
                     kh, kw, step, _precision(q.dtype), LOGIT_GRAD=False, CONTENT=cn is not None, WIDEN=widen,
                     **rows)
@@ -405,7 +409,7 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
     bq, bh, bv = _row_tiles(h, wo, dv)
     for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
         logits = _logits(q[b0:b0 + n], table)
-        _launch(k['query_rows'], (k['triton'].cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], y[b0:b0 + n],
+        _launch(k['query_rows'], (_cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], y[b0:b0 + n],
                 height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, False)
     return y if content is None else y + operator_content_term(q, content)
 
@@ -426,7 +430,6 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
         return gq, gv.zero_(), table.new_zeros(table.shape), gcontent
     if PREFILL_NAN:
         gq.fill_(float('nan')), gv.fill_(float('nan'))
-    cdiv = k['triton'].cdiv
     rm = table.view(c, u * kh * kw)
     chunks = _chunks(b, h * u * kh * kw * ho * wo, chunk_elements)
     gt = None  # the table's gradient: [c, u K_h K_w], summed over chunks in float32 (float64) where there are several
@@ -443,13 +446,13 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
         qc, gyc = q[b0:b0 + n], gy[b0:b0 + n]
         if tensor_cores:
             logits = _query_major_logits(qc, table)  # [n h, Ho Wo, u K_h K_w]
-            _launch(k['tc_value_grad'], (cdiv(width, vg['BLOCK_P']), height, n * u * cdiv(dv, vg['BLOCK_V'])),
+            _launch(k['tc_value_grad'], (_cdiv(width, vg['BLOCK_P']), height, n * u * _cdiv(dv, vg['BLOCK_V'])),
                     logits, gyc, gvw[b0:b0 + n], height, width, ho, wo, h, u, dv, kh, kw, step, prec,
                     WIDEN=widen, **vg)
             gl = torch.empty(logits.shape, dtype=torch.float32 if widen else logits.dtype, device=logits.device)
             if PREFILL_NAN:
                 gl.fill_(float('nan'))
-            _launch(k['tc_rows'], (cdiv(wo, rows['BLOCK_Q']), ho, n), gl, v[b0:b0 + n], gyc, qc, gl,
+            _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), ho, n), gl, v[b0:b0 + n], gyc, qc, gl,
                     height, width, ho, wo, h, u, dv, c, kh, kw, step, prec, LOGIT_GRAD=True, CONTENT=False,
                     WIDEN=widen, **rows)
             gl = gl.to(logits.dtype)  # the logit gradients in the 16-bit dtype, as a matmul's backward has them
@@ -457,12 +460,12 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
             flat = gl.view(n * h * ho * wo, -1)  # [(n h Ho Wo), u K_h K_w]
         else:
             logits = _logits(qc, table)  # [n, h, u K_h K_w, Ho, Wo]
-            _launch(k['value_grad'], (cdiv(width, step * bp) * step, height, n * u), logits, gyc, gv[b0:b0 + n],
+            _launch(k['value_grad'], (_cdiv(width, step * bp) * step, height, n * u), logits, gyc, gv[b0:b0 + n],
                     height, width, ho, wo, h, u, dv, kh, kw, step, acc, bp, bv)
             gl = torch.empty_like(logits)
             if PREFILL_NAN:
                 gl.fill_(float('nan'))
-            _launch(k['query_rows'], (cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc,
+            _launch(k['query_rows'], (_cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc,
                     height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, True)
             gl_t = gl.view(n * h, u * kh * kw, ho * wo)
             flat = None
