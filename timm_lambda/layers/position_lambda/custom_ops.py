@@ -237,9 +237,9 @@ def tiled_op(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[T
     queries -> ``[B, h V, Ho, Wo]`` (see the comment above ``_tiled``); in eager mode by :class:`_TiledEager`."""
     q, v = compiled_copy(q), compiled_copy(v)  # compiled: copies, not views
     v, table, content = v.to(q.dtype), table.to(q.dtype), None if content is None else content.to(q.dtype)
-    if not _eager():
-        return _tiled(q, v, table, step, content)
     device = q.device.type
+    if not _eager() or device not in ('cpu', 'cuda'):  # (the meta device has no autocast state to read)
+        return _tiled(q, v, table, step, content)
     if torch.is_autocast_enabled(device):  # the operator's autocast rule: every input in autocast's dtype
         dtype = torch.get_autocast_dtype(device)
         if q.dtype != torch.float64:
