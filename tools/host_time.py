@@ -4,7 +4,8 @@ against the custom operator's Python dispatch, side by side in one process, in i
 A layer step on a GPU at batch 1 is bound by its host time (docs/benchmarks.md, "GPU"). Here the layer runs on a
 2x2 map so that the kernels themselves cost little: with the ``triton_tc`` backend the Triton launches are stubbed
 out (Triton's interpreter set, nothing launched: what remains is the host's work around them), with ``cpu_kernel``
-the CPU kernel runs. One thread. Times are of this machine's CPU; the ratio is what the eager path saves.
+the CPU kernel runs (both the tiled form), with ``gemm`` the dense form (what ``'auto'`` picks for a map this small,
+as in a 224 px classifier's c5). One thread. Times are of this machine's CPU; the ratio is what the eager path saves.
 
     python tools/host_time.py [--json docs/results/host_time.json]
 """
@@ -39,8 +40,9 @@ def main(argv=None):
     x = torch.randn(1, 16, 2, 2)
     load = os.getloadavg()
     rows = []
-    for backend in ('triton_tc', 'cpu_kernel'):
+    for backend in ('triton_tc', 'cpu_kernel', 'gemm'):
         set_backend(backend, strict=True)
+        form = layer.choose_impl(2, 2)
         times = {'autograd.Function': [], 'custom operator': []}
         for r in range(args.rounds + 1):  # round 0: warm-up
             order = list(times) if r % 2 else list(times)[::-1]
@@ -53,10 +55,10 @@ def main(argv=None):
                     times[path].append((time.perf_counter() - t) / args.steps * 1e6)
         custom_ops._eager = eager
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-        rows.append(dict(backend=backend, us_per_step={k: round(v, 1) for k, v in med.items()},
+        rows.append(dict(backend=backend, form=form, us_per_step={k: round(v, 1) for k, v in med.items()},
                          min_us={k: round(min(v), 1) for k, v in times.items()},
                          ratio=round(med['autograd.Function'] / med['custom operator'], 3)))
-        print(f"{backend}: custom operator {med['custom operator']:.0f} us, autograd.Function "
+        print(f"{backend} ({form} form): custom operator {med['custom operator']:.0f} us, autograd.Function "
               f"{med['autograd.Function']:.0f} us a step ({rows[-1]['ratio']:.2f}x)", flush=True)
     set_backend('auto')
     if args.json:

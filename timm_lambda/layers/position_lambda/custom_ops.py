@@ -3,8 +3,11 @@
 Each has a backward operator that recomputes the logits instead of saving them (or, for ``create_graph=True``,
 differentiates the plain-op form), a fake kernel, an autocast rule and a FLOP formula. The dense operator is two
 batched GEMMs (the ``gemm`` backend); the tiled operator's forward and backward run by the backend that the table of
-:mod:`.backends` chooses for the call (the CPU kernel, Triton's kernels, or the GEMM path of :mod:`.gemm`).
+:mod:`.backends` chooses for the call (the CPU kernel, Triton's kernels, or the GEMM path of :mod:`.gemm`). In eager
+mode both run the same code from an ``autograd.Function`` (:class:`_TiledEager`, :class:`_DenseEager`), without the
+operators' Python dispatch.
 """
+import contextlib
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -101,10 +104,14 @@ def _plain_vjp(plain, inputs: list, tensors: Sequence[int], grad: Tensor, needs:
 # dense: q [n, B h, k], v [B, u m, V], emb [n, k, u m] -> y [B, n h, V]
 
 
-@torch.library.custom_op('timm_lambda::dense_position_lambdas', mutates_args=())
-def _dense(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
+def _dense_impl(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
     backends.record('dense', 'gemm', q)
     return dense_plain(q.contiguous(), v.contiguous(), emb.contiguous(), heads).contiguous()
+
+
+@torch.library.custom_op('timm_lambda::dense_position_lambdas', mutates_args=())
+def _dense(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
+    return _dense_impl(q, v, emb, heads)
 
 
 @_dense.register_fake
@@ -112,8 +119,7 @@ def _(q, v, emb, heads):
     return v.new_empty(v.shape[0], q.shape[0] * heads, v.shape[2])
 
 
-@torch.library.custom_op('timm_lambda::dense_position_lambdas_backward', mutates_args=())
-def _dense_backward(gy: Tensor, q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tuple[Tensor, Tensor, Tensor]:
+def _dense_backward_impl(gy: Tensor, q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tuple[Tensor, Tensor, Tensor]:
     q, v, emb, gy = q.contiguous(), v.contiguous(), emb.contiguous(), gy.contiguous()
     n, bh, _ = q.shape
     b, m = v.shape[0], v.shape[1]
@@ -122,6 +128,11 @@ def _dense_backward(gy: Tensor, q: Tensor, v: Tensor, emb: Tensor, heads: int) -
     glogits = torch.bmm(gy, v.transpose(1, 2)).view(b, n, heads, m).transpose(0, 1).reshape(n, bh, m)
     gq, gemb = torch.bmm(glogits, emb.transpose(1, 2)), torch.bmm(q.transpose(1, 2), glogits)
     return gq.contiguous(), gv.contiguous(), gemb.contiguous()  # bmm may hand back a transposed layout
+
+
+@torch.library.custom_op('timm_lambda::dense_position_lambdas_backward', mutates_args=())
+def _dense_backward(gy: Tensor, q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tuple[Tensor, Tensor, Tensor]:
+    return _dense_backward_impl(gy, q, v, emb, heads)
 
 
 def _dense_flops(q, v, emb, heads, out_shape=None, backward=False) -> int:
@@ -133,13 +144,35 @@ def _dense_flops(q, v, emb, heads, out_shape=None, backward=False) -> int:
 
 _dense_backward.register_fake(_backward_fake)
 _register(_dense, _dense_backward, dense_plain, _dense_flops)
+_DENSE_SETUP, _DENSE_BACKWARD = _autograd_rules(lambda gy, *inputs: _dense_backward_impl(gy, *inputs), dense_plain,
+                                                (0, 1, 2))
+
+
+class _DenseEager(torch.autograd.Function):
+    """The dense operator in eager mode (as :class:`_TiledEager`)."""
+
+    @staticmethod
+    def forward(ctx, q, v, emb, heads):
+        out = _dense_impl(q, v, emb, heads)
+        _DENSE_SETUP(ctx, (q, v, emb, heads), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, gy):
+        return _DENSE_BACKWARD(ctx, gy)
 
 
 @torch.jit.unused
 def dense_op(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
     """:func:`.plain_ops.dense_plain` by the custom operator."""
     q, v, emb = compiled_copy(q), compiled_copy(v), compiled_copy(emb)  # compiled: copies, not views
-    return _dense(q, v.to(q.dtype), emb.to(q.dtype), heads)
+    v, emb = v.to(q.dtype), emb.to(q.dtype)
+    eager = _eager_autocast(q, v, emb)
+    if eager is None:
+        return _dense(q, v, emb, heads)
+    q, v, emb, autocast = eager
+    with torch.autocast(q.device.type, enabled=False) if autocast else contextlib.nullcontext():
+        return _DenseEager.apply(q, v, emb, heads)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -210,9 +243,10 @@ _TILED_SETUP, _TILED_BACKWARD = _autograd_rules(lambda gy, *inputs: backends.run
 
 class _TiledEager(torch.autograd.Function):
     """The tiled operator in eager mode: the same backends, backward and autocast rule as the custom operator,
-    without its Python dispatch (the operator, its autograd and backend kernels and their redispatches: about 0.2 ms
-    of host time a training step on this project's CPU, as much as a dozen small aten launches). torch.compile, and
-    any dispatch mode (FlopCounterMode, fake tensors), see the custom operator."""
+    without its Python dispatch (the operator, its autograd and backend kernels and their redispatches: about 0.12 ms
+    of host time a layer training step on this project's CPU, as much as a dozen small aten launches:
+    tools/host_time.py). torch.compile, and any dispatch mode (FlopCounterMode, fake tensors), see the custom
+    operator."""
 
     @staticmethod
     def forward(ctx, q, v, table, step, content):
@@ -230,6 +264,20 @@ def _eager() -> bool:
     return not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
 
 
+def _eager_autocast(*tensors: Optional[Tensor]):
+    """None where the custom operator must run (compiled, a dispatch mode, a device other than CPU and CUDA: the meta
+    device has no autocast state to read); else ``(*tensors, autocast)``, under autocast (``autocast`` True) cast
+    as the operator's autocast rule casts them: every floating input but float64 in autocast's dtype."""
+    device = tensors[0].device.type
+    if not _eager() or device not in ('cpu', 'cuda'):
+        return None
+    if not torch.is_autocast_enabled(device):
+        return tensors + (False,)
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(t if t is None or not t.is_floating_point() or t.dtype == torch.float64 else t.to(dtype)
+                 for t in tensors) + (True,)
+
+
 @torch.jit.unused
 def tiled_op(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None) -> Tensor:
     """:func:`.plain_ops.tiled_plain` by the custom operator, in the layer's layouts: ``q [B, h, c, Ho, Wo]``,
@@ -237,14 +285,9 @@ def tiled_op(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[T
     queries -> ``[B, h V, Ho, Wo]`` (see the comment above ``_tiled``); in eager mode by :class:`_TiledEager`."""
     q, v = compiled_copy(q), compiled_copy(v)  # compiled: copies, not views
     v, table, content = v.to(q.dtype), table.to(q.dtype), None if content is None else content.to(q.dtype)
-    device = q.device.type
-    if not _eager() or device not in ('cpu', 'cuda'):  # (the meta device has no autocast state to read)
+    eager = _eager_autocast(q, v, table, content)
+    if eager is None:
         return _tiled(q, v, table, step, content)
-    if torch.is_autocast_enabled(device):  # the operator's autocast rule: every input in autocast's dtype
-        dtype = torch.get_autocast_dtype(device)
-        if q.dtype != torch.float64:
-            q, v, table = q.to(dtype), v.to(dtype), table.to(dtype)
-            content = None if content is None else content.to(dtype)
-        with torch.autocast(device, enabled=False):
-            return _TiledEager.apply(q, v, table, step, content)
-    return _TiledEager.apply(q, v, table, step, content)
+    q, v, table, content, autocast = eager
+    with torch.autocast(q.device.type, enabled=False) if autocast else contextlib.nullcontext():
+        return _TiledEager.apply(q, v, table, step, content)
