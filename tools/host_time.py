@@ -44,14 +44,14 @@ def main(argv=None):
         set_backend(backend, strict=True)
         form = layer.choose_impl(2, 2)
         times = {'autograd.Function': [], 'custom operator': []}
-        for r in range(args.rounds + 1):  # round 0: warm-up
+        for r in range(args.rounds + 3):  # rounds 0-2: warm-up
             order = list(times) if r % 2 else list(times)[::-1]
             for path in order:
                 custom_ops._eager = eager if path == 'autograd.Function' else (lambda: False)
                 t = time.perf_counter()
                 for _ in range(args.steps):
                     layer(x).sum().backward()
-                if r:
+                if r >= 3:
                     times[path].append((time.perf_counter() - t) / args.steps * 1e6)
         custom_ops._eager = eager
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
