@@ -39,16 +39,15 @@ def launches(heads: int, dim_k: int, dim_v: int, side: int, step: int, dtype: st
     kw = 23 + 2 * (step == 2)
     meta = T.tc_launch_meta(heads, 9 * dim_k if step == 2 else dim_k, dim_v, side, -(-side // step), kw, step)
     out = []
-    for logit_grad in (False, True):
-        rows = dict(meta['rows'])
+    for kernel in ('rows', 'logit_grad'):
+        rows = dict(meta[kernel])
         warps = rows.pop('num_warps')
-        if logit_grad:
-            rows['BLOCK_C'] = 16
-        consts = dict(STEP=step, PREC=prec, LOGIT_GRAD=logit_grad, CONTENT=not logit_grad and step == 1,
-                      WIDEN=False, **rows)
+        consts = dict(rows, STEP=step, PREC=prec, WIDEN=False)
+        consts.setdefault('CONTENT', step == 1)
         sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'v_ptr', 'y_ptr', 'q_ptr', 'c_ptr')},
                    **{n: 'i32' for n in _ROW_INTS}, **{n: 'constexpr' for n in consts})
-        out.append(('tc_rows (logit grad)' if logit_grad else 'tc_rows', k['tc_rows'], sig, consts, warps))
+        out.append(('tc_rows (logit grad)' if kernel == 'logit_grad' else 'tc_rows', k['tc_rows'], sig, consts,
+                    warps))
     vg = dict(meta['value_grad'])
     warps = vg.pop('num_warps')
     consts = dict(STEP=step, PREC=prec, WIDEN=False, **vg)

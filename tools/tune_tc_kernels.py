@@ -31,6 +31,7 @@ from timm_lambda.layers import LambdaLayer, set_backend  # noqa: E402
 from timm_lambda.layers.position_lambda import tiled_triton as T  # noqa: E402
 
 HEADS, DIM_K, SCOPE = 4, 16, 23
+KERNELS = {'tc_rows': 'rows', 'tc_rows (logit grad)': 'logit_grad', 'tc_value_grad': 'value_grad'}  # -> tc_launch_meta
 
 
 def shapes(dry_run: bool):
@@ -142,7 +143,7 @@ def _alternatives(kernel: str, default: dict, o: dict):
 def _runner(kernel: str, o: dict, prec: str, meta: dict):
     """A function that runs ``kernel`` once with the constants ``meta`` and returns its output."""
     k = T._kernels()
-    cdiv = k['triton'].cdiv
+    cdiv = T._cdiv
     q, v, table, gy = o['q'], o['v'], o['table'], o['gy']
     b, side, ho, wo, dv, c, kw, step = o['batch'], o['side'], o['ho'], o['wo'], o['dv'], o['c'], o['kw'], o['step']
     logits = T._query_major_logits(q, table)
@@ -157,12 +158,11 @@ def _runner(kernel: str, o: dict, prec: str, meta: dict):
         grid = (cdiv(wo, meta['BLOCK_Q']), ho, b)
         args = (logits, v, out, q, logits if content is None else content, side, side, ho, wo, HEADS, 1, dv, c, kw,
                 kw, step, prec)
-        meta = dict(meta, LOGIT_GRAD=False, CONTENT=content is not None)
+        meta = dict(meta, CONTENT=content is not None)
     else:  # the logit-gradient variant of tc_rows
         out = torch.empty(logits.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
         grid = (cdiv(wo, meta['BLOCK_Q']), ho, b)
         args = (out, v, gy, q, out, side, side, ho, wo, HEADS, 1, dv, c, kw, kw, step, prec)
-        meta = dict(meta, LOGIT_GRAD=True, CONTENT=False, BLOCK_C=16)
     fn = k['tc_value_grad' if kernel == 'tc_value_grad' else 'tc_rows']
 
     def run():
@@ -174,13 +174,12 @@ def _runner(kernel: str, o: dict, prec: str, meta: dict):
 def sweep(rows: list, save, budget: Budget, dry_run: bool, batch: int, device: str) -> None:
     if device == 'cuda':
         from triton.testing import do_bench
-    kernels = ('tc_rows', 'tc_rows (logit grad)', 'tc_value_grad')
     for dtype, prec in ((torch.float32, 'tf32'),) if dry_run else ((torch.bfloat16, 'ieee'), (torch.float32, 'tf32')):
         for name, width, side, stride in shapes(dry_run):
             o = _operands(width, side, stride, batch, dtype, device)
             meta = T.tc_launch_meta(HEADS, o['c'], o['dv'], side, o['wo'], o['kw'], stride)
-            for kernel in kernels:
-                default = dict(meta['value_grad' if kernel == 'tc_value_grad' else 'rows'])
+            for kernel in KERNELS:
+                default = dict(meta[KERNELS[kernel]])
                 options = _alternatives(kernel, default, o)
                 if dry_run:  # the interpreter: the default and another tiling (their results compared)
                     options = [options[0]] + [x for x in options if any(x.get(k) != v for k, v in default.items()

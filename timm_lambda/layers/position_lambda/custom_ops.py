@@ -4,11 +4,10 @@ Each has a backward operator that recomputes the logits instead of saving them (
 differentiates the plain-op form), a fake kernel, an autocast rule and a FLOP formula. The dense operator is two
 batched GEMMs (the ``gemm`` backend); the tiled operator's forward and backward run by the backend that the table of
 :mod:`.backends` chooses for the call (the CPU kernel, Triton's kernels, or the GEMM path of :mod:`.gemm`). In eager
-mode both run the same code from an ``autograd.Function`` (:class:`_TiledEager`, :class:`_DenseEager`), without the
-operators' Python dispatch.
+mode both run the same code from an ``autograd.Function``, without the operators' Python dispatch (:func:`_register`).
 """
-import contextlib
-from typing import List, Optional, Sequence, Tuple
+import functools
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -31,7 +30,7 @@ def _autograd_rules(backward_fn, plain, tensors: Sequence[int]):
     """``(setup_context, backward)`` of an operator whose inputs at positions ``tensors`` get gradients (an optional
     one may be None), in the order ``backward_fn(gy, *inputs)`` returns them; a higher-order gradient
     differentiates ``plain`` (the same arguments as the operator) instead. Shared by the custom operator's
-    registration and the eager path (:class:`_TiledEager`)."""
+    registration and its eager path (:func:`_register`)."""
 
     def setup(ctx, inputs, output):
         inputs = list(inputs) + [None] * (max(tensors) + 1 - len(inputs))  # an optional input left out: None
@@ -57,9 +56,26 @@ def _autograd_rules(backward_fn, plain, tensors: Sequence[int]):
     return setup, backward
 
 
-def _register(op, backward_op, plain, flops, tensors: Sequence[int] = (0, 1, 2)) -> None:
-    """The autograd (:func:`_autograd_rules`), FLOP and autocast registrations of ``op`` and the FLOPs of its
-    ``backward_op`` (``flops`` of the same inputs with ``backward=True``)."""
+def _autocast_inputs(args, dtype: torch.dtype) -> list:
+    """The operators' autocast rule: every floating input but float64 in autocast's ``dtype``."""
+    return [a.to(dtype) if isinstance(a, Tensor) and a.is_floating_point() and a.dtype != torch.float64 else a
+            for a in args]
+
+
+def _eager(device: str) -> bool:
+    """Not traced by torch.compile, under no dispatch mode (FlopCounterMode, fake tensors) and on CPU or CUDA
+    tensors (the meta device has no autocast state to read): an operator's eager path may run."""
+    return (device in ('cpu', 'cuda') and not torch.compiler.is_compiling()
+            and torch._C._len_torch_dispatch_stack() == 0)
+
+
+def _register(op, backward_op, impl, backward_impl, plain, flops, tensors: Sequence[int] = (0, 1, 2)) -> Callable:
+    """The autograd (:func:`_autograd_rules`), FLOP and autocast registrations of ``op`` (whose body is ``impl``)
+    and the FLOPs of its ``backward_op`` (body ``backward_impl``; ``flops`` of the same inputs with
+    ``backward=True``). Returns the entry point: ``op``, or in eager mode (:func:`_eager`) an ``autograd.Function``
+    that runs ``impl`` and ``backward_impl`` by the same rules without the operators' Python dispatch (the operator,
+    its autograd and backend kernels and their redispatches: about 0.12 ms of host time a layer training step on this
+    project's CPU, as much as a dozen small aten launches: tools/host_time.py)."""
     setup, backward = _autograd_rules(backward_op, plain, tensors)
     op.register_autograd(backward, setup_context=setup)
     register_flop_formula(getattr(torch.ops.timm_lambda, op._name))(flops)
@@ -70,14 +86,35 @@ def _register(op, backward_op, plain, flops, tensors: Sequence[int] = (0, 1, 2))
         # torch.library.register_autocast (torch >= 2.7) fixes the dtype at registration; autocast's dtype is
         # chosen at run time (bfloat16 or float16, on either device), so this rule reads it as a matmul does
         device = args[0].device.type
-        dtype = torch.get_autocast_dtype(device)
-        args = [a.to(dtype) if isinstance(a, Tensor) and a.is_floating_point() and a.dtype != torch.float64 else a
-                for a in args]
         with torch.autocast(device, enabled=False):
-            return op(*args)
+            return op(*_autocast_inputs(args, torch.get_autocast_dtype(device)))
 
     for key in ('AutocastCPU', 'AutocastCUDA'):
         _LIB.impl(op._name, in_autocast_dtype, key)
+
+    eager_setup, eager_backward = _autograd_rules(backward_impl, plain, tensors)
+
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            out = impl(*args)
+            eager_setup(ctx, args, out)
+            return out
+
+        @staticmethod
+        def backward(ctx, gy):
+            return eager_backward(ctx, gy)
+
+    def run(*args):
+        device = args[0].device.type
+        if not _eager(device):
+            return op(*args)
+        if not torch.is_autocast_enabled(device):
+            return Eager.apply(*args)
+        with torch.autocast(device, enabled=False):
+            return Eager.apply(*_autocast_inputs(args, torch.get_autocast_dtype(device)))
+
+    return run
 
 
 @torch.jit.unused
@@ -143,36 +180,14 @@ def _dense_flops(q, v, emb, heads, out_shape=None, backward=False) -> int:
 
 
 _dense_backward.register_fake(_backward_fake)
-_register(_dense, _dense_backward, dense_plain, _dense_flops)
-_DENSE_SETUP, _DENSE_BACKWARD = _autograd_rules(lambda gy, *inputs: _dense_backward_impl(gy, *inputs), dense_plain,
-                                                (0, 1, 2))
-
-
-class _DenseEager(torch.autograd.Function):
-    """The dense operator in eager mode (as :class:`_TiledEager`)."""
-
-    @staticmethod
-    def forward(ctx, q, v, emb, heads):
-        out = _dense_impl(q, v, emb, heads)
-        _DENSE_SETUP(ctx, (q, v, emb, heads), out)
-        return out
-
-    @staticmethod
-    def backward(ctx, gy):
-        return _DENSE_BACKWARD(ctx, gy)
+_run_dense = _register(_dense, _dense_backward, _dense_impl, _dense_backward_impl, dense_plain, _dense_flops)
 
 
 @torch.jit.unused
 def dense_op(q: Tensor, v: Tensor, emb: Tensor, heads: int) -> Tensor:
-    """:func:`.plain_ops.dense_plain` by the custom operator."""
+    """:func:`.plain_ops.dense_plain` by the custom operator (in eager mode without its dispatch: :func:`_register`)."""
     q, v, emb = compiled_copy(q), compiled_copy(v), compiled_copy(emb)  # compiled: copies, not views
-    v, emb = v.to(q.dtype), emb.to(q.dtype)
-    eager = _eager_autocast(q, v, emb)
-    if eager is None:
-        return _dense(q, v, emb, heads)
-    q, v, emb, autocast = eager
-    with torch.autocast(q.device.type, enabled=False) if autocast else contextlib.nullcontext():
-        return _DenseEager.apply(q, v, emb, heads)
+    return _run_dense(q, v.to(q.dtype), emb.to(q.dtype), heads)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -236,58 +251,16 @@ def _tiled_plain_as_op(q: Tensor, v: Tensor, table: Tensor, step: int, content: 
     return y if content is None else operator_content_term(q, content) + y
 
 
-_register(_tiled, _tiled_backward, _tiled_plain_as_op, _tiled_flops, tensors=(0, 1, 2, 4))
-_TILED_SETUP, _TILED_BACKWARD = _autograd_rules(lambda gy, *inputs: backends.run_tiled(True, gy, *inputs),
-                                                _tiled_plain_as_op, (0, 1, 2, 4))
-
-
-class _TiledEager(torch.autograd.Function):
-    """The tiled operator in eager mode: the same backends, backward and autocast rule as the custom operator,
-    without its Python dispatch (the operator, its autograd and backend kernels and their redispatches: about 0.12 ms
-    of host time a layer training step on this project's CPU, as much as a dozen small aten launches:
-    tools/host_time.py). torch.compile, and any dispatch mode (FlopCounterMode, fake tensors), see the custom
-    operator."""
-
-    @staticmethod
-    def forward(ctx, q, v, table, step, content):
-        out = backends.run_tiled(False, q, v, table, step, content)
-        _TILED_SETUP(ctx, (q, v, table, step, content), out)
-        return out
-
-    @staticmethod
-    def backward(ctx, gy):
-        return _TILED_BACKWARD(ctx, gy)
-
-
-def _eager() -> bool:
-    """Not traced by torch.compile and under no dispatch mode: the operators' eager path may run."""
-    return not torch.compiler.is_compiling() and torch._C._len_torch_dispatch_stack() == 0
-
-
-def _eager_autocast(*tensors: Optional[Tensor]):
-    """None where the custom operator must run (compiled, a dispatch mode, a device other than CPU and CUDA: the meta
-    device has no autocast state to read); else ``(*tensors, autocast)``, under autocast (``autocast`` True) cast
-    as the operator's autocast rule casts them: every floating input but float64 in autocast's dtype."""
-    device = tensors[0].device.type
-    if not _eager() or device not in ('cpu', 'cuda'):
-        return None
-    if not torch.is_autocast_enabled(device):
-        return tensors + (False,)
-    dtype = torch.get_autocast_dtype(device)
-    return tuple(t if t is None or not t.is_floating_point() or t.dtype == torch.float64 else t.to(dtype)
-                 for t in tensors) + (True,)
+_run_tiled = _register(_tiled, _tiled_backward, functools.partial(backends.run_tiled, False),
+                       functools.partial(backends.run_tiled, True), _tiled_plain_as_op, _tiled_flops,
+                       tensors=(0, 1, 2, 4))
 
 
 @torch.jit.unused
 def tiled_op(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None) -> Tensor:
-    """:func:`.plain_ops.tiled_plain` by the custom operator, in the layer's layouts: ``q [B, h, c, Ho, Wo]``,
-    ``v [B, u V, H, W]``, ``table [c, u, K_h, K_w]``, optionally a content lambda ``[B, c, V]`` applied to the same
-    queries -> ``[B, h V, Ho, Wo]`` (see the comment above ``_tiled``); in eager mode by :class:`_TiledEager`."""
+    """:func:`.plain_ops.tiled_plain` by the custom operator (in eager mode without its dispatch: :func:`_register`),
+    in the layer's layouts: ``q [B, h, c, Ho, Wo]``, ``v [B, u V, H, W]``, ``table [c, u, K_h, K_w]``, optionally a
+    content lambda ``[B, c, V]`` applied to the same queries -> ``[B, h V, Ho, Wo]`` (see the comment above
+    ``_tiled``)."""
     q, v = compiled_copy(q), compiled_copy(v)  # compiled: copies, not views
-    v, table, content = v.to(q.dtype), table.to(q.dtype), None if content is None else content.to(q.dtype)
-    eager = _eager_autocast(q, v, table, content)
-    if eager is None:
-        return _tiled(q, v, table, step, content)
-    q, v, table, content, autocast = eager
-    with torch.autocast(q.device.type, enabled=False) if autocast else contextlib.nullcontext():
-        return _TiledEager.apply(q, v, table, step, content)
+    return _run_tiled(q, v.to(q.dtype), table.to(q.dtype), step, None if content is None else content.to(q.dtype))

@@ -347,13 +347,15 @@ def _tc_value_tiles(width: int, kw: int, step: int, dv: int):
 
 def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, step: int) -> dict:
     """The constants and warps of the tensor-core launches at a shape (``c``: the query depth, 9 |k| at step 2):
-    ``{'rows': {...}, 'value_grad': {...}}``, each the kernel's block sizes and ``num_warps`` (what the wrappers
-    launch; tests/test_tiled_triton.py compiles them for sm_90)."""
+    ``{'rows': {...}, 'logit_grad': {...}, 'value_grad': {...}}`` (``tc_rows`` forward, its logit-gradient variant,
+    ``tc_value_grad``), each the kernel's block sizes, flags and ``num_warps``; the forward's ``CONTENT`` is the
+    caller's (what the wrappers launch; tools/sm90_kernels.py and tools/tune_tc_kernels.py use the same)."""
     bq, bh, bw = _tc_row_tiles(heads, wo, kw, step)
     bv = _pow2(dv, 16)
     bp, bwv, bvv = _tc_value_tiles(width, kw, step, dv)
-    return dict(rows=dict(BLOCK_Q=bq, BLOCK_H=bh, BLOCK_W=bw, BLOCK_V=bv, BLOCK_C=_pow2(c, 16),
-                          num_warps=_warps(bh * bq * bv, bh * bq * bw)),
+    rows = dict(BLOCK_Q=bq, BLOCK_H=bh, BLOCK_W=bw, BLOCK_V=bv, num_warps=_warps(bh * bq * bv, bh * bq * bw))
+    return dict(rows=dict(rows, BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False),
+                logit_grad=dict(rows, BLOCK_C=16, LOGIT_GRAD=True, CONTENT=False),  # (no content term)
                 value_grad=dict(BLOCK_P=bp, BLOCK_W=bwv, BLOCK_V=bvv, num_warps=_warps(bp * bvv, bp * bwv, bwv * bvv)))
 
 
@@ -403,8 +405,7 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
             cn = None if content is None else content[b0:b0 + n]
             _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), ho, n), logits, v[b0:b0 + n],
                     out[b0:b0 + n], q[b0:b0 + n], logits if cn is None else cn, height, width, ho, wo, h, u, dv, c,
-                    kh, kw, step, _precision(q.dtype), LOGIT_GRAD=False, CONTENT=cn is not None, WIDEN=widen,
-                    **rows)
+                    kh, kw, step, _precision(q.dtype), CONTENT=cn is not None, WIDEN=widen, **rows)
         return out.to(y.dtype) if widen else y
     bq, bh, bv = _row_tiles(h, wo, dv)
     for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
@@ -436,7 +437,7 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
     if tensor_cores:
         prec = _precision(q.dtype)
         meta = tc_launch_meta(h, c, dv, width, wo, kw, step)
-        rows, vg = dict(meta['rows'], BLOCK_C=16), meta['value_grad']  # (the backward has no content term)
+        rows, vg = meta['logit_grad'], meta['value_grad']
         widen = _widen(q.dtype)
         gvw = gv.float() if widen else gv
     else:
@@ -453,8 +454,7 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
             if PREFILL_NAN:
                 gl.fill_(float('nan'))
             _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), ho, n), gl, v[b0:b0 + n], gyc, qc, gl,
-                    height, width, ho, wo, h, u, dv, c, kh, kw, step, prec, LOGIT_GRAD=True, CONTENT=False,
-                    WIDEN=widen, **rows)
+                    height, width, ho, wo, h, u, dv, c, kh, kw, step, prec, WIDEN=widen, **rows)
             gl = gl.to(logits.dtype)  # the logit gradients in the 16-bit dtype, as a matmul's backward has them
             gl_t = gl.transpose(1, 2)  # [n h, u K_h K_w, Ho Wo]
             flat = gl.view(n * h * ho * wo, -1)  # [(n h Ho Wo), u K_h K_w]
