@@ -155,3 +155,17 @@ def test_gpu_check_mission_dry_run(tmp_path):
     assert set(res['models']) == {'models_c4', 'models_cuda', 'models_reduce_overhead'}
     row, = res['models']['models_reduce_overhead'][0]['rows']  # eager standing in for the compiled step on a CPU
     assert {'eager_ms', 'graphed_ms', 'compiled_ms', 'ratio_compiled', 'compile_and_capture_s'} <= set(row), row
+
+
+def test_gpu_check_skip_records_the_step_without_running_it(tmp_path):
+    """``--skip NAME``: the step is recorded as skipped, its command never starts, and the section still counts as ok
+    (a short slot leaves out the steps measured before)."""
+    import gpu_check
+    run = gpu_check.Run('layer', str(tmp_path / 'out'), 60, dry_run=True, argv=[], skip=['made'])
+    marker = tmp_path / 'marker'
+    touch = [sys.executable, '-c', f'open({str(marker)!r}, "w").close()']
+    assert run.step('made', touch, 10) is None and not marker.exists()
+    assert run.step('kept', touch, 10) == 0 and marker.exists()
+    assert [(s['name'], s.get('skipped', False)) for s in run.record['steps']] == [('made', True), ('kept', False)]
+    with open(run.finish()) as f:
+        assert json.load(f)['ok'] is True

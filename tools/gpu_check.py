@@ -89,8 +89,9 @@ def machine() -> dict:
 class Run:
     """One section's steps, their logs and results, and the time left of its budget."""
 
-    def __init__(self, section: str, out: str, budget: float, dry_run: bool, argv):
+    def __init__(self, section: str, out: str, budget: float, dry_run: bool, argv, skip=()):
         self.section, self.dry_run, self.t0, self.budget = section, dry_run, time.time(), budget
+        self.skip = set(skip)
         self.out = os.path.abspath(out)
         # logs, raw JSON, work dirs: packed at the end; outside OUT, which must hold only the two result files
         self.scratch = os.path.join(tempfile.gettempdir(), f'gpu_check_{os.getpid()}')
@@ -121,6 +122,10 @@ class Run:
         entry = dict(name=name, command=shlex.join(cmd), log=os.path.relpath(log_path, self.scratch),
                      limit_s=round(limit))
         self.record['steps'].append(entry)
+        if name in self.skip:
+            entry.update(rc=None, seconds=0, skipped=True, note='not started: --skip')
+            print(f'[gpu_check] {name}: skipped (--skip)', flush=True)
+            return None
         if limit < 5:
             entry.update(rc=None, seconds=0, note='not started: the section\'s time budget is spent')
             print(f'[gpu_check] {name}: not started (budget spent)', flush=True)
@@ -155,7 +160,7 @@ class Run:
     def finish(self) -> str:
         """Write ``gpu_check_<section>.json`` and ``gpu_check_<section>.tar.gz`` into ``out``."""
         self.record['seconds'] = round(time.time() - self.t0, 1)
-        self.record['ok'] = all(s.get('rc') == 0 for s in self.record['steps'])
+        self.record['ok'] = all(s.get('rc') == 0 or s.get('skipped') for s in self.record['steps'])
         summary = os.path.join(self.out, f'gpu_check_{self.section}.json')
         with open(summary, 'w') as f:
             json.dump(self.record, f, indent=1, default=str)
@@ -420,6 +425,8 @@ def main(argv=None):
     p.add_argument('--out', default='work_dirs/gpu_check', help='where the two result files go')
     p.add_argument('--budget', type=float, default=420, help='seconds for the whole section (default: %(default)s)')
     p.add_argument('--workers', type=int, default=None, help='pytest-xdist workers (default: cores / 2, at most 8)')
+    p.add_argument('--skip', default='', help='comma-separated step names not to run (a short slot: the steps '
+                   'measured before), e.g. cuda_tests_models,timm_train')
     p.add_argument('--dry-run', action='store_true', help='CPU, tiny sizes: every step starts and writes its output')
     args = p.parse_args(argv)
     if args.workers is None:
@@ -430,7 +437,7 @@ def main(argv=None):
                          'on the CPU')
     if args.bundle:
         args.bundle = os.path.abspath(args.bundle)
-    run = Run(args.section, args.out, args.budget, args.dry_run, argv)
+    run = Run(args.section, args.out, args.budget, args.dry_run, argv, skip=[x for x in args.skip.split(',') if x])
     (section_layer if args.section == 'layer' else section_mission)(run, args)
     return run.finish()
 
