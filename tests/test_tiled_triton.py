@@ -161,13 +161,14 @@ _SM90 = load_file('tools/sm90_kernels.py', 'sm90_kernels')
 
 @pytest.mark.slow
 @pytest.mark.parametrize('shape', _SM90.SHAPES, ids=[s[0] for s in _SM90.SHAPES])
-def test_tensor_core_kernels_compile_for_sm90_with_mma_and_no_spills(shape):
+def test_tensor_core_kernels_compile_for_sm90_with_mma_and_few_spills(shape):
     """Every tensor-core kernel as the wrappers launch it (``tiled_triton.tc_launch_meta``) at LambdaResNet-101's
     three 1024 px shapes and a small odd one, compiled ahead of time for sm_90 (H100 and H200) by Triton on this CPU
     (tools/sm90_kernels.py): the 16-bit and TF32 variants contain tensor-core instructions (``mma``/``wgmma`` in the
-    PTX), the exact float32 one does not; each fits the SM's shared memory (227 KiB a block) and spills no register
-    to local memory (``ptxas -v``: the value-gradient kernel spilled 28-2044 bytes a thread before its channels were
-    split over the grid)."""
+    PTX), the exact float32 one does not; each fits the SM's shared memory (227 KiB a block) and spills at most 64
+    bytes a thread to local memory (``ptxas -v``). The value-gradient kernel spilled 28-2044 bytes at e58816d (its
+    128 channels with a branchy loop); at 128 channels a program it now spills 0-48 and ran 1.12-1.28x faster on an
+    H200 than at 64 without spills (docs/benchmarks.md, "GPU")."""
     pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
     rows = _SM90.report([shape])
     assert {(r['dtype'], r['precision']) for r in rows} >= {('bf16', 'ieee'), ('fp16', 'ieee'), ('fp32', 'tf32')}
@@ -175,7 +176,7 @@ def test_tensor_core_kernels_compile_for_sm90_with_mma_and_no_spills(shape):
         name = f"{r['kernel']} {r['dtype']} {r['precision']} {r['constexprs']}"
         assert bool(r['mma'] + r['wgmma']) == r['tensor_cores'], f'{name}: tensor-core instructions {r}'
         assert r['shared'] <= _SM90.SHARED_LIMIT, f"{name}: {r['shared']} bytes of shared memory"
-        assert r['registers'] is not None and r['spill_stores'] == 0 and r['spill_loads'] == 0, f'{name}: {r}'
+        assert r['registers'] is not None and r['spill_stores'] <= 64 and r['spill_loads'] <= 64, f'{name}: {r}'
 
 
 def test_a_kernel_error_at_the_first_launch_propagates(monkeypatch):
@@ -195,3 +196,23 @@ def test_a_kernel_error_at_the_first_launch_propagates(monkeypatch):
             tiled_triton._launch({(1,): broken}, (1,))
         assert not isinstance(raised.value, execution.BackendUnusable)
     assert tiled_triton._cannot_run_here(RuntimeError('0 active drivers'))
+
+
+def test_query_major_logits_rows_are_aligned_for_cublas():
+    """The tensor-core path's compact logits ``[n h, Ho Wo, LS]`` have rows of ``LS`` = ``u K_h K_w`` rounded up to 8
+    elements (16 bytes in 16-bit): the GEMMs that write them (forward) and read them (``dq``, ``dR``) then get cuBLAS's
+    aligned kernels (at 529 an H200 ran SIMT and unaligned ones). The padding columns are zero, the others the
+    logits ``q . R``."""
+    import torch
+
+    from timm_lambda.layers.position_lambda import tiled_triton as T
+    assert [T.logit_stride(s) for s in (529, 625, 49, 50, 536)] == [536, 632, 56, 56, 536]
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, 16, 5, 7, dtype=torch.float64)
+    table = torch.randn(16, 1, 23, 23, dtype=torch.float64)
+    padded = T._padded_table(table)
+    logits = T._query_major_logits(q, padded)
+    assert padded.shape == (16, 536) and logits.shape == (6, 35, 536) and logits.stride(1) % 8 == 0
+    want = torch.einsum('nhcyx,cs->nhyxs', q, table.reshape(16, 529)).reshape(6, 35, 529)
+    torch.testing.assert_close(logits[..., :529], want)
+    assert (logits[..., 529:] == 0).all()

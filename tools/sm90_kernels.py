@@ -20,44 +20,48 @@ import sys
 import tempfile
 import time
 
+import torch
+
 SHARED_LIMIT = 227 * 1024  # bytes of shared memory a block may use on sm_90
 # (name, heads, |k|, |v|, map side, stride): LambdaResNet-101's lambda layers at 1024 px (c4: 256 ch 64x64; c5's
 # first: 512 ch 64x64 stride 2, the table pooled to 25x25; c5: 512 ch 32x32) and a small odd one
 SHAPES = [('c4', 4, 16, 64, 64, 1), ('c5_s2', 4, 16, 128, 64, 2), ('c5', 4, 16, 128, 32, 1), ('odd', 5, 9, 43, 13, 1)]
 # (dtype, tl.dot input precision, tensor cores expected)
 VARIANTS = [('bf16', 'ieee', True), ('fp16', 'ieee', True), ('fp32', 'tf32', True), ('fp32', 'ieee', False)]
-_ROW_INTS = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'C', 'KH', 'KW']
-_VALUE_INTS = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'KH', 'KW']
+_ROW_INTS = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'C', 'KH', 'KW', 'LS']
+_VALUE_INTS = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'KH', 'KW', 'LS']
 
 
 def launches(heads: int, dim_k: int, dim_v: int, side: int, step: int, dtype: str, prec: str):
-    """``(name, jit function, signature, constexprs, num_warps)`` of each tensor-core launch at a shape (scope 23,
-    |u| 1), as tiled_triton's wrappers make them."""
+    """``(name, jit function, signature, constexprs, options)`` of each tensor-core launch at a shape (scope 23,
+    |u| 1), as tiled_triton's wrappers make them (``options``: ``num_warps`` and where set ``num_stages``)."""
     from timm_lambda.layers.position_lambda import tiled_triton as T
 
     k = T._kernels()
     kw = 23 + 2 * (step == 2)
-    meta = T.tc_launch_meta(heads, 9 * dim_k if step == 2 else dim_k, dim_v, side, -(-side // step), kw, step)
+    torch_dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}[dtype]
+    meta = T.tc_launch_meta(heads, 9 * dim_k if step == 2 else dim_k, dim_v, side, -(-side // step), kw, step,
+                            torch_dtype)
     out = []
     for kernel in ('rows', 'logit_grad'):
         rows = dict(meta[kernel])
-        warps = rows.pop('num_warps')
+        options = {o: rows.pop(o) for o in ('num_warps', 'num_stages') if o in rows}
         consts = dict(rows, STEP=step, PREC=prec, WIDEN=False)
         consts.setdefault('CONTENT', step == 1)
         sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'v_ptr', 'y_ptr', 'q_ptr', 'c_ptr')},
                    **{n: 'i32' for n in _ROW_INTS}, **{n: 'constexpr' for n in consts})
         out.append(('tc_rows (logit grad)' if kernel == 'logit_grad' else 'tc_rows', k['tc_rows'], sig, consts,
-                    warps))
+                    options))
     vg = dict(meta['value_grad'])
-    warps = vg.pop('num_warps')
+    options = {o: vg.pop(o) for o in ('num_warps', 'num_stages') if o in vg}
     consts = dict(STEP=step, PREC=prec, WIDEN=False, **vg)
     sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'gy_ptr', 'gv_ptr')}, **{n: 'i32' for n in _VALUE_INTS},
                **{n: 'constexpr' for n in consts})
-    out.append(('tc_value_grad', k['tc_value_grad'], sig, consts, warps))
+    out.append(('tc_value_grad', k['tc_value_grad'], sig, consts, options))
     return out
 
 
-def compile_sm90(fn, sig: dict, consts: dict, num_warps: int) -> dict:
+def compile_sm90(fn, sig: dict, consts: dict, options: dict) -> dict:
     """Compile for sm_90 and read the result: registers, spill bytes (``ptxas -v``), shared memory, instruction
     counts in the PTX."""
     import triton
@@ -66,7 +70,7 @@ def compile_sm90(fn, sig: dict, consts: dict, num_warps: int) -> dict:
     from triton.compiler import ASTSource
 
     compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget('cuda', 90, 32),
-                              options=dict(num_warps=num_warps))
+                              options=options)
     ptx = compiled.asm['ptx']
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, 'k.ptx')
@@ -79,7 +83,7 @@ def compile_sm90(fn, sig: dict, consts: dict, num_warps: int) -> dict:
         m = re.search(pattern, log)
         return int(m.group(1)) if m else None
 
-    return dict(num_warps=num_warps, registers=number(r'Used (\d+) registers'),
+    return dict(options, registers=number(r'Used (\d+) registers'),
                 spill_stores=number(r'(\d+) bytes spill stores'), spill_loads=number(r'(\d+) bytes spill loads'),
                 shared=compiled.metadata.shared, mma=len(re.findall(r'\bmma\.sync\.', ptx)),
                 wgmma=len(re.findall(r'\bwgmma\.mma_async\.', ptx)),
@@ -92,10 +96,10 @@ def report(shapes=SHAPES, variants=VARIANTS):
         for dtype, prec, tensor_cores in variants:
             if not tensor_cores and name != 'c4':  # the exact float32 variant: once
                 continue
-            for kernel, fn, sig, consts, warps in launches(*shape, dtype, prec):
+            for kernel, fn, sig, consts, options in launches(*shape, dtype, prec):
                 rows.append(dict(shape=name, dtype=dtype, precision=prec, kernel=kernel, tensor_cores=tensor_cores,
                                  constexprs={k: v for k, v in consts.items() if k.startswith('BLOCK')},
-                                 **compile_sm90(fn, sig, consts, warps)))
+                                 **compile_sm90(fn, sig, consts, options)))
     return rows
 
 

@@ -123,14 +123,15 @@ def _operands(width, side, stride, batch, dtype, device):
 def _alternatives(kernel: str, default: dict, o: dict):
     """The default constants and a few alternatives: pipeline stages, warps, tiles."""
     out = [dict(default)]
-    for stages in (1, 2, 4):
-        out.append(dict(default, num_stages=stages))
+    for stages in (1, 2, 3, 4):  # (Triton's default: 3)
+        if stages != default.get('num_stages', 3):
+            out.append(dict(default, num_stages=stages))
     out.append(dict(default, num_warps=8 if default['num_warps'] == 4 else 4))
     if kernel == 'tc_value_grad':
         for bp in (16, 32, 64):
             if bp != default['BLOCK_P'] and bp <= T._pow2(o['side'], 16):
                 out.append(dict(default, BLOCK_P=bp, BLOCK_W=T._pow2((bp - 1 + o['kw'] - 1) // o['step'] + 1, 16)))
-        for bv in (32, 128):
+        for bv in (32, 64, 128):
             if bv != default['BLOCK_V'] and bv <= T._pow2(o['dv'], 16):
                 out.append(dict(default, BLOCK_V=bv))
     else:
@@ -146,23 +147,24 @@ def _runner(kernel: str, o: dict, prec: str, meta: dict):
     cdiv = T._cdiv
     q, v, table, gy = o['q'], o['v'], o['table'], o['gy']
     b, side, ho, wo, dv, c, kw, step = o['batch'], o['side'], o['ho'], o['wo'], o['dv'], o['c'], o['kw'], o['step']
-    logits = T._query_major_logits(q, table)
+    logits = T._query_major_logits(q, T._padded_table(table))
+    ls = logits.shape[-1]
     widen = T._widen(q.dtype)
     if kernel == 'tc_value_grad':
         out = torch.empty(v.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
         grid = (cdiv(side, meta['BLOCK_P']), side, b * cdiv(dv, meta['BLOCK_V']))
-        args = (logits, gy, out, side, side, ho, wo, HEADS, 1, dv, kw, kw, step, prec)
+        args = (logits, gy, out, side, side, ho, wo, HEADS, 1, dv, kw, kw, ls, step, prec)
     elif kernel == 'tc_rows':
         out = torch.empty(gy.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
         content = o['content'] if step == 1 else None
         grid = (cdiv(wo, meta['BLOCK_Q']), ho, b)
         args = (logits, v, out, q, logits if content is None else content, side, side, ho, wo, HEADS, 1, dv, c, kw,
-                kw, step, prec)
+                kw, ls, step, prec)
         meta = dict(meta, CONTENT=content is not None)
-    else:  # the logit-gradient variant of tc_rows
-        out = torch.empty(logits.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
+    else:  # the logit-gradient variant of tc_rows (zeros: it writes no padding column, which is compared too)
+        out = torch.zeros(logits.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
         grid = (cdiv(wo, meta['BLOCK_Q']), ho, b)
-        args = (out, v, gy, q, out, side, side, ho, wo, HEADS, 1, dv, c, kw, kw, step, prec)
+        args = (out, v, gy, q, out, side, side, ho, wo, HEADS, 1, dv, c, kw, kw, ls, step, prec)
     fn = k['tc_value_grad' if kernel == 'tc_value_grad' else 'tc_rows']
 
     def run():
@@ -177,7 +179,7 @@ def sweep(rows: list, save, budget: Budget, dry_run: bool, batch: int, device: s
     for dtype, prec in ((torch.float32, 'tf32'),) if dry_run else ((torch.bfloat16, 'ieee'), (torch.float32, 'tf32')):
         for name, width, side, stride in shapes(dry_run):
             o = _operands(width, side, stride, batch, dtype, device)
-            meta = T.tc_launch_meta(HEADS, o['c'], o['dv'], side, o['wo'], o['kw'], stride)
+            meta = T.tc_launch_meta(HEADS, o['c'], o['dv'], side, o['wo'], o['kw'], stride, dtype)
             for kernel in KERNELS:
                 default = dict(meta[KERNELS[kernel]])
                 options = _alternatives(kernel, default, o)

@@ -33,7 +33,7 @@ from torch import Tensor
 from .execution import BackendUnusable
 from .plain_ops import operator_content_grads, operator_content_term
 
-__all__ = ['forward', 'backward', 'unavailable', 'INTERPRETED', 'LAUNCHES']
+__all__ = ['forward', 'backward', 'unavailable', 'logit_stride', 'INTERPRETED', 'LAUNCHES']
 
 LAUNCHES = 0  # kernel launches that returned in this process: what tests read to see that a kernel ran
 PREFILL_NAN = False  # tests: outputs the kernels write start as NaN, so that an element no kernel wrote shows
@@ -154,7 +154,7 @@ def _kernels():
         tl.store(gv_ptr + out, acc.to(gv_ptr.dtype.element_ty), mask=cmask[:, None] & vmask[None, :])
 
     @triton.jit
-    def _tc_rows(l_ptr, v_ptr, y_ptr, q_ptr, c_ptr, H, W, Ho, Wo, HEADS, U, V, C, KH, KW, STEP: tl.constexpr,
+    def _tc_rows(l_ptr, v_ptr, y_ptr, q_ptr, c_ptr, H, W, Ho, Wo, HEADS, U, V, C, KH, KW, LS, STEP: tl.constexpr,
                  PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
                  BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, LOGIT_GRAD: tl.constexpr, CONTENT: tl.constexpr,
                  WIDEN: tl.constexpr):
@@ -164,7 +164,8 @@ def _kernels():
         (zero off the band), plus ``q lambda^c`` with ``CONTENT``. ``LOGIT_GRAD``: ``dA = dY V^T``, its band
         stored into ``l`` (``y`` holds ``dY``), every scope offset of the rows written (zero off the image).
         ``WIDEN``: 16-bit tiles widened to float32 before each product (exact; Triton's interpreter has no bfloat16
-        matmul). One loop over the (u, in-image scope row) pairs, without branches: Triton pipelines its loads."""
+        matmul). ``LS``: the logits' row stride (``U KH KW`` rounded up: :func:`logit_stride`). One loop over the
+        (u, in-image scope row) pairs, without branches: Triton pipelines its loads."""
         ox0, oy, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1), tl.program_id(2).to(tl.int64)
         r = tl.arange(0, BLOCK_H * BLOCK_Q)
         hd, j = r // BLOCK_Q, r % BLOCK_Q
@@ -177,8 +178,8 @@ def _kernels():
         cmask = (col >= 0) & (col < W)
         kx = w[None, :] - STEP * j[:, None]  # [R, BW]: the scope column of (row, window column)
         kmask = rmask[:, None] & (kx >= 0) & (kx < KW)
-        hw, howo, ukk = H * W, Ho * Wo, U * KH * KW
-        l_row = ((b * HEADS + hd) * howo + oy * Wo + ox) * ukk  # [R]: the row's compact logits
+        hw, howo = H * W, Ho * Wo
+        l_row = ((b * HEADS + hd) * howo + oy * Wo + ox) * LS  # [R]: the row's compact logits
         y_off = ((b * HEADS + hd) * V)[:, None] * howo + vv[None, :] * howo + oy * Wo + ox[:, None]
         row0 = oy * STEP - (KH - 1) // 2  # the value row of scope row 0
         ky_lo = tl.maximum(0, -row0)  # the scope rows in the image: [ky_lo, ky_hi)
@@ -226,7 +227,7 @@ def _kernels():
             tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
 
     @triton.jit
-    def _tc_value_grad(l_ptr, gy_ptr, gv_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, STEP: tl.constexpr,
+    def _tc_value_grad(l_ptr, gy_ptr, gv_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, LS, STEP: tl.constexpr,
                        PREC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr,
                        WIDEN: tl.constexpr):
         """Tensor cores: ``dv`` at ``BLOCK_P`` value columns of row ``r`` and ``BLOCK_V`` of the value channels
@@ -246,19 +247,19 @@ def _kernels():
         qmask = (ox >= 0) & (ox < Wo)
         kx = c[:, None] + (KW - 1) // 2 - STEP * ox[None, :]  # [BP, BW]
         m = pmask[:, None] & qmask[None, :] & (kx >= 0) & (kx < KW)
-        howo, ukk = Ho * Wo, U * KH * KW
+        howo = Ho * Wo
         # the output rows whose scope row ky = r + p_y - STEP oy is in [0, KH): oy in [oy_lo, oy_hi]
         top = r + (KH - 1) // 2
         oy_lo = tl.maximum(0, (top - (KH - 1) + STEP - 1) >> (STEP - 1))
         oy_hi = tl.minimum(Ho - 1, top >> (STEP - 1))
-        at_ptr = l_ptr + ((b * HEADS * howo + ox) * ukk)[None, :] + u * KH * KW + kx  # [BP, BW] at (head 0, oy 0)
+        at_ptr = l_ptr + ((b * HEADS * howo + ox) * LS)[None, :] + u * KH * KW + kx  # [BP, BW] at (head 0, oy 0)
         g_ptr = gy_ptr + b * HEADS * V * howo + vv[None, :] * howo + ox[:, None]  # [BW, BV] at (head 0, oy 0)
         acc = tl.zeros([BLOCK_P, BLOCK_V], tl.float32)
         for i in range(0, (oy_hi - oy_lo + 1) * HEADS):
             oy = oy_lo + i // HEADS
             hd = i % HEADS
             ky = top - STEP * oy
-            at = tl.load(at_ptr + ((hd * howo + oy * Wo) * ukk + ky * KW), mask=m, other=0.0)
+            at = tl.load(at_ptr + ((hd * howo + oy * Wo) * LS + ky * KW), mask=m, other=0.0)
             g = tl.load(g_ptr + (hd * V * howo + oy * Wo), mask=qmask[:, None] & vmask[None, :], other=0.0)
             if WIDEN:
                 at, g = at.to(tl.float32), g.to(tl.float32)
@@ -315,17 +316,18 @@ def _row_tiles(h: int, wo: int, dv: int):
 
 
 @functools.lru_cache(maxsize=None)  # on every call of the layer: a pure function of a few ints
-def _tc_row_tiles(h: int, wo: int, kw: int, step: int):
+def _tc_row_tiles(h: int, wo: int, kw: int, step: int, fewest_rows: bool = False):
     """Tensor-core forward tiles: ``(queries, heads padded, window columns)`` of a program. The window (a power of
     2, at least 16) is the MMA's depth: the fewest columns per query row first (the padded multiply-adds), then the
-    most queries sharing them; the rows ``heads x queries`` between 16 and 128."""
+    most queries sharing them (``fewest_rows``: the fewest, 16 rows where the heads allow); the rows ``heads x
+    queries`` between 16 and 128."""
     bh = _pow2(h)
     best = None
     for bq in (1, 2, 4, 8, 16, 32, 64):
         if not 16 <= bh * bq <= 128 or (bq > _pow2(wo) and bh * bq > 16):
             continue
         bw = _pow2(step * (bq - 1) + kw, 16)
-        if best is None or (bw, -bq) < (best[2], -best[0]):
+        if best is None or (bw, bq if fewest_rows else -bq) < (best[2], best[0] if fewest_rows else -best[0]):
             best = (bq, bh, bw)
     return best
 
@@ -333,8 +335,7 @@ def _tc_row_tiles(h: int, wo: int, kw: int, step: int):
 @functools.lru_cache(maxsize=None)
 def _tc_value_tiles(width: int, kw: int, step: int, dv: int):
     """Tensor-core value-gradient tiles: ``(value columns, queries, value channels)`` of a program, the most columns
-    per padded query (16 columns at least: the MMA's rows); at most 64 channels a program (more spilled registers
-    on sm_90: tools/sm90_kernels.py), the rest on the grid."""
+    per padded query (16 columns at least: the MMA's rows); at most 128 channels a program, the rest on the grid."""
     best = None
     for bp in (16, 32, 64):
         if bp > _pow2(width, 16):
@@ -342,18 +343,28 @@ def _tc_value_tiles(width: int, kw: int, step: int, dv: int):
         bw = _pow2((bp - 1 + kw - 1) // step + 1, 16)
         if best is None or bp * best[1] > best[0] * bw:
             best = (bp, bw)
-    return best + (min(_pow2(dv, 16), 64),)
+    return best + (min(_pow2(dv, 16), 128),)
 
 
-def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, step: int) -> dict:
-    """The constants and warps of the tensor-core launches at a shape (``c``: the query depth, 9 |k| at step 2):
-    ``{'rows': {...}, 'logit_grad': {...}, 'value_grad': {...}}`` (``tc_rows`` forward, its logit-gradient variant,
-    ``tc_value_grad``), each the kernel's block sizes, flags and ``num_warps``; the forward's ``CONTENT`` is the
-    caller's (what the wrappers launch; tools/sm90_kernels.py and tools/tune_tc_kernels.py use the same)."""
-    bq, bh, bw = _tc_row_tiles(heads, wo, kw, step)
+def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, step: int,
+                   dtype: torch.dtype = torch.float32) -> dict:
+    """The constants, warps and stages of the tensor-core launches at a shape (``c``: the query depth, 9 |k| at step
+    2) for ``dtype`` operands: ``{'rows': {...}, 'logit_grad': {...}, 'value_grad': {...}}`` (``tc_rows`` forward,
+    its logit-gradient variant, ``tc_value_grad``), each the kernel's block sizes, flags, ``num_warps`` and where
+    set ``num_stages``; the forward's ``CONTENT`` is the caller's (what the wrappers launch; tools/sm90_kernels.py
+    and tools/tune_tc_kernels.py use the same).
+
+    Set by the GPU check's sweep on an H200 (docs/results/gpu_h200_run5_check_layer.json, ``tc_kernels``; each kernel
+    at LambdaResNet-101's three 1024 px shapes, batch 8): 16-bit rows use the fewest query rows (16: 1.13-1.37x
+    against 32 at c4 and c5), float32 rows one stage (no software pipelining of the TF32 loads: 1.10-1.30x, one
+    case 0.97x), the value gradient up to 128 channels a program (1.12-1.28x at |v| = 128 against 64)."""
+    sixteen = dtype in (torch.float16, torch.bfloat16)
+    bq, bh, bw = _tc_row_tiles(heads, wo, kw, step, sixteen)
     bv = _pow2(dv, 16)
     bp, bwv, bvv = _tc_value_tiles(width, kw, step, dv)
     rows = dict(BLOCK_Q=bq, BLOCK_H=bh, BLOCK_W=bw, BLOCK_V=bv, num_warps=_warps(bh * bq * bv, bh * bq * bw))
+    if dtype == torch.float32:
+        rows['num_stages'] = 1
     return dict(rows=dict(rows, BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False),
                 logit_grad=dict(rows, BLOCK_C=16, LOGIT_GRAD=True, CONTENT=False),  # (no content term)
                 value_grad=dict(BLOCK_P=bp, BLOCK_W=bwv, BLOCK_V=bvv, num_warps=_warps(bp * bvv, bp * bwv, bwv * bvv)))
@@ -375,12 +386,26 @@ def _logits(q: Tensor, table: Tensor) -> Tensor:
     return torch.bmm(rt.expand(n * h, *rt.shape), q.reshape(n * h, c, ho * wo)).view(n, h, -1, ho, wo)
 
 
-def _query_major_logits(q: Tensor, table: Tensor) -> Tensor:
-    """``[n, h, C, Ho, Wo] -> [n h, Ho Wo, u K_h K_w]``: the compact logits with each query's scope contiguous (what
-    the tensor-core kernels gather their banded tiles from), by one batched GEMM."""
+def logit_stride(scope: int) -> int:
+    """The row stride of the query-major logits for ``scope = u K_h K_w`` offsets: rounded up to 8 elements (16 bytes
+    in 16-bit, 32 in float32), so that the GEMMs that write and read them get cuBLAS's aligned kernels (at a row of
+    529, a 23x23 scope, an H200 ran them on SIMT/unaligned kernels: 0.27 ms of a 2.2 ms layer step in float32 TF32,
+    0.38 ms of 2.4 in bfloat16, at batch 8: docs/benchmarks.md, "GPU")."""
+    return -(-scope // 8) * 8
+
+
+def _padded_table(table: Tensor) -> Tensor:
+    """``[C, u, K_h, K_w] -> [C, LS]``: the table's offsets as columns, zero-padded to :func:`logit_stride`."""
+    rm = table.reshape(table.shape[0], -1)
+    return torch.nn.functional.pad(rm, (0, logit_stride(rm.shape[1]) - rm.shape[1]))
+
+
+def _query_major_logits(q: Tensor, table_padded: Tensor) -> Tensor:
+    """``[n, h, C, Ho, Wo] -> [n h, Ho Wo, LS]``: the compact logits with each query's scope contiguous (what the
+    tensor-core kernels gather their banded tiles from; the columns past ``u K_h K_w`` zero), by one batched GEMM
+    with the padded table (:func:`_padded_table`)."""
     n, h, c, ho, wo = q.shape
-    rm = table.reshape(c, -1)
-    return torch.bmm(q.reshape(n * h, c, ho * wo).transpose(1, 2), rm.expand(n * h, *rm.shape))
+    return torch.bmm(q.reshape(n * h, c, ho * wo).transpose(1, 2), table_padded.expand(n * h, *table_padded.shape))
 
 
 def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None,
@@ -395,17 +420,18 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
     if PREFILL_NAN:
         y.fill_(float('nan'))
     if tensor_cores:
-        rows = tc_launch_meta(h, c, dv, width, wo, kw, step)['rows']
+        rows = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype)['rows']
         widen = _widen(q.dtype)
         out = y.float() if widen else y
         if content is not None:
             content = content.contiguous()
-        for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
-            logits = _query_major_logits(q[b0:b0 + n], table)
+        tp = _padded_table(table)
+        for b0, n in _chunks(b, h * tp.shape[1] * ho * wo, chunk_elements):
+            logits = _query_major_logits(q[b0:b0 + n], tp)
             cn = None if content is None else content[b0:b0 + n]
             _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), ho, n), logits, v[b0:b0 + n],
                     out[b0:b0 + n], q[b0:b0 + n], logits if cn is None else cn, height, width, ho, wo, h, u, dv, c,
-                    kh, kw, step, _precision(q.dtype), CONTENT=cn is not None, WIDEN=widen, **rows)
+                    kh, kw, tp.shape[1], step, _precision(q.dtype), CONTENT=cn is not None, WIDEN=widen, **rows)
         return out.to(y.dtype) if widen else y
     bq, bh, bv = _row_tiles(h, wo, dv)
     for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
@@ -431,33 +457,39 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
         return gq, gv.zero_(), table.new_zeros(table.shape), gcontent
     if PREFILL_NAN:
         gq.fill_(float('nan')), gv.fill_(float('nan'))
-    rm = table.view(c, u * kh * kw)
-    chunks = _chunks(b, h * u * kh * kw * ho * wo, chunk_elements)
+    ukk = u * kh * kw
+    rm = table.view(c, ukk)
     gt = None  # the table's gradient: [c, u K_h K_w], summed over chunks in float32 (float64) where there are several
     if tensor_cores:
+        tp = _padded_table(table)
+        rm = tp[:, :ukk]  # (dq's GEMM reads the table at the padded, aligned stride)
+        chunks = _chunks(b, h * tp.shape[1] * ho * wo, chunk_elements)
         prec = _precision(q.dtype)
-        meta = tc_launch_meta(h, c, dv, width, wo, kw, step)
+        meta = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype)
         rows, vg = meta['logit_grad'], meta['value_grad']
         widen = _widen(q.dtype)
         gvw = gv.float() if widen else gv
     else:
+        chunks = _chunks(b, h * ukk * ho * wo, chunk_elements)
         bq, bh, bv = _row_tiles(h, wo, dv)
         bp = max(1, min(_pow2(-(-width // step)), 4096 // bv))
     for b0, n in chunks:
         qc, gyc = q[b0:b0 + n], gy[b0:b0 + n]
         if tensor_cores:
-            logits = _query_major_logits(qc, table)  # [n h, Ho Wo, u K_h K_w]
+            logits = _query_major_logits(qc, tp)  # [n h, Ho Wo, LS]
+            ls = tp.shape[1]
             _launch(k['tc_value_grad'], (_cdiv(width, vg['BLOCK_P']), height, n * u * _cdiv(dv, vg['BLOCK_V'])),
-                    logits, gyc, gvw[b0:b0 + n], height, width, ho, wo, h, u, dv, kh, kw, step, prec,
+                    logits, gyc, gvw[b0:b0 + n], height, width, ho, wo, h, u, dv, kh, kw, ls, step, prec,
                     WIDEN=widen, **vg)
             gl = torch.empty(logits.shape, dtype=torch.float32 if widen else logits.dtype, device=logits.device)
             if PREFILL_NAN:
                 gl.fill_(float('nan'))
             _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), ho, n), gl, v[b0:b0 + n], gyc, qc, gl,
-                    height, width, ho, wo, h, u, dv, c, kh, kw, step, prec, WIDEN=widen, **rows)
+                    height, width, ho, wo, h, u, dv, c, kh, kw, ls, step, prec, WIDEN=widen, **rows)
             gl = gl.to(logits.dtype)  # the logit gradients in the 16-bit dtype, as a matmul's backward has them
-            gl_t = gl.transpose(1, 2)  # [n h, u K_h K_w, Ho Wo]
-            flat = gl.view(n * h * ho * wo, -1)  # [(n h Ho Wo), u K_h K_w]
+            # (the kernel writes the u K_h K_w columns; the padding is never read: the GEMMs take the slice)
+            gl_t = gl[:, :, :ukk].transpose(1, 2)  # [n h, u K_h K_w, Ho Wo], leading dimension LS
+            flat = gl.view(n * h * ho * wo, ls)[:, :ukk]  # [(n h Ho Wo), u K_h K_w], leading dimension LS
         else:
             logits = _logits(qc, table)  # [n, h, u K_h K_w, Ho, Wo]
             _launch(k['value_grad'], (_cdiv(width, step * bp) * step, height, n * u), logits, gyc, gv[b0:b0 + n],
