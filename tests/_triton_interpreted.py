@@ -13,6 +13,10 @@ Arguments, one run each:
   a 16-bit or TF32 computation is not; ``bfloat16`` / ``float16``: rounded as a matmul in that dtype
   (:func:`_sixteen_bit.check_rounding`).
 
+A suffix ``@y<n>`` runs the tensor-core kernels with ``n`` output rows a program (``BLOCK_Y``; the wrappers' default
+is what the GPU measured best), e.g. ``tc:float32:1@y4``: a row count that does not divide the map's checks the
+last program's rows.
+
 Each run chooses its backend through the public override (``set_backend``) and checks that the backend table
 counted the call for it and that a kernel launch returned. Prints one line per run and a summary; exits non-zero on
 the first mismatch."""
@@ -84,9 +88,21 @@ def tensor_core_run(dtype, index):
 
 
 runs = sys.argv[1:] or [str(i) + c for i in range(len(CASES)) for c in ('', 'c')]
+launch_meta = tiled_triton.tc_launch_meta
+
+
+def rows_a_program(n):
+    def meta(*args, **kwargs):
+        out = launch_meta(*args, **kwargs)
+        return dict(out, rows=dict(out['rows'], BLOCK_Y=n), logit_grad=dict(out['logit_grad'], BLOCK_Y=n))
+    return meta
+
+
 for run, arg in enumerate(runs):
     start, launches = time.time(), tiled_triton.LAUNCHES
     PL.served_backends(reset=True)
+    arg, _, rows = arg.partition('@y')
+    tiled_triton.tc_launch_meta = rows_a_program(int(rows)) if rows else launch_meta
     if arg.startswith('tc:'):
         _, dtype, index = arg.split(':')
         line = tensor_core_run(getattr(torch, dtype), int(index))
@@ -97,5 +113,5 @@ for run, arg in enumerate(runs):
         line = float64_run(run, int(arg.rstrip('c')), arg.endswith('c'))
     assert tiled_triton.LAUNCHES > launches, f'{arg}: no Triton kernel launched'
     assert {k[1] for k in PL.served_backends() if k[0] == 'tiled'} == {PL.get_backend()}, PL.served_backends()
-    print(f'{line} ({time.time() - start:.1f} s)', flush=True)
+    print(f'{line}{" BLOCK_Y=" + rows if rows else ""} ({time.time() - start:.1f} s)', flush=True)
 print(f'{len(runs)} runs equal the reference')

@@ -38,9 +38,10 @@ def test_tensor_core_kernels_interpreted_round_as_they_claim():
     float64 reference (exact float32 products) through the layer's entry point (stride 2 with ``count_include_pad``,
     a global scope with a content lambda, batch 1 at the 23x23 scope) and the operator; bfloat16 and float16 rounded
     as a matmul in that dtype, not as float32 (scopes 23, 25 (stride 2's pooled table), 7 and 5; |u| 2; 5 heads;
-    |v| 43; batch 1 and 2; with and without the content lambda)."""
+    |v| 43; batch 1 and 2; with and without the content lambda); three of them with 2 and 4 output rows a program
+    (``BLOCK_Y``, the tune tool's alternatives), 4 not dividing the map's rows."""
     _interpreted(['f32:3', 'f32:5c', 'f32:4', 'tc:float32:1', 'tc:bfloat16:0', 'tc:bfloat16:2', 'tc:float16:1',
-                  'tc:float16:3'])
+                  'tc:float16:3', 'f32:3@y4', 'tc:float32:1@y4', 'tc:bfloat16:0@y2'])
 
 
 def test_the_table_runs_triton_on_cuda_tensor_cores_first_and_cuda_cores_for_small_float64_calls():
@@ -165,7 +166,7 @@ def test_tensor_core_kernels_compile_for_sm90_with_mma_and_few_spills(shape):
     """Every tensor-core kernel as the wrappers launch it (``tiled_triton.tc_launch_meta``) at LambdaResNet-101's
     three 1024 px shapes and a small odd one, compiled ahead of time for sm_90 (H100 and H200) by Triton on this CPU
     (tools/sm90_kernels.py): the 16-bit and TF32 variants contain tensor-core instructions (``mma``/``wgmma`` in the
-    PTX), the exact float32 one does not; each fits the SM's shared memory (227 KiB a block) and spills at most 64
+    PTX; the 16-bit rows ``wgmma``, 64 rows a program), the exact float32 one does not; each fits the SM's shared memory (227 KiB a block) and spills at most 64
     bytes a thread to local memory (``ptxas -v``). The value-gradient kernel spilled 28-2044 bytes at e58816d (its
     128 channels with a branchy loop); at 128 channels a program it now spills 0-48 and ran 1.12-1.28x faster on an
     H200 than at 64 without spills (docs/benchmarks.md, "GPU")."""
@@ -175,6 +176,8 @@ def test_tensor_core_kernels_compile_for_sm90_with_mma_and_few_spills(shape):
     for r in rows:
         name = f"{r['kernel']} {r['dtype']} {r['precision']} {r['constexprs']}"
         assert bool(r['mma'] + r['wgmma']) == r['tensor_cores'], f'{name}: tensor-core instructions {r}'
+        if r['dtype'] != 'fp32' and r['kernel'].startswith('tc_rows'):  # 64 rows a program: Hopper's warpgroup MMA
+            assert r['wgmma'] > 0, f'{name}: no wgmma {r}'
         assert r['shared'] <= _SM90.SHARED_LIMIT, f"{name}: {r['shared']} bytes of shared memory"
         assert r['registers'] is not None and r['spill_stores'] <= 64 and r['spill_loads'] <= 64, f'{name}: {r}'
 

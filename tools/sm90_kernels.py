@@ -41,7 +41,7 @@ def launches(heads: int, dim_k: int, dim_v: int, side: int, step: int, dtype: st
     kw = 23 + 2 * (step == 2)
     torch_dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}[dtype]
     meta = T.tc_launch_meta(heads, 9 * dim_k if step == 2 else dim_k, dim_v, side, -(-side // step), kw, step,
-                            torch_dtype)
+                            torch_dtype, precision=prec)
     out = []
     for kernel in ('rows', 'logit_grad'):
         rows = dict(meta[kernel])

@@ -138,6 +138,9 @@ def _alternatives(kernel: str, default: dict, o: dict):
         for bq in (default['BLOCK_Q'] // 2, default['BLOCK_Q'] * 2):
             if 16 <= default['BLOCK_H'] * bq <= 128:
                 out.append(dict(default, BLOCK_Q=bq, BLOCK_W=T._pow2(o['step'] * (bq - 1) + o['kw'], 16)))
+        for by in (1, 2, 4):  # output rows a program (they share each value tile)
+            if by != default['BLOCK_Y'] and by * default['BLOCK_H'] * default['BLOCK_Q'] <= 128:
+                out.append(dict(default, BLOCK_Y=by))
     return out
 
 
@@ -157,13 +160,13 @@ def _runner(kernel: str, o: dict, prec: str, meta: dict):
     elif kernel == 'tc_rows':
         out = torch.empty(gy.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
         content = o['content'] if step == 1 else None
-        grid = (cdiv(wo, meta['BLOCK_Q']), ho, b)
+        grid = (cdiv(wo, meta['BLOCK_Q']), cdiv(ho, meta['BLOCK_Y']), b)
         args = (logits, v, out, q, logits if content is None else content, side, side, ho, wo, HEADS, 1, dv, c, kw,
                 kw, ls, step, prec)
         meta = dict(meta, CONTENT=content is not None)
     else:  # the logit-gradient variant of tc_rows (zeros: it writes no padding column, which is compared too)
         out = torch.zeros(logits.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
-        grid = (cdiv(wo, meta['BLOCK_Q']), ho, b)
+        grid = (cdiv(wo, meta['BLOCK_Q']), cdiv(ho, meta['BLOCK_Y']), b)
         args = (out, v, gy, q, out, side, side, ho, wo, HEADS, 1, dv, c, kw, kw, ls, step, prec)
     fn = k['tc_value_grad' if kernel == 'tc_value_grad' else 'tc_rows']
 
@@ -179,7 +182,7 @@ def sweep(rows: list, save, budget: Budget, dry_run: bool, batch: int, device: s
     for dtype, prec in ((torch.float32, 'tf32'),) if dry_run else ((torch.bfloat16, 'ieee'), (torch.float32, 'tf32')):
         for name, width, side, stride in shapes(dry_run):
             o = _operands(width, side, stride, batch, dtype, device)
-            meta = T.tc_launch_meta(HEADS, o['c'], o['dv'], side, o['wo'], o['kw'], stride, dtype)
+            meta = T.tc_launch_meta(HEADS, o['c'], o['dv'], side, o['wo'], o['kw'], stride, dtype, o['ho'], prec)
             for kernel in KERNELS:
                 default = dict(meta[KERNELS[kernel]])
                 options = _alternatives(kernel, default, o)

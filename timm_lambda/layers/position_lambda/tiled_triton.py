@@ -157,20 +157,22 @@ def _kernels():
     def _tc_rows(l_ptr, v_ptr, y_ptr, q_ptr, c_ptr, H, W, Ho, Wo, HEADS, U, V, C, KH, KW, LS, STEP: tl.constexpr,
                  PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
                  BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, LOGIT_GRAD: tl.constexpr, CONTENT: tl.constexpr,
-                 WIDEN: tl.constexpr):
-        """Tensor cores: rows (head, query) of ``BLOCK_Q`` queries of one output row, all heads (they share the
-        values), against the ``BLOCK_W`` value columns that hold their scopes, one scope row at a time. Forward:
-        ``y += A V`` with ``A[(h, q), w] = L[h, q, ky, w - STEP q]`` gathered from the query-major compact logits
-        (zero off the band), plus ``q lambda^c`` with ``CONTENT``. ``LOGIT_GRAD``: ``dA = dY V^T``, its band
-        stored into ``l`` (``y`` holds ``dY``), every scope offset of the rows written (zero off the image).
-        ``WIDEN``: 16-bit tiles widened to float32 before each product (exact; Triton's interpreter has no bfloat16
-        matmul). ``LS``: the logits' row stride (``U KH KW`` rounded up: :func:`logit_stride`). One loop over the
-        (u, in-image scope row) pairs, without branches: Triton pipelines its loads."""
-        ox0, oy, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1), tl.program_id(2).to(tl.int64)
-        r = tl.arange(0, BLOCK_H * BLOCK_Q)
-        hd, j = r // BLOCK_Q, r % BLOCK_Q
+                 WIDEN: tl.constexpr, BLOCK_Y: tl.constexpr = 1):
+        """Tensor cores: rows (output row, head, query) of ``BLOCK_Q`` queries of ``BLOCK_Y`` output rows, all heads
+        (they share the values), against the ``BLOCK_W`` value columns that hold their scopes, one value row at a
+        time (each row meets the scope row it falls in: the rows of ``BLOCK_Y`` output rows share each value tile).
+        Forward: ``y += A V`` with ``A[(y, h, q), w] = L[h, q, ky, w - STEP q]`` gathered from the query-major
+        compact logits (zero off the band), plus ``q lambda^c`` with ``CONTENT``. ``LOGIT_GRAD``: ``dA = dY V^T``,
+        its band stored into ``l`` (``y`` holds ``dY``), every scope offset of the rows written (zero off the image:
+        the value rows off the image are visited too). ``WIDEN``: 16-bit tiles widened to float32 before each product
+        (exact; Triton's interpreter has no bfloat16 matmul). ``LS``: the logits' row stride (``U KH KW`` rounded
+        up: :func:`logit_stride`). One loop over the (u, value row) pairs, without branches: Triton pipelines its
+        loads."""
+        ox0, oy0, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1) * BLOCK_Y, tl.program_id(2).to(tl.int64)
+        r = tl.arange(0, BLOCK_Y * BLOCK_H * BLOCK_Q)
+        oy, hd, j = oy0 + r // (BLOCK_H * BLOCK_Q), (r // BLOCK_Q) % BLOCK_H, r % BLOCK_Q
         ox = ox0 + j
-        rmask = (hd < HEADS) & (ox < Wo)
+        rmask = (hd < HEADS) & (ox < Wo) & (oy < Ho)
         vv = tl.arange(0, BLOCK_V)
         vmask = vv < V
         w = tl.arange(0, BLOCK_W)
@@ -180,45 +182,45 @@ def _kernels():
         kmask = rmask[:, None] & (kx >= 0) & (kx < KW)
         hw, howo = H * W, Ho * Wo
         l_row = ((b * HEADS + hd) * howo + oy * Wo + ox) * LS  # [R]: the row's compact logits
-        y_off = ((b * HEADS + hd) * V)[:, None] * howo + vv[None, :] * howo + oy * Wo + ox[:, None]
-        row0 = oy * STEP - (KH - 1) // 2  # the value row of scope row 0
-        ky_lo = tl.maximum(0, -row0)  # the scope rows in the image: [ky_lo, ky_hi)
-        ky_hi = tl.minimum(KH, H - row0)
-        n_ky = ky_hi - ky_lo
+        y_off = ((b * HEADS + hd) * V)[:, None] * howo + vv[None, :] * howo + (oy * Wo + ox)[:, None]
+        row0 = oy * STEP - (KH - 1) // 2  # [R]: the value row of each row's scope row 0
+        first = oy0 * STEP - (KH - 1) // 2  # the value rows of the program's scopes: [first, last)
+        last = (tl.minimum(oy0 + BLOCK_Y, Ho) - 1) * STEP - (KH - 1) // 2 + KH
+        if not LOGIT_GRAD:  # the forward visits the value rows in the image only
+            first = tl.maximum(first, 0)
+            last = tl.minimum(last, H)
+        n_rows = last - first
         v_at = v_ptr + b * U * V * hw + vv[None, :] * hw + col[:, None]  # [BW, BV] at (u 0, value row 0)
         l_at = l_ptr + l_row[:, None] + kx  # [R, BW] at (u 0, scope row 0)
         if LOGIT_GRAD:
             g = tl.load(y_ptr + y_off, mask=rmask[:, None] & vmask[None, :], other=0.0)
             if WIDEN:
                 g = g.to(tl.float32)
-            for i in range(0, U * (KH - n_ky)):  # the scope rows off the image: zero gradients, no zero-filled buffer
-                n_off = KH - n_ky
-                ky = i % n_off
-                ky = tl.where(ky < ky_lo, ky, ky + n_ky)
-                tl.store(l_at + ((i // n_off) * KH + ky) * KW,
-                         tl.zeros([BLOCK_H * BLOCK_Q, BLOCK_W], l_ptr.dtype.element_ty), mask=kmask)
         else:
-            acc = tl.zeros([BLOCK_H * BLOCK_Q, BLOCK_V], tl.float32)
-        for i in range(0, U * n_ky):
-            u = i // n_ky
-            ky = ky_lo + i % n_ky
-            vt = tl.load(v_at + (u * V * hw + (row0 + ky) * W), mask=cmask[:, None] & vmask[None, :],
+            acc = tl.zeros([BLOCK_Y * BLOCK_H * BLOCK_Q, BLOCK_V], tl.float32)
+        for i in range(0, U * n_rows):
+            u = i // n_rows
+            vr = first + i % n_rows
+            ky = vr - row0  # [R]: the scope row of this value row, for each row
+            m = kmask & ((ky >= 0) & (ky < KH))[:, None]
+            vt = tl.load(v_at + (u * V * hw + vr * W), mask=cmask[:, None] & vmask[None, :] & (vr >= 0) & (vr < H),
                          other=0.0)  # [BW, BV], zero off the image
             if WIDEN:
                 vt = vt.to(tl.float32)
-            if LOGIT_GRAD:  # zero at the columns off the image (vt is)
+            at = l_at + ((u * KH + ky) * KW)[:, None]
+            if LOGIT_GRAD:  # zero at the columns and rows off the image (vt is)
                 da = tl.dot(g, tl.trans(vt), input_precision=PREC)
-                tl.store(l_at + (u * KH + ky) * KW, da.to(l_ptr.dtype.element_ty), mask=kmask)
+                tl.store(at, da.to(l_ptr.dtype.element_ty), mask=m)
             else:
-                a = tl.load(l_at + (u * KH + ky) * KW, mask=kmask, other=0.0)
+                a = tl.load(at, mask=m, other=0.0)
                 if WIDEN:
                     a = a.to(tl.float32)
                 acc = tl.dot(a, vt, acc, input_precision=PREC)
         if not LOGIT_GRAD:
             if CONTENT:
                 cc = tl.arange(0, BLOCK_C)
-                qm = tl.load(q_ptr + ((b * HEADS + hd) * C)[:, None] * howo + cc[None, :] * howo + oy * Wo
-                             + ox[:, None], mask=rmask[:, None] & (cc < C)[None, :], other=0.0)
+                qm = tl.load(q_ptr + ((b * HEADS + hd) * C)[:, None] * howo + cc[None, :] * howo
+                             + (oy * Wo + ox)[:, None], mask=rmask[:, None] & (cc < C)[None, :], other=0.0)
                 cm = tl.load(c_ptr + b * C * V + cc[:, None] * V + vv[None, :],
                              mask=(cc < C)[:, None] & vmask[None, :], other=0.0)
                 if WIDEN:
@@ -347,7 +349,8 @@ def _tc_value_tiles(width: int, kw: int, step: int, dv: int):
 
 
 def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, step: int,
-                   dtype: torch.dtype = torch.float32) -> dict:
+                   dtype: torch.dtype = torch.float32, ho: Optional[int] = None,
+                   precision: Optional[str] = None) -> dict:
     """The constants, warps and stages of the tensor-core launches at a shape (``c``: the query depth, 9 |k| at step
     2) for ``dtype`` operands: ``{'rows': {...}, 'logit_grad': {...}, 'value_grad': {...}}`` (``tc_rows`` forward,
     its logit-gradient variant, ``tc_value_grad``), each the kernel's block sizes, flags, ``num_warps`` and where
@@ -357,16 +360,28 @@ def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, st
     Set by the GPU check's sweep on an H200 (docs/results/gpu_h200_run5_check_layer.json, ``tc_kernels``; each kernel
     at LambdaResNet-101's three 1024 px shapes, batch 8): 16-bit rows use the fewest query rows (16: 1.13-1.37x
     against 32 at c4 and c5), float32 rows one stage (no software pipelining of the TF32 loads: 1.10-1.30x, one
-    case 0.97x), the value gradient up to 128 channels a program (1.12-1.28x at |v| = 128 against 64)."""
+    case 0.97x), the value gradient up to 128 channels a program (1.12-1.28x at |v| = 128 against 64). Not yet
+    measured: 64 rows a program from ``BLOCK_Y`` output rows (``ho``: the map's output rows, default ``wo``), for
+    16-bit rows, TF32 rows of at most 64 channels and every 16-bit or TF32 logit gradient (``precision``: the
+    ``tl.dot`` input precision, default :func:`_precision`; exact float32 keeps one row: at 64 its logit gradient
+    spills 3.9 KB a thread on sm_90): in that sweep 64 rows (then by more
+    queries, twice the padded window) ran as fast per multiply-add as 16 rows 1.2-2.1x over (wgmma against mma.sync),
+    except float32 rows at |v| = 128 (0.95x); output rows add 4-12% multiply-adds where queries added 100%."""
+    ho = wo if ho is None else ho
     sixteen = dtype in (torch.float16, torch.bfloat16)
+    tf32 = dtype == torch.float32 and (precision or _precision(dtype)) == 'tf32'
     bq, bh, bw = _tc_row_tiles(heads, wo, kw, step, sixteen)
     bv = _pow2(dv, 16)
     bp, bwv, bvv = _tc_value_tiles(width, kw, step, dv)
-    rows = dict(BLOCK_Q=bq, BLOCK_H=bh, BLOCK_W=bw, BLOCK_V=bv, num_warps=_warps(bh * bq * bv, bh * bq * bw))
-    if dtype == torch.float32:
-        rows['num_stages'] = 1
-    return dict(rows=dict(rows, BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False),
-                logit_grad=dict(rows, BLOCK_C=16, LOGIT_GRAD=True, CONTENT=False),  # (no content term)
+    # 64 rows a program (Hopper's warpgroup MMA, wgmma, takes 64) from output rows that share the value tiles
+    by = max(1, min(64 // (bh * bq), _pow2(ho))) if sixteen or tf32 else 1
+
+    def rows(y):
+        m = y * bh * bq
+        out = dict(BLOCK_Q=bq, BLOCK_H=bh, BLOCK_W=bw, BLOCK_V=bv, BLOCK_Y=y, num_warps=_warps(m * bv, m * bw))
+        return dict(out, num_stages=1) if dtype == torch.float32 else out
+    return dict(rows=dict(rows(by if sixteen or bv <= 64 else 1), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False),
+                logit_grad=dict(rows(by), BLOCK_C=16, LOGIT_GRAD=True, CONTENT=False),  # (no content term)
                 value_grad=dict(BLOCK_P=bp, BLOCK_W=bwv, BLOCK_V=bvv, num_warps=_warps(bp * bvv, bp * bwv, bwv * bvv)))
 
 
@@ -420,7 +435,7 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
     if PREFILL_NAN:
         y.fill_(float('nan'))
     if tensor_cores:
-        rows = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype)['rows']
+        rows = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho)['rows']
         widen = _widen(q.dtype)
         out = y.float() if widen else y
         if content is not None:
@@ -429,7 +444,7 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
         for b0, n in _chunks(b, h * tp.shape[1] * ho * wo, chunk_elements):
             logits = _query_major_logits(q[b0:b0 + n], tp)
             cn = None if content is None else content[b0:b0 + n]
-            _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), ho, n), logits, v[b0:b0 + n],
+            _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), _cdiv(ho, rows['BLOCK_Y']), n), logits, v[b0:b0 + n],
                     out[b0:b0 + n], q[b0:b0 + n], logits if cn is None else cn, height, width, ho, wo, h, u, dv, c,
                     kh, kw, tp.shape[1], step, _precision(q.dtype), CONTENT=cn is not None, WIDEN=widen, **rows)
         return out.to(y.dtype) if widen else y
@@ -465,7 +480,7 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
         rm = tp[:, :ukk]  # (dq's GEMM reads the table at the padded, aligned stride)
         chunks = _chunks(b, h * tp.shape[1] * ho * wo, chunk_elements)
         prec = _precision(q.dtype)
-        meta = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype)
+        meta = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho)
         rows, vg = meta['logit_grad'], meta['value_grad']
         widen = _widen(q.dtype)
         gvw = gv.float() if widen else gv
@@ -484,8 +499,8 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
             gl = torch.empty(logits.shape, dtype=torch.float32 if widen else logits.dtype, device=logits.device)
             if PREFILL_NAN:
                 gl.fill_(float('nan'))
-            _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), ho, n), gl, v[b0:b0 + n], gyc, qc, gl,
-                    height, width, ho, wo, h, u, dv, c, kh, kw, ls, step, prec, WIDEN=widen, **rows)
+            _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), _cdiv(ho, rows['BLOCK_Y']), n), gl, v[b0:b0 + n],
+                    gyc, qc, gl, height, width, ho, wo, h, u, dv, c, kh, kw, ls, step, prec, WIDEN=widen, **rows)
             gl = gl.to(logits.dtype)  # the logit gradients in the 16-bit dtype, as a matmul's backward has them
             # (the kernel writes the u K_h K_w columns; the padding is never read: the GEMMs take the slice)
             gl_t = gl[:, :, :ukk].transpose(1, 2)  # [n h, u K_h K_w, Ho Wo], leading dimension LS
