@@ -166,10 +166,10 @@ def test_tensor_core_kernels_compile_for_sm90_with_mma_and_few_spills(shape):
     """Every tensor-core kernel as the wrappers launch it (``tiled_triton.tc_launch_meta``) at LambdaResNet-101's
     three 1024 px shapes and a small odd one, compiled ahead of time for sm_90 (H100 and H200) by Triton on this CPU
     (tools/sm90_kernels.py): the 16-bit and TF32 variants contain tensor-core instructions (``mma``/``wgmma`` in the
-    PTX; the 16-bit rows ``wgmma``, 64 rows a program), the exact float32 one does not; each fits the SM's shared memory (227 KiB a block) and spills at most 64
-    bytes a thread to local memory (``ptxas -v``). The value-gradient kernel spilled 28-2044 bytes at e58816d (its
-    128 channels with a branchy loop); at 128 channels a program it now spills 0-48 and ran 1.12-1.28x faster on an
-    H200 than at 64 without spills (docs/benchmarks.md, "GPU")."""
+    PTX; the 16-bit rows ``wgmma``, 64 rows a program), the exact float32 one does not; each fits the SM's shared
+    memory (227 KiB a block) and spills at most 64 bytes a thread to local memory (``ptxas -v``). The value-gradient
+    kernel spilled 28-2044 bytes at e58816d (its 128 channels with a branchy loop); at 128 channels a program it now
+    spills 0-48 and ran 1.12-1.28x faster on an H200 than at 64 without spills (docs/benchmarks.md, "GPU")."""
     pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
     rows = _SM90.report([shape])
     assert {(r['dtype'], r['precision']) for r in rows} >= {('bf16', 'ieee'), ('fp16', 'ieee'), ('fp32', 'tf32')}
