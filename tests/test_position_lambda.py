@@ -489,6 +489,20 @@ def _graph_ops(fn, *args):
     return seen
 
 
+def test_is_exporting_reads_the_flag_not_the_call(monkeypatch):
+    """Dynamo up to torch 2.11 folds the call ``torch.compiler.is_exporting()`` to True inside every torch.compile
+    trace (pytorch/pytorch#176347): on a GPU with torch 2.11 the layer then took its export branches under
+    torch.compile (plain ops instead of the operators, a graph break at ``torch.sym_max``, dynamo recompiling each
+    timm block until its limit). The layer reads the flag the call returns instead."""
+    from timm_lambda.layers.position_lambda import execution
+    if not hasattr(torch.compiler, '_is_exporting_flag'):
+        pytest.skip('this torch has no torch.compiler._is_exporting_flag')
+    monkeypatch.setattr(torch.compiler, 'is_exporting', lambda: True)  # what torch 2.11's dynamo makes of the call
+    assert execution.is_exporting() is False and execution.recorder() is None
+    monkeypatch.setattr(torch.compiler, '_is_exporting_flag', True)  # what torch.export sets
+    assert execution.is_exporting() is True and execution.recorder() == 'torch.export'
+
+
 @pytest.mark.parametrize('stride', [1, 2])
 def test_dynamo_captures_the_operators_in_one_graph(stride):
     layer = LambdaLayer(8, dim_k=4, heads=2, scope=5, stride=stride, impl='tiled')

@@ -211,7 +211,9 @@ class LambdaLayer(nn.Module):
         # (a reshape of a 4-D channel slice makes torch.export guard on sizes of 1 even with backed_size_oblivious:
         # docs/execution_modes.md)
         q, keys, values = qkv.flatten(2).split([h * k, k * u, v * u], dim=1)
-        q, values = q.unflatten(2, [H, W]), values.unflatten(2, [H, W])
+        # (compiled: copies, as the norms save these channel-slice views for backward and inductor cannot order
+        # their strides at symbolic sizes with B = 1: compiled_copy)
+        q, values = compiled_copy(q.unflatten(2, [H, W])), compiled_copy(values.unflatten(2, [H, W]))
         if not torch.jit.is_scripting() and functorch_active():
             # torch <= 2.13: torch.func.vmap of group_norm fails on a channel slice ("Expected X.is_contiguous"),
             # and .contiguous() is no copy there (the slice is contiguous per sample)

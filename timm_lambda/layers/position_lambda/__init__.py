@@ -164,7 +164,9 @@ def _tiled(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, stride:
         if not torch.jit.is_scripting() and is_exporting():
             # torch.export (2.14) guards on a block count of 1 and would specialise the export to inputs with the same
             # 'one block or more' answer in every layer: at least 2 blocks (the extra one all padding, same results)
-            blocks_y, blocks_x = torch.sym_max(blocks_y, 2), torch.sym_max(blocks_x, 2)
+            # (torch.sym_max of two ints is unsupported in strict export before torch 2.14: max() for static sizes)
+            blocks_y = torch.sym_max(blocks_y, 2) if isinstance(blocks_y, torch.SymInt) else max(blocks_y, 2)
+            blocks_x = torch.sym_max(blocks_x, 2) if isinstance(blocks_x, torch.SymInt) else max(blocks_x, 2)
         qb, vp = to_blocks(queries, values, kh, kw, t, step, blocks_y, blocks_x)
         oy, ox = torch.arange(ho, device=q.device), torch.arange(wo, device=q.device)
         y = tiled_plain(qb, vp, table, t, step, blocks_y, blocks_x, None if table_size is None else [kh, kw])

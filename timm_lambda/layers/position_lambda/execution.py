@@ -14,7 +14,11 @@ __all__ = ['is_exporting', 'functorch_active', 'contiguous', 'compiled_copy', 'w
 @torch.jit.ignore
 def is_exporting() -> bool:
     """``torch.compiler.is_exporting()`` (public since torch 2.6; False on 2.4-2.5, where an export then records
-    the custom operators)."""
+    the custom operators). Read from the flag it returns: dynamo before pytorch/pytorch#176499 (torch <= 2.11)
+    folds the call itself to True inside every torch.compile trace, which took the export branches there."""
+    flag = getattr(torch.compiler, '_is_exporting_flag', None)
+    if flag is not None:
+        return bool(flag)
     flag = getattr(torch.compiler, 'is_exporting', None)
     return bool(flag()) if flag is not None else False
 
