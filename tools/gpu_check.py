@@ -239,13 +239,15 @@ def layer_summary(path: str) -> list:
 
 
 def tc_kernels_summary(path: str) -> dict:
-    """From tools/tune_tc_kernels.py's JSON: each layer step's device time and its five largest kernels; each
+    """From tools/tune_tc_kernels.py's JSON: each layer step's device time, its five largest kernels and the five
+    aten operators (with input shapes) whose own kernels took longest; each
     tensor-core kernel's time at the wrappers' constants, its best alternative and the speedup."""
     with open(path) as f:
         rows = json.load(f)['rows']
     profile = [dict(shape=r['shape'], module=r['module'], dtype=r['dtype'], device_us=r['device_us_per_step'],
                     launches=r['launches_per_step'],
-                    top={k: v['us_per_step'] for k, v in list(r['kernels'].items())[:5]})
+                    top={k: v['us_per_step'] for k, v in list(r['kernels'].items())[:5]},
+                    top_ops={k: v['us_per_step'] for k, v in list(r.get('ops', {}).items())[:5]})
                for r in rows if r['part'] == 'profile']
     sweep = [dict(shape=r['shape'], dtype=r['dtype'], kernel=r['kernel'],
                   default_ms=(r['default'] or {}).get('ms'), best=r['best'], speedup=r['speedup'],

@@ -4,7 +4,8 @@ Two parts, at LambdaResNet-101's three lambda-layer shapes at 1024 px, batch 8 (
 
 * ``profile``: the CUDA kernels of one layer training step (float32 with TF32, and bfloat16 autocast), by
   ``torch.profiler``: each kernel's device time a step and its launches, summed by name (the Triton kernels, cuBLAS,
-  batch norm, softmax...), beside the 3x3 conv's step.
+  batch norm, softmax...), beside the 3x3 conv's step; and the aten operators that launched them by input shapes
+  (which GEMM a slow cuBLAS kernel belongs to).
 * ``sweep``: each tensor-core kernel (``tc_rows``, its logit-gradient variant, ``tc_value_grad``) alone, timed by
   ``triton.testing.do_bench`` (CUDA events, median) at the constants the wrappers launch (``tc_launch_meta``) and at
   a few alternatives: other pipeline stages and warps, other tiles. Each alternative's result is compared with the
@@ -76,7 +77,7 @@ def profile(rows: list, save, budget: Budget, dry_run: bool, batch: int, device:
                 steps = 5
                 if device == 'cuda':
                     torch.cuda.synchronize()
-                with torch_profile(activities=activities) as prof:
+                with torch_profile(activities=activities, record_shapes=True) as prof:
                     for _ in range(steps):
                         step()
                     if device == 'cuda':
@@ -92,12 +93,20 @@ def profile(rows: list, save, budget: Budget, dry_run: bool, batch: int, device:
                             continue
                         us = 0.0
                     kernels[e.key] = dict(us_per_step=round(us / steps, 2), launches_per_step=e.count / steps)
+                # the aten operators that launched them, by input shapes: which GEMM a slow kernel is (their own
+                # kernels' device time; on a CPU, the operators with no time)
+                ops = {}
+                for e in prof.key_averages(group_by_input_shape=True):
+                    us = e.self_device_time_total if device == 'cuda' else 0.0
+                    if e.key.startswith('aten::') and (us > 0 or device != 'cuda'):
+                        ops[f'{e.key} {e.input_shapes}'] = dict(us_per_step=round(us / steps, 2),
+                                                                calls_per_step=e.count / steps)
                 total = sum(k['us_per_step'] for k in kernels.values())
                 top = dict(sorted(kernels.items(), key=lambda kv: -kv[1]['us_per_step'])[:25])
                 rows.append(dict(part='profile', shape=name, module=module, dtype=str(dtype).replace('torch.', ''),
                                  batch=batch, device_us_per_step=round(total, 1),
                                  launches_per_step=sum(k['launches_per_step'] for k in kernels.values()),
-                                 kernels=top))
+                                 kernels=top, ops=dict(sorted(ops.items(), key=lambda kv: -kv[1]['us_per_step'])[:15])))
                 save()
 
 
