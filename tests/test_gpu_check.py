@@ -127,6 +127,7 @@ def test_gpu_check_layer_dry_run(tmp_path):
     assert {(p['shape'], p['module']) for p in tc['profile']} == {(s, m) for s in ('c4', 'c5_s2')
                                                                   for m in ('lambda', 'conv3x3')}
     assert all(any(k.startswith('aten::') and '[' in k for k in p['top_ops']) for p in tc['profile']), tc['profile']
+    assert all(p['wall_us'] > 0 and p['host_cpu_us'] > 0 for p in tc['profile']), tc['profile']
     assert len(tc['sweep']) == 6 and all(s['errors'] == 0 and s['configs'] == 2 for s in tc['sweep']), tc['sweep']
     graphs = record['results']['cuda_graphs_batch1']
     assert len(graphs) == 6 and all('eager_ms' in g for g in graphs), graphs

@@ -245,6 +245,7 @@ def tc_kernels_summary(path: str) -> dict:
     with open(path) as f:
         rows = json.load(f)['rows']
     profile = [dict(shape=r['shape'], module=r['module'], dtype=r['dtype'], device_us=r['device_us_per_step'],
+                    wall_us=r.get('wall_us_per_step'), host_cpu_us=r.get('host_cpu_us_per_step'),
                     launches=r['launches_per_step'],
                     top={k: v['us_per_step'] for k, v in list(r['kernels'].items())[:5]},
                     top_ops={k: v['us_per_step'] for k, v in list(r.get('ops', {}).items())[:5]})

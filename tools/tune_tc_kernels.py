@@ -4,8 +4,9 @@ Two parts, at LambdaResNet-101's three lambda-layer shapes at 1024 px, batch 8 (
 
 * ``profile``: the CUDA kernels of one layer training step (float32 with TF32, and bfloat16 autocast), by
   ``torch.profiler``: each kernel's device time a step and its launches, summed by name (the Triton kernels, cuBLAS,
-  batch norm, softmax...), beside the 3x3 conv's step; and the aten operators that launched them by input shapes
-  (which GEMM a slow cuBLAS kernel belongs to).
+  batch norm, softmax...), beside the 3x3 conv's step; the aten operators that launched them by input shapes
+  (which GEMM a slow cuBLAS kernel belongs to); the host's side: a step's wall time unprofiled and each operator's
+  own CPU time (CUDA runtime calls included), where the eager step's time goes beyond its kernels.
 * ``sweep``: each tensor-core kernel (``tc_rows``, its logit-gradient variant, ``tc_value_grad``) alone, timed by
   ``triton.testing.do_bench`` (CUDA events, median) at the constants the wrappers launch (``tc_launch_meta``) and at
   a few alternatives: other pipeline stages and warps, other tiles. Each alternative's result is compared with the
@@ -77,6 +78,12 @@ def profile(rows: list, save, budget: Budget, dry_run: bool, batch: int, device:
                 steps = 5
                 if device == 'cuda':
                     torch.cuda.synchronize()
+                t0 = time.perf_counter()  # the wall time of a step, unprofiled (against the device time below)
+                for _ in range(steps):
+                    step()
+                if device == 'cuda':
+                    torch.cuda.synchronize()
+                wall = (time.perf_counter() - t0) / steps * 1e6
                 with torch_profile(activities=activities, record_shapes=True) as prof:
                     for _ in range(steps):
                         step()
@@ -95,7 +102,10 @@ def profile(rows: list, save, budget: Budget, dry_run: bool, batch: int, device:
                     kernels[e.key] = dict(us_per_step=round(us / steps, 2), launches_per_step=e.count / steps)
                 # the aten operators that launched them, by input shapes: which GEMM a slow kernel is (their own
                 # kernels' device time; on a CPU, the operators with no time)
-                ops = {}
+                ops, host = {}, {}
+                for e in prof.key_averages():  # the host: each operator's own CPU time a step
+                    if e.self_cpu_time_total > 0:
+                        host[e.key] = round(e.self_cpu_time_total / steps, 1)
                 for e in prof.key_averages(group_by_input_shape=True):
                     us = e.self_device_time_total if device == 'cuda' else 0.0
                     if e.key.startswith('aten::') and (us > 0 or device != 'cuda'):
@@ -104,7 +114,9 @@ def profile(rows: list, save, budget: Budget, dry_run: bool, batch: int, device:
                 total = sum(k['us_per_step'] for k in kernels.values())
                 top = dict(sorted(kernels.items(), key=lambda kv: -kv[1]['us_per_step'])[:25])
                 rows.append(dict(part='profile', shape=name, module=module, dtype=str(dtype).replace('torch.', ''),
-                                 batch=batch, device_us_per_step=round(total, 1),
+                                 batch=batch, device_us_per_step=round(total, 1), wall_us_per_step=round(wall, 1),
+                                 host_cpu_us_per_step=round(sum(host.values()), 1),
+                                 host_top=dict(sorted(host.items(), key=lambda kv: -kv[1])[:15]),
                                  launches_per_step=sum(k['launches_per_step'] for k in kernels.values()),
                                  kernels=top, ops=dict(sorted(ops.items(), key=lambda kv: -kv[1]['us_per_step'])[:15])))
                 save()
