@@ -13,9 +13,9 @@ Arguments, one run each:
   a 16-bit or TF32 computation is not; ``bfloat16`` / ``float16``: rounded as a matmul in that dtype
   (:func:`_sixteen_bit.check_rounding`).
 
-A suffix ``@y<n>`` runs the tensor-core kernels with ``n`` output rows a program (``BLOCK_Y``; the wrappers' default
-is what the GPU measured best), e.g. ``tc:float32:1@y4``: a row count that does not divide the map's checks the
-last program's rows.
+A suffix ``@y<n>`` runs the tensor-core kernels with ``n`` output rows a program (``BLOCK_Y``; otherwise the
+wrappers' default, ``tiled_triton.tc_launch_meta``), e.g. ``tc:float32:1@y4``: a row count that does not divide the
+map's checks the last program's rows.
 
 Each run chooses its backend through the public override (``set_backend``) and checks that the backend table
 counted the call for it and that a kernel launch returned. Prints one line per run and a summary; exits non-zero on

@@ -352,29 +352,36 @@ def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, st
                    dtype: torch.dtype = torch.float32, ho: Optional[int] = None,
                    precision: Optional[str] = None) -> dict:
     """The constants, warps and stages of the tensor-core launches at a shape (``c``: the query depth, 9 |k| at step
-    2) for ``dtype`` operands: ``{'rows': {...}, 'logit_grad': {...}, 'value_grad': {...}}`` (``tc_rows`` forward,
-    its logit-gradient variant, ``tc_value_grad``), each the kernel's block sizes, flags, ``num_warps`` and where
-    set ``num_stages``; the forward's ``CONTENT`` is the caller's (what the wrappers launch; tools/sm90_kernels.py
-    and tools/tune_tc_kernels.py use the same).
+    2; ``ho``: the output rows, default ``wo``) for ``dtype`` operands with ``tl.dot``'s input ``precision`` (default
+    :func:`_precision`): ``{'rows': {...}, 'logit_grad': {...}, 'value_grad': {...}}`` (``tc_rows`` forward, its
+    logit-gradient variant, ``tc_value_grad``), each the kernel's block sizes, flags, ``num_warps`` and where set
+    ``num_stages``; the forward's ``CONTENT`` is the caller's. What the wrappers launch, on every call (cached: a
+    pure function of its arguments; callers copy before changing it); tools/sm90_kernels.py and
+    tools/tune_tc_kernels.py use the same.
 
-    Set by the GPU check's sweep on an H200 (docs/results/gpu_h200_run5_check_layer.json, ``tc_kernels``; each kernel
-    at LambdaResNet-101's three 1024 px shapes, batch 8): 16-bit rows use the fewest query rows (16: 1.13-1.37x
-    against 32 at c4 and c5), float32 rows one stage (no software pipelining of the TF32 loads: 1.10-1.30x, one
-    case 0.97x), the value gradient up to 128 channels a program (1.12-1.28x at |v| = 128 against 64). Not yet
-    measured: 64 rows a program from ``BLOCK_Y`` output rows (``ho``: the map's output rows, default ``wo``), for
-    16-bit rows, TF32 rows of at most 64 channels and every 16-bit or TF32 logit gradient (``precision``: the
-    ``tl.dot`` input precision, default :func:`_precision`; exact float32 keeps one row: at 64 its logit gradient
-    spills 3.9 KB a thread on sm_90): in that sweep 64 rows (then by more
-    queries, twice the padded window) ran as fast per multiply-add as 16 rows 1.2-2.1x over (wgmma against mma.sync),
-    except float32 rows at |v| = 128 (0.95x); output rows add 4-12% multiply-adds where queries added 100%."""
-    ho = wo if ho is None else ho
+    Measured by the GPU check's sweep on an H200 (docs/results/gpu_h200_run5_check_layer.json, ``tc_kernels``; each
+    kernel at LambdaResNet-101's three 1024 px shapes, batch 8): 16-bit rows at the fewest query rows (16: 1.13-1.37x
+    against 32 at c4 and c5), float32 rows at one stage (no software pipelining of the TF32 loads: 1.10-1.30x, one
+    case 0.97x), the value gradient at up to 128 channels a program (1.12-1.28x at |v| = 128 against 64).
+
+    Inferred from that sweep, not yet measured: 64 rows a program (Hopper's ``wgmma`` takes 64) from ``BLOCK_Y``
+    output rows that share each value tile, for 16-bit rows, TF32 rows of at most 64 channels and every 16-bit or
+    TF32 logit gradient. There 64 rows by more queries (twice the padded window) ran as fast as 16 rows, 1.2-2.1x the
+    work per microsecond, except TF32 rows at |v| = 128 (0.95x); output rows add 4-12% multiply-adds instead. Exact
+    float32 keeps one row (at 64 its logit gradient spills 3.9 KB a thread on sm_90)."""
+    return _tc_launch_meta(heads, c, dv, width, wo, kw, step, dtype, wo if ho is None else ho,
+                           precision or _precision(dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, step: int, dtype: torch.dtype,
+                    ho: int, precision: str) -> dict:
     sixteen = dtype in (torch.float16, torch.bfloat16)
-    tf32 = dtype == torch.float32 and (precision or _precision(dtype)) == 'tf32'
+    tf32 = dtype == torch.float32 and precision == 'tf32'
     bq, bh, bw = _tc_row_tiles(heads, wo, kw, step, sixteen)
     bv = _pow2(dv, 16)
     bp, bwv, bvv = _tc_value_tiles(width, kw, step, dv)
-    # 64 rows a program (Hopper's warpgroup MMA, wgmma, takes 64) from output rows that share the value tiles
-    by = max(1, min(64 // (bh * bq), _pow2(ho))) if sixteen or tf32 else 1
+    by = max(1, min(64 // (bh * bq), _pow2(ho))) if sixteen or tf32 else 1  # output rows: 64 rows a program
 
     def rows(y):
         m = y * bh * bq
@@ -412,7 +419,8 @@ def logit_stride(scope: int) -> int:
 def _padded_table(table: Tensor) -> Tensor:
     """``[C, u, K_h, K_w] -> [C, LS]``: the table's offsets as columns, zero-padded to :func:`logit_stride`."""
     rm = table.reshape(table.shape[0], -1)
-    return torch.nn.functional.pad(rm, (0, logit_stride(rm.shape[1]) - rm.shape[1]))
+    pad = logit_stride(rm.shape[1]) - rm.shape[1]
+    return torch.nn.functional.pad(rm, (0, pad)) if pad else rm  # (aligned already: no copy, no launch)
 
 
 def _query_major_logits(q: Tensor, table_padded: Tensor) -> Tensor:
