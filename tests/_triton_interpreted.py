@@ -15,7 +15,10 @@ Arguments, one run each:
 
 A suffix ``@y<n>`` runs the tensor-core kernels with ``n`` output rows a program (``BLOCK_Y``; otherwise the
 wrappers' default, ``tiled_triton.tc_launch_meta``), e.g. ``tc:float32:1@y4``: a row count that does not divide the
-map's checks the last program's rows.
+map's checks the last program's rows. A suffix ``@sm<n>`` launches them as on a GPU of ``n`` multiprocessors
+(``tiled_triton._sm_count``; off a GPU: none, the tiles of a full grid), e.g. ``tc:bfloat16:2@sm100000``: every grid
+smaller than that, so the fewest output rows and value-gradient channels a program (``tc_launch_meta``'s small-grid
+rule).
 
 Each run chooses its backend through the public override (``set_backend``) and checks that the backend table
 counted the call for it and that a kernel launch returned. Prints one line per run and a summary; exits non-zero on
@@ -89,6 +92,18 @@ def tensor_core_run(dtype, index):
 
 runs = sys.argv[1:] or [str(i) + c for i in range(len(CASES)) for c in ('', 'c')]
 launch_meta = tiled_triton.tc_launch_meta
+sm_count = tiled_triton._sm_count
+launch = tiled_triton._launch
+launched = []  # the constants of each tensor-core launch of the current run
+
+
+def recording_launch(kernel, grid, *args, **meta):
+    if 'WIDEN' in meta:
+        launched.append(meta)
+    return launch(kernel, grid, *args, **meta)
+
+
+tiled_triton._launch = recording_launch
 
 
 def rows_a_program(n):
@@ -101,8 +116,10 @@ def rows_a_program(n):
 for run, arg in enumerate(runs):
     start, launches = time.time(), tiled_triton.LAUNCHES
     PL.served_backends(reset=True)
+    arg, _, sms = arg.partition('@sm')
     arg, _, rows = arg.partition('@y')
     tiled_triton.tc_launch_meta = rows_a_program(int(rows)) if rows else launch_meta
+    tiled_triton._sm_count = (lambda device, n=int(sms): n) if sms else sm_count
     if arg.startswith('tc:'):
         _, dtype, index = arg.split(':')
         line = tensor_core_run(getattr(torch, dtype), int(index))
@@ -112,6 +129,11 @@ for run, arg in enumerate(runs):
     else:
         line = float64_run(run, int(arg.rstrip('c')), arg.endswith('c'))
     assert tiled_triton.LAUNCHES > launches, f'{arg}: no Triton kernel launched'
+    if sms:  # the wrappers applied the small-grid rule: one output row and at most 32 value channels a program
+        assert launched and all(m.get('BLOCK_Y', 1) == 1 for m in launched), launched
+        assert all(m['BLOCK_V'] <= 32 for m in launched if 'BLOCK_P' in m), launched
+    launched.clear()
     assert {k[1] for k in PL.served_backends() if k[0] == 'tiled'} == {PL.get_backend()}, PL.served_backends()
-    print(f'{line}{" BLOCK_Y=" + rows if rows else ""} ({time.time() - start:.1f} s)', flush=True)
+    print(f'{line}{" BLOCK_Y=" + rows if rows else ""}{" SMs=" + sms if sms else ""} ({time.time() - start:.1f} s)',
+          flush=True)
 print(f'{len(runs)} runs equal the reference')

@@ -129,6 +129,11 @@ def test_gpu_check_layer_dry_run(tmp_path):
     assert all(any(k.startswith('aten::') and '[' in k for k in p['top_ops']) for p in tc['profile']), tc['profile']
     assert all(p['wall_us'] > 0 and p['host_cpu_us'] > 0 for p in tc['profile']), tc['profile']
     assert len(tc['sweep']) == 6 and all(s['errors'] == 0 and s['configs'] == 2 for s in tc['sweep']), tc['sweep']
+    assert set(tc['host_us_per_call']) == {'aten add', 'aten bmm 4x8x8', 'triton tc_rows launch',
+                                           'lambda layer training step 2x2', 'conv3x3 training step 2x2'}, tc
+    assert all(v > 0 for v in tc['host_us_per_call'].values()), tc['host_us_per_call']
+    # batch 1: the small-grid tiles against the full-grid ones where they differ (at the tiny shapes, on 132 SMs)
+    assert tc['occupancy'] and all(o['errors'] == 0 and len(o['ms']) == 2 for o in tc['occupancy']), tc['occupancy']
     graphs = record['results']['cuda_graphs_batch1']
     assert len(graphs) == 6 and all('eager_ms' in g for g in graphs), graphs
     rows = record['results']['models']['models_graphs'][0]['rows']

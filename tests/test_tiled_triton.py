@@ -39,9 +39,50 @@ def test_tensor_core_kernels_interpreted_round_as_they_claim():
     a global scope with a content lambda, batch 1 at the 23x23 scope) and the operator; bfloat16 and float16 rounded
     as a matmul in that dtype, not as float32 (scopes 23, 25 (stride 2's pooled table), 7 and 5; |u| 2; 5 heads;
     |v| 43; batch 1 and 2; with and without the content lambda); three of them with 2 and 4 output rows a program
-    (``BLOCK_Y``, the tune tool's alternatives), 4 not dividing the map's rows."""
+    (``BLOCK_Y``, the tune tool's alternatives), 4 not dividing the map's rows; one launched as on a GPU with more
+    multiprocessors than any of its grids has programs (``@sm``: the small-grid rule's one output row and 32 value
+    channels a program, four channel blocks at |v| 128, asserted of every launch)."""
     _interpreted(['f32:3', 'f32:5c', 'f32:4', 'tc:float32:1', 'tc:bfloat16:0', 'tc:bfloat16:2', 'tc:float16:1',
-                  'tc:float16:3', 'f32:3@y4', 'tc:float32:1@y4', 'tc:bfloat16:0@y2'])
+                  'tc:float16:3', 'f32:3@y4', 'tc:float32:1@y4', 'tc:bfloat16:0@y2', 'tc:bfloat16:2@sm100000'])
+
+
+def _programs(meta, images, height, width, ho, wo, dv, u=1):
+    """The programs of each tensor-core launch's grid, as the wrappers of tiled_triton.py launch them."""
+    def cdiv(a, b):
+        return -(-a // b)
+    rows = {k: cdiv(wo, meta[k]['BLOCK_Q']) * cdiv(ho, meta[k]['BLOCK_Y']) * images for k in ('rows', 'logit_grad')}
+    vg = meta['value_grad']
+    return dict(rows, value_grad=cdiv(width, vg['BLOCK_P']) * height * images * u * cdiv(dv, vg['BLOCK_V']))
+
+
+def test_small_grids_get_more_programs_down_to_one_a_multiprocessor():
+    """``tc_launch_meta``'s small-grid rule: at batch 8 LambdaResNet-101's three 1024 px shapes keep the full-grid
+    tiles that the H200 sweep measured (each grid has at least 132 programs already); at batch 1 the c5 layer's grids
+    (32 x 32, |v| 128) had fewer programs than an H200's 132 multiprocessors, and get fewer output rows or value
+    channels a program until they have at least 132 or the tiles reach their floor (1 row, 32 channels)."""
+    import torch
+
+    from timm_lambda.layers.position_lambda import tiled_triton as T
+    shapes = [(256, 64, 1), (512, 64, 2), (512, 32, 1)]  # (width, side, stride), as tools/tune_tc_kernels.py
+    for dtype, prec in ((torch.bfloat16, 'ieee'), (torch.float32, 'tf32'), (torch.float32, 'ieee')):
+        for width, side, step in shapes:
+            c, kw, dv, out = (144, 25, width // 4, side // 2) if step == 2 else (16, 23, width // 4, side)
+            full = T.tc_launch_meta(4, c, dv, side, out, kw, step, dtype, out, prec)
+            assert T.tc_launch_meta(4, c, dv, side, out, kw, step, dtype, out, prec, images=8, sms=132) == full
+            assert min(_programs(full, 8, side, side, out, out, dv).values()) >= 132
+    for dtype, prec in ((torch.bfloat16, 'ieee'), (torch.float32, 'tf32')):
+        full = T.tc_launch_meta(4, 16, 128, 32, 32, 23, 1, dtype, 32, prec)
+        small = T.tc_launch_meta(4, 16, 128, 32, 32, 23, 1, dtype, 32, prec, images=1, sms=132)
+        before, after = _programs(full, 1, 32, 32, 32, 32, 128), _programs(small, 1, 32, 32, 32, 32, 128)
+        assert before['value_grad'] == 32 and after['value_grad'] == 128 and small['value_grad']['BLOCK_V'] == 32
+        for k in ('rows', 'logit_grad'):
+            assert after[k] >= before[k]
+            assert after[k] >= 132 or small[k]['BLOCK_Y'] == 1, (k, small[k], after[k])
+            assert after[k] < 2 * 132 or small[k]['BLOCK_Y'] == full[k]['BLOCK_Y'], (k, small[k], after[k])
+        assert after['logit_grad'] > before['logit_grad'] or full['logit_grad']['BLOCK_Y'] == 1
+        assert {k: v for k, v in small['rows'].items() if k not in ('BLOCK_Y', 'num_warps')} == \
+            {k: v for k, v in full['rows'].items() if k not in ('BLOCK_Y', 'num_warps')}
+    assert T._sm_count(torch.device('cpu')) is None  # off a GPU: the full-grid tiles
 
 
 def test_the_table_runs_triton_on_cuda_tensor_cores_first_and_cuda_cores_for_small_float64_calls():

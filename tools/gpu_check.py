@@ -241,7 +241,9 @@ def layer_summary(path: str) -> list:
 def tc_kernels_summary(path: str) -> dict:
     """From tools/tune_tc_kernels.py's JSON: each layer step's device time, its five largest kernels and the five
     aten operators (with input shapes) whose own kernels took longest; each
-    tensor-core kernel's time at the wrappers' constants, its best alternative and the speedup."""
+    tensor-core kernel's time at the wrappers' constants, its best alternative and the speedup; at batch 1, the
+    small-grid tiles' speedup over the full-grid ones; the host's microseconds a call of an aten op, a Triton launch
+    and a layer / conv step on a tiny map."""
     with open(path) as f:
         rows = json.load(f)['rows']
     profile = [dict(shape=r['shape'], module=r['module'], dtype=r['dtype'], device_us=r['device_us_per_step'],
@@ -254,7 +256,11 @@ def tc_kernels_summary(path: str) -> dict:
                   default_ms=(r['default'] or {}).get('ms'), best=r['best'], speedup=r['speedup'],
                   configs=len(r['configs']), errors=sum('error' in c for c in r['configs']))
              for r in rows if r['part'] == 'sweep']
-    return dict(profile=profile, sweep=sweep)
+    occupancy = [dict(shape=r['shape'], dtype=r['dtype'], kernel=r['kernel'], speedup=r['speedup'],
+                      ms=[c.get('ms') for c in r['configs']], errors=sum('error' in c for c in r['configs']))
+                 for r in rows if r['part'] == 'occupancy']
+    host = next((r['host_us_per_call'] for r in rows if r['part'] == 'host'), None)
+    return dict(profile=profile, host_us_per_call=host, occupancy=occupancy, sweep=sweep)
 
 
 def section_layer(run: Run, args) -> None:

@@ -1,6 +1,6 @@
 """Where a lambda layer's GPU time goes, and what the tensor-core kernels' tiles, warps and pipeline stages are worth.
 
-Two parts, at LambdaResNet-101's three lambda-layer shapes at 1024 px, batch 8 (the GPU check runs both, issue 37):
+Four parts, at LambdaResNet-101's three lambda-layer shapes at 1024 px, batch 8 (the GPU check runs them, issue 37):
 
 * ``profile``: the CUDA kernels of one layer training step (float32 with TF32, and bfloat16 autocast), by
   ``torch.profiler``: each kernel's device time a step and its launches, summed by name (the Triton kernels, cuBLAS,
@@ -11,8 +11,13 @@ Two parts, at LambdaResNet-101's three lambda-layer shapes at 1024 px, batch 8 (
   ``triton.testing.do_bench`` (CUDA events, median) at the constants the wrappers launch (``tc_launch_meta``) and at
   a few alternatives: other pipeline stages and warps, other tiles. Each alternative's result is compared with the
   default's (a wrong tile fails, it is not timed). The best per kernel and shape is what the wrappers should launch.
+* ``host`` (seconds): the host's microseconds a call of an aten op, a Triton launch and a layer / conv training step
+  on tiny inputs (what the eager step's time is made of).
+* ``occupancy`` (before the sweep, it is short): batch 1, each kernel at the tiles of ``tc_launch_meta``'s small-grid
+  rule against the full-grid tiles, where they differ (the rule's worth where a grid has fewer programs than the
+  GPU has multiprocessors).
 
-Both stop at ``--budget`` seconds, the JSON written after each row. ``--dry-run``: a CPU at tiny shapes, the kernels
+All stop at ``--budget`` seconds, the JSON written after each row. ``--dry-run``: a CPU at tiny shapes, the kernels
 under Triton's interpreter (every path runs; the comparison of alternatives is real, the times are not).
 
     python tools/tune_tc_kernels.py --out DIR [--budget 100] [--dry-run]
@@ -197,39 +202,57 @@ def _runner(kernel: str, o: dict, prec: str, meta: dict):
     return run
 
 
-def sweep(rows: list, save, budget: Budget, dry_run: bool, batch: int, device: str) -> None:
+def _time(kernel: str, o: dict, prec: str, options: list, dtype, device: str, budget: Budget):
+    """Each option (the first the reference) run and compared with the first's result, then timed on a GPU
+    (``do_bench``, median ms); one that fails or differs is recorded with its error. None: out of budget."""
     if device == 'cuda':
         from triton.testing import do_bench
-    for dtype, prec in ((torch.float32, 'tf32'),) if dry_run else ((torch.bfloat16, 'ieee'), (torch.float32, 'tf32')):
+    want = None
+    timed = []
+    for option in options:
+        if budget.left() < 5:
+            return None
+        run = _runner(kernel, o, prec, option)
+        try:
+            got = run().float().clone()
+        except Exception as e:  # a config that does not compile or fit: recorded, not timed
+            timed.append(dict(config=option, error=f'{type(e).__name__}: {str(e)[:300]}'))
+            continue
+        if want is None:
+            want = got
+        else:
+            err = ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+            if not err <= (1e-2 if dtype == torch.bfloat16 else 2e-3):
+                timed.append(dict(config=option, error=f'differs from the default by {err:.2e}'))
+                continue
+        ms = do_bench(run, warmup=10, rep=40, return_mode='median') if device == 'cuda' else None
+        timed.append(dict(config=option, ms=ms))
+    return timed
+
+
+def _dtypes(dry_run: bool):
+    return ((torch.float32, 'tf32'),) if dry_run else ((torch.bfloat16, 'ieee'), (torch.float32, 'tf32'))
+
+
+def _sms(device: str) -> int:
+    return T._sm_count(torch.device(device)) or 132  # (a dry run: an H100's or H200's)
+
+
+def sweep(rows: list, save, budget: Budget, dry_run: bool, batch: int, device: str) -> None:
+    for dtype, prec in _dtypes(dry_run):
         for name, width, side, stride in shapes(dry_run):
             o = _operands(width, side, stride, batch, dtype, device)
-            meta = T.tc_launch_meta(HEADS, o['c'], o['dv'], side, o['wo'], o['kw'], stride, dtype, o['ho'], prec)
+            meta = T.tc_launch_meta(HEADS, o['c'], o['dv'], side, o['wo'], o['kw'], stride, dtype, o['ho'], prec,
+                                    images=batch, sms=_sms(device))  # what the wrappers launch
             for kernel in KERNELS:
                 default = dict(meta[KERNELS[kernel]])
                 options = _alternatives(kernel, default, o)
                 if dry_run:  # the interpreter: the default and another tiling (their results compared)
                     options = [options[0]] + [x for x in options if any(x.get(k) != v for k, v in default.items()
                                                                          if k.startswith("BLOCK"))][:1]
-                want = None
-                timed = []
-                for option in options:
-                    if budget.left() < 5:
-                        return
-                    run = _runner(kernel, o, prec, option)
-                    try:
-                        got = run().float().clone()
-                    except Exception as e:  # a config that does not compile or fit: recorded, not timed
-                        timed.append(dict(config=option, error=f'{type(e).__name__}: {str(e)[:300]}'))
-                        continue
-                    if want is None:
-                        want = got
-                    else:
-                        err = ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
-                        if not err <= (1e-2 if dtype == torch.bfloat16 else 2e-3):
-                            timed.append(dict(config=option, error=f'differs from the default by {err:.2e}'))
-                            continue
-                    ms = do_bench(run, warmup=10, rep=40, return_mode='median') if device == 'cuda' else None
-                    timed.append(dict(config=option, ms=ms))
+                timed = _time(kernel, o, prec, options, dtype, device, budget)
+                if timed is None:
+                    return
                 ok = [t for t in timed if t.get('ms') is not None]
                 best = min(ok, key=lambda t: t['ms']) if ok else None
                 rows.append(dict(part='sweep', shape=name, dtype=str(dtype).replace('torch.', ''), batch=batch,
@@ -239,11 +262,81 @@ def sweep(rows: list, save, budget: Budget, dry_run: bool, batch: int, device: s
                 save()
 
 
+def occupancy(rows: list, save, budget: Budget, dry_run: bool, device: str) -> None:
+    """Batch 1: each kernel at the tiles the wrappers launch on this GPU (``tc_launch_meta``'s small-grid rule: fewer
+    output rows or value channels a program while a grid has fewer programs than the GPU multiprocessors) against
+    the full-grid tiles (batch 8's), where the two differ: ``speedup`` is the full grid's time over the rule's."""
+    for dtype, prec in _dtypes(dry_run):
+        for name, width, side, stride in shapes(dry_run):
+            o = _operands(width, side, stride, 1, dtype, device)
+            args = (HEADS, o['c'], o['dv'], side, o['wo'], o['kw'], stride, dtype, o['ho'], prec)
+            small, full = T.tc_launch_meta(*args, images=1, sms=_sms(device)), T.tc_launch_meta(*args)
+            for kernel in KERNELS:
+                options = [dict(small[KERNELS[kernel]]), dict(full[KERNELS[kernel]])]
+                if options[0] == options[1]:
+                    continue
+                timed = _time(kernel, o, prec, options, dtype, device, budget)
+                if timed is None:
+                    return
+                ms = [t.get('ms') for t in timed]
+                rows.append(dict(part='occupancy', shape=name, dtype=str(dtype).replace('torch.', ''), batch=1,
+                                 kernel=kernel, sms=_sms(device), configs=timed,
+                                 speedup=round(ms[1] / ms[0], 3) if len(ms) == 2 and None not in ms else None))
+                save()
+
+
+def host(rows: list, save, budget: Budget, dry_run: bool, device: str) -> None:
+    """What a call costs the host (the eager layer step is host-bound on a GPU: docs/benchmarks.md, "GPU"): tiny
+    inputs, many calls, one synchronisation at the end, so the device keeps up and the time a call is the host's (a
+    median of 5 rounds): an aten elementwise add, a small bmm, one ``tc_rows`` launch through Triton's launcher (the
+    wrappers' constants), and a lambda layer's and a 3x3 conv's training step on a 2x2 map (256 channels). With a
+    layer step's operator and launch counts (tools/count_launches.py), what its eager time is made of."""
+    def sync():
+        if device == 'cuda':
+            torch.cuda.synchronize()
+
+    def per_call(fn, calls):
+        fn()
+        sync()
+        out = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            sync()
+            out.append((time.perf_counter() - t0) / calls * 1e6)
+        return round(sorted(out)[2], 1)
+
+    a, b = torch.ones(8, device=device), torch.ones(4, 8, 8, device=device)
+    o = _operands(64, 2, 1, 1, torch.float32, device)
+    prec = 'tf32' if device == 'cuda' else 'ieee'
+    launch = _runner('tc_rows', o, prec, T.tc_launch_meta(HEADS, o['c'], o['dv'], 2, 2, o['kw'], 1, torch.float32, 2,
+                                                           prec)['rows'])
+    x = torch.randn(1, 256, 2, 2, device=device, requires_grad=True)
+    layer = LambdaLayer(256, dim_k=DIM_K, heads=HEADS, scope=SCOPE).to(device)
+    conv = torch.nn.Conv2d(256, 256, 3, 1, 1, bias=False).to(device)
+
+    def step(m):
+        return lambda: m(x).sum().backward()
+    cases = [('aten add', lambda: torch.add(a, a), 200), ('aten bmm 4x8x8', lambda: torch.bmm(b, b), 200),
+             ('triton tc_rows launch', launch, 3 if dry_run else 200),
+             ('lambda layer training step 2x2', step(layer), 3 if dry_run else 50),
+             ('conv3x3 training step 2x2', step(conv), 3 if dry_run else 50)]
+    out = {}
+    for name, fn, calls in cases:
+        if budget.left() < 5:
+            break
+        out[name] = per_call(fn, calls)
+    rows.append(dict(part='host', device=device, host_us_per_call=out))
+    save()
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--out', required=True, help='folder for tune_tc_kernels.json')
     p.add_argument('--budget', type=float, default=100, help='seconds for both parts (default: %(default)s)')
-    p.add_argument('--parts', nargs='+', default=['profile', 'sweep'], choices=['profile', 'sweep'])
+    p.add_argument('--parts', nargs='+', default=['profile', 'host', 'occupancy', 'sweep'],
+                   choices=['profile', 'host', 'occupancy', 'sweep'])
     p.add_argument('--dry-run', action='store_true', help='a CPU, tiny shapes, the kernels interpreted')
     args = p.parse_args(argv)
     device = 'cpu' if args.dry_run else 'cuda'
@@ -265,6 +358,10 @@ def main(argv=None):
     save()
     if 'profile' in args.parts:
         profile(rows, save, budget, args.dry_run, batch, device)
+    if 'host' in args.parts:
+        host(rows, save, budget, args.dry_run, device)
+    if 'occupancy' in args.parts:
+        occupancy(rows, save, budget, args.dry_run, device)
     if 'sweep' in args.parts:
         sweep(rows, save, budget, args.dry_run, batch, device)
     record['complete'] = budget.left() > 0

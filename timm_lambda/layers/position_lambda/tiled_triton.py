@@ -350,7 +350,8 @@ def _tc_value_tiles(width: int, kw: int, step: int, dv: int):
 
 def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, step: int,
                    dtype: torch.dtype = torch.float32, ho: Optional[int] = None,
-                   precision: Optional[str] = None) -> dict:
+                   precision: Optional[str] = None, images: Optional[int] = None, sms: Optional[int] = None,
+                   height: Optional[int] = None, u: int = 1) -> dict:
     """The constants, warps and stages of the tensor-core launches at a shape (``c``: the query depth, 9 |k| at step
     2; ``ho``: the output rows, default ``wo``) for ``dtype`` operands with ``tl.dot``'s input ``precision`` (default
     :func:`_precision`): ``{'rows': {...}, 'logit_grad': {...}, 'value_grad': {...}}`` (``tc_rows`` forward, its
@@ -368,28 +369,59 @@ def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, st
     output rows that share each value tile, for 16-bit rows, TF32 rows of at most 64 channels and every 16-bit or
     TF32 logit gradient. There 64 rows by more queries (twice the padded window) ran as fast as 16 rows, 1.2-2.1x the
     work per microsecond, except TF32 rows at |v| = 128 (0.95x); output rows add 4-12% multiply-adds instead. Exact
-    float32 keeps one row (at 64 its logit gradient spills 3.9 KB a thread on sm_90)."""
+    float32 keeps one row (at 64 its logit gradient spills 3.9 KB a thread on sm_90).
+
+    A small grid (``images`` in the launch, ``|u|``, the value map's ``height``, default ``width``, on a GPU of
+    ``sms`` multiprocessors: :func:`_sm_count`): while a kernel's grid has fewer programs than the GPU has
+    multiprocessors, fewer output rows a program (``BLOCK_Y`` halved, down to 1) and fewer value-gradient channels a
+    program (``BLOCK_V`` halved, down to 32): each program then repeats loads another would share, but the idle
+    multiprocessors work. At batch 8 every default grid of LambdaResNet-101's three shapes already has at least
+    2x132 programs (unchanged); at batch 1 the c5 layer's (32 x 32 map) had 32 (value gradient) and 64 (16-bit rows)
+    on an H200's 132 (docs/benchmarks.md, "GPU"; inferred, not yet measured: the GPU check's ``occupancy`` part of
+    tools/tune_tc_kernels.py times both). Without ``images`` and ``sms``: the tiles of a full grid."""
     return _tc_launch_meta(heads, c, dv, width, wo, kw, step, dtype, wo if ho is None else ho,
-                           precision or _precision(dtype))
+                           precision or _precision(dtype), images or 0, sms or 0, height or width, u)
 
 
 @functools.lru_cache(maxsize=None)
 def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, step: int, dtype: torch.dtype,
-                    ho: int, precision: str) -> dict:
+                    ho: int, precision: str, images: int, sms: int, height: int, u: int) -> dict:
     sixteen = dtype in (torch.float16, torch.bfloat16)
     tf32 = dtype == torch.float32 and precision == 'tf32'
     bq, bh, bw = _tc_row_tiles(heads, wo, kw, step, sixteen)
     bv = _pow2(dv, 16)
     bp, bwv, bvv = _tc_value_tiles(width, kw, step, dv)
     by = max(1, min(64 // (bh * bq), _pow2(ho))) if sixteen or tf32 else 1  # output rows: 64 rows a program
+    by_rows = by if sixteen or bv <= 64 else 1
+    if images and sms:  # a small grid: more programs, down to one a multiprocessor
+        row_programs = _cdiv(wo, bq) * images
+        while by_rows > 1 and row_programs * _cdiv(ho, by_rows) < sms:
+            by_rows //= 2
+        while by > 1 and row_programs * _cdiv(ho, by) < sms:
+            by //= 2
+        while bvv > 32 and _cdiv(width, bp) * height * images * u * _cdiv(dv, bvv) < sms:
+            bvv //= 2
 
     def rows(y):
         m = y * bh * bq
         out = dict(BLOCK_Q=bq, BLOCK_H=bh, BLOCK_W=bw, BLOCK_V=bv, BLOCK_Y=y, num_warps=_warps(m * bv, m * bw))
         return dict(out, num_stages=1) if dtype == torch.float32 else out
-    return dict(rows=dict(rows(by if sixteen or bv <= 64 else 1), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False),
+    return dict(rows=dict(rows(by_rows), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False),
                 logit_grad=dict(rows(by), BLOCK_C=16, LOGIT_GRAD=True, CONTENT=False),  # (no content term)
                 value_grad=dict(BLOCK_P=bp, BLOCK_W=bwv, BLOCK_V=bvv, num_warps=_warps(bp * bvv, bp * bwv, bwv * bvv)))
+
+
+def _sm_count(device: torch.device) -> Optional[int]:
+    """The multiprocessors of the GPU that holds a tensor on ``device`` (None off a GPU: Triton's interpreter keeps
+    the tiles of a full grid, :func:`tc_launch_meta`)."""
+    if device.type != 'cuda':
+        return None
+    return _cuda_sms(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _warps(*tiles: int) -> int:
@@ -443,13 +475,15 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
     if PREFILL_NAN:
         y.fill_(float('nan'))
     if tensor_cores:
-        rows = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho)['rows']
         widen = _widen(q.dtype)
         out = y.float() if widen else y
         if content is not None:
             content = content.contiguous()
         tp = _padded_table(table)
+        sms = _sm_count(q.device)
         for b0, n in _chunks(b, h * tp.shape[1] * ho * wo, chunk_elements):
+            rows = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho, images=n, sms=sms, height=height,
+                                  u=u)['rows']
             logits = _query_major_logits(q[b0:b0 + n], tp)
             cn = None if content is None else content[b0:b0 + n]
             _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), _cdiv(ho, rows['BLOCK_Y']), n), logits, v[b0:b0 + n],
@@ -488,8 +522,7 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
         rm = tp[:, :ukk]  # (dq's GEMM reads the table at the padded, aligned stride)
         chunks = _chunks(b, h * tp.shape[1] * ho * wo, chunk_elements)
         prec = _precision(q.dtype)
-        meta = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho)
-        rows, vg = meta['logit_grad'], meta['value_grad']
+        sms = _sm_count(q.device)
         widen = _widen(q.dtype)
         gvw = gv.float() if widen else gv
     else:
@@ -499,6 +532,9 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
     for b0, n in chunks:
         qc, gyc = q[b0:b0 + n], gy[b0:b0 + n]
         if tensor_cores:
+            meta = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho, prec, images=n, sms=sms, height=height,
+                                  u=u)
+            rows, vg = meta['logit_grad'], meta['value_grad']
             logits = _query_major_logits(qc, tp)  # [n h, Ho Wo, LS]
             ls = tp.shape[1]
             _launch(k['tc_value_grad'], (_cdiv(width, vg['BLOCK_P']), height, n * u * _cdiv(dv, vg['BLOCK_V'])),
