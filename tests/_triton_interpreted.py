@@ -37,7 +37,7 @@ from _cases import content_reference as _content_reference  # noqa: E402
 from _cases import inputs as _inputs  # noqa: E402
 from reference import position_term_reference  # noqa: E402
 from timm_lambda.layers import position_lambda as PL  # noqa: E402
-from timm_lambda.layers.position_lambda import custom_ops, gemm, tiled_triton  # noqa: E402
+from timm_lambda.layers.position_lambda import custom_ops, tiled_triton  # noqa: E402
 
 PL.set_backend('triton_tc', strict=True)  # a kernel that fails raises (no other backend's answer)
 tiled_triton.PREFILL_NAN = True  # an output element no kernel wrote stays NaN and fails the comparison
@@ -47,7 +47,7 @@ torch.backends.cuda.matmul.allow_tf32 = False  # float32: the exact tl.dot
 def float64_run(run, index, with_content, dtype=torch.float64):
     case = CASES[index]
     _, hh, ww, _, k, _, dv, scope, stride, cip, _ = case
-    gemm.DEVICE_CHUNK_ELEMENTS = 1 if run % 2 else 1 << 26  # one image a chunk, or all in one
+    tiled_triton.CHUNK_ELEMENTS = 1 if run % 2 else 1 << 27  # one image a chunk, or all in one
     PL.set_backend('triton_fma' if dtype == torch.float64 else 'triton_tc')
     q, v, table = _inputs(case)
     leaves = [q, v, table]

@@ -71,6 +71,7 @@ def test_forms_equal_the_reference_on_cuda(case, impl, execution, chunks, monkey
     launched = _use(execution, backend)
     if chunks == 'many':  # one query block (gemm) or one image (Triton) per chunk: the device loop over chunks
         monkeypatch.setattr(gemm, 'DEVICE_CHUNK_ELEMENTS', 1)
+        monkeypatch.setattr(tiled_triton, 'CHUNK_ELEMENTS', 1)
     q, v, table = (t.requires_grad_() for t in _inputs(case))
     ref = position_term_reference(q, v, table, case[1], case[2], case[8], case[9])
     qd, vd, td = _on_device((q.detach(), v.detach(), table.detach()))

@@ -242,6 +242,18 @@ def test_a_kernel_error_at_the_first_launch_propagates(monkeypatch):
     assert tiled_triton._cannot_run_here(RuntimeError('0 active drivers'))
 
 
+def test_chunks_are_the_fewest_of_about_equal_size():
+    """Images go to the Triton kernels in the fewest chunks whose logits fit ``CHUNK_ELEMENTS``, of sizes that differ
+    by at most one: LambdaResNet-101's c4 layer at 1024 px, batch 8 (4 heads, 536 logits a query of 64 x 64) in one
+    chunk; at half the limit in 4 and 4 images, not 7 and 1 (the second launch set on a one-image grid)."""
+    from timm_lambda.layers.position_lambda import tiled_triton as T
+    per_image = 4 * T.logit_stride(23 * 23) * 64 * 64
+    assert T._chunks(8, per_image, T.CHUNK_ELEMENTS) == [(0, 8)]
+    assert T._chunks(8, per_image, T.CHUNK_ELEMENTS // 2) == [(0, 4), (4, 4)]
+    assert T._chunks(10, 1, 4) == [(0, 4), (4, 3), (7, 3)] and T._chunks(3, 5, 1) == [(0, 1), (1, 1), (2, 1)]
+    assert T._chunks(0, 5, 10) == []
+
+
 def test_query_major_logits_rows_are_aligned_for_cublas():
     """The tensor-core path's compact logits ``[n h, Ho Wo, LS]`` have rows of ``LS`` = ``u K_h K_w`` rounded up to 8
     elements (16 bytes in 16-bit): the GEMMs that write them (forward) and read them (``dq``, ``dR``) then get cuBLAS's

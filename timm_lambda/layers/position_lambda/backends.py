@@ -251,7 +251,7 @@ def served_backends(reset: bool = False) -> Dict[Tuple[str, str, str, str], int]
 # content) -> (dq, dv, dtable, dcontent). Layouts: :mod:`.custom_ops`.
 def _triton(backward: bool, tensor_cores: bool) -> Callable:
     run = tiled_triton.backward if backward else tiled_triton.forward
-    return lambda *args: run(*args, tensor_cores=tensor_cores, chunk_elements=gemm.DEVICE_CHUNK_ELEMENTS)
+    return lambda *args: run(*args, tensor_cores=tensor_cores, chunk_elements=tiled_triton.CHUNK_ELEMENTS)
 
 
 _TILED: Dict[str, Tuple[Callable, Callable]] = {

@@ -19,9 +19,9 @@ on a CPU under Triton's interpreter (tests/test_tiled_triton.py) and on a GPU (t
 
 Layouts are the operator's (:mod:`.custom_ops`): ``q [B, h, C, Ho, Wo]``, ``v [B, u V, H, W]``, ``table [C, u, K_h,
 K_w]``, ``s = step``, ``p = (K - 1) // 2``, zero values outside the image. Results in the inputs' dtype. Images are
-processed in chunks whose logits hold at most ``chunk_elements``. A first launch that fails because Triton cannot
-build kernels here raises :class:`.execution.BackendUnusable` (the backend table hands the call on, or raises in
-strict mode); any other error propagates.
+processed in chunks of about equal size whose logits hold at most ``chunk_elements`` (:data:`CHUNK_ELEMENTS`). A
+first launch that fails because Triton cannot build kernels here raises :class:`.execution.BackendUnusable` (the
+backend table hands the call on, or raises in strict mode); any other error propagates.
 """
 import functools
 import os
@@ -33,7 +33,12 @@ from torch import Tensor
 from .execution import BackendUnusable
 from .plain_ops import operator_content_grads, operator_content_term
 
-__all__ = ['forward', 'backward', 'unavailable', 'logit_stride', 'INTERPRETED', 'LAUNCHES']
+__all__ = ['forward', 'backward', 'unavailable', 'logit_stride', 'INTERPRETED', 'LAUNCHES', 'CHUNK_ELEMENTS']
+
+# The logits of one chunk of images (512 MiB in float32; the backward's logit gradients as many again): one chunk a
+# layer step at LambdaResNet-101's shapes up to batch 8 at 1024 px (at 2**26, c4's batch 8 ran as chunks of 7 and 1
+# images on the H200: every launch of the step twice, the second on a grid of one image)
+CHUNK_ELEMENTS = 1 << 27
 
 LAUNCHES = 0  # kernel launches that returned in this process: what tests read to see that a kernel ran
 PREFILL_NAN = False  # tests: outputs the kernels write start as NaN, so that an element no kernel wrote shows
@@ -429,8 +434,15 @@ def _warps(*tiles: int) -> int:
 
 
 def _chunks(batch: int, per_image: int, chunk_elements: int):
-    n = max(1, chunk_elements // max(per_image, 1))
-    return [(b0, min(n, batch - b0)) for b0 in range(0, batch, n)]
+    """``(first image, images)`` of each chunk: the fewest chunks of at most ``chunk_elements // per_image`` images,
+    their sizes differing by at most one (8 images at 7 a chunk: 4 and 4, not 7 and 1)."""
+    count = _cdiv(batch, max(1, chunk_elements // max(per_image, 1)))
+    out, b0 = [], 0
+    for i in range(count):
+        n = batch // count + (i < batch % count)
+        out.append((b0, n))
+        b0 += n
+    return out
 
 
 def _logits(q: Tensor, table: Tensor) -> Tensor:
@@ -464,7 +476,7 @@ def _query_major_logits(q: Tensor, table_padded: Tensor) -> Tensor:
 
 
 def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None,
-            tensor_cores: bool = True, chunk_elements: int = 1 << 26) -> Tensor:
+            tensor_cores: bool = True, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:
     """The position term ``[B, h V, Ho, Wo]`` (contiguous) of the tiled operator, plus ``q lambda^c`` for a content
     lambda ``[B, C, V]`` (inside the tensor-core kernel's accumulators)."""
     b, h, c, ho, wo, u, kh, kw, dv, height, width, acc, k = _meta(q, v, table)
@@ -499,7 +511,7 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
 
 
 def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None,
-             tensor_cores: bool = True, chunk_elements: int = 1 << 26):
+             tensor_cores: bool = True, chunk_elements: int = CHUNK_ELEMENTS):
     """The gradients of ``q``, ``v``, ``table`` (contiguous; the table's summed in float32 or float64 over chunks)
     and the content lambda (an empty tensor without one). The content term's ``dq`` enters the GEMM that gives the
     position term's (one launch fewer); its ``dcontent`` is one matmul."""
