@@ -9,8 +9,10 @@ Four parts, at LambdaResNet-101's three lambda-layer shapes at 1024 px, batch 8 
   own CPU time (CUDA runtime calls included), where the eager step's time goes beyond its kernels.
 * ``sweep``: each tensor-core kernel (``tc_rows``, its logit-gradient variant, ``tc_value_grad``) alone, timed by
   ``triton.testing.do_bench`` (CUDA events, median) at the constants the wrappers launch (``tc_launch_meta``) and at
-  a few alternatives: other pipeline stages and warps, other tiles. Each alternative's result is compared with the
-  default's (a wrong tile fails, it is not timed). The best per kernel and shape is what the wrappers should launch.
+  a few alternatives: other pipeline stages and warps, other tiles, and for the forward at stride 1 the logits from
+  a GEMM instead of computed in the kernel (``FUSED=False``; the forward's times include its logits GEMM wherever
+  the kernel reads them). Each alternative's result is compared with the default's (a wrong tile fails, it is not
+  timed). The best per kernel and shape is what the wrappers should launch.
 * ``host`` (seconds): the host's microseconds a call of an aten op, a Triton launch and a layer / conv training step
   on tiny inputs (what the eager step's time is made of).
 * ``occupancy`` (before the sweep, it is short): batch 1, each kernel at the tiles of ``tc_launch_meta``'s small-grid
@@ -167,6 +169,8 @@ def _alternatives(kernel: str, default: dict, o: dict):
         for by in (1, 2, 4):  # output rows a program (they share each value tile)
             if by != default['BLOCK_Y'] and by * default['BLOCK_H'] * default['BLOCK_Q'] <= 128:
                 out.append(dict(default, BLOCK_Y=by))
+        if default.get('FUSED'):  # the logits from a GEMM and read back (timed with the GEMM), as before 2026-11-28
+            out.append(dict(default, FUSED=False, num_warps=4))
     return out
 
 
@@ -176,9 +180,11 @@ def _runner(kernel: str, o: dict, prec: str, meta: dict):
     cdiv = T._cdiv
     q, v, table, gy = o['q'], o['v'], o['table'], o['gy']
     b, side, ho, wo, dv, c, kw, step = o['batch'], o['side'], o['ho'], o['wo'], o['dv'], o['c'], o['kw'], o['step']
-    logits = T._query_major_logits(q, T._padded_table(table))
+    tp = T._padded_table(table)
+    logits = T._query_major_logits(q, tp)
     ls = logits.shape[-1]
     widen = T._widen(q.dtype)
+    gemm = False  # the forward's logits GEMM timed with the kernel, where the kernel does not compute them itself
     if kernel == 'tc_value_grad':
         out = torch.empty(v.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
         grid = (cdiv(side, meta['BLOCK_P']), side, b * cdiv(dv, meta['BLOCK_V']))
@@ -187,8 +193,9 @@ def _runner(kernel: str, o: dict, prec: str, meta: dict):
         out = torch.empty(gy.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
         content = o['content'] if step == 1 else None
         grid = (cdiv(wo, meta['BLOCK_Q']), cdiv(ho, meta['BLOCK_Y']), b)
-        args = (logits, v, out, q, logits if content is None else content, side, side, ho, wo, HEADS, 1, dv, c, kw,
-                kw, ls, step, prec)
+        gemm = not meta.get('FUSED')
+        args = [tp if meta.get('FUSED') else logits, v, out, q, logits if content is None else content, side, side,
+                ho, wo, HEADS, 1, dv, c, kw, kw, ls, step, prec]
         meta = dict(meta, CONTENT=content is not None)
     else:  # the logit-gradient variant of tc_rows (zeros: it writes no padding column, which is compared too)
         out = torch.zeros(logits.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
@@ -197,6 +204,8 @@ def _runner(kernel: str, o: dict, prec: str, meta: dict):
     fn = k['tc_value_grad' if kernel == 'tc_value_grad' else 'tc_rows']
 
     def run():
+        if gemm:
+            args[0] = T._query_major_logits(q, tp)
         fn[grid](*args, WIDEN=widen, **meta)
         return out
     return run
@@ -247,9 +256,10 @@ def sweep(rows: list, save, budget: Budget, dry_run: bool, batch: int, device: s
             for kernel in KERNELS:
                 default = dict(meta[KERNELS[kernel]])
                 options = _alternatives(kernel, default, o)
-                if dry_run:  # the interpreter: the default and another tiling (their results compared)
+                if dry_run:  # the interpreter: the default, another tiling and the unfused forward (results compared)
                     options = [options[0]] + [x for x in options if any(x.get(k) != v for k, v in default.items()
-                                                                         if k.startswith("BLOCK"))][:1]
+                                                                         if k.startswith("BLOCK"))][:1] + [
+                        x for x in options if x.get('FUSED') != default.get('FUSED')]
                 timed = _time(kernel, o, prec, options, dtype, device, budget)
                 if timed is None:
                     return

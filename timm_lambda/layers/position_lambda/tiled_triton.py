@@ -162,7 +162,8 @@ def _kernels():
     def _tc_rows(l_ptr, v_ptr, y_ptr, q_ptr, c_ptr, H, W, Ho, Wo, HEADS, U, V, C, KH, KW, LS, STEP: tl.constexpr,
                  PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
                  BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, LOGIT_GRAD: tl.constexpr, CONTENT: tl.constexpr,
-                 WIDEN: tl.constexpr, BLOCK_Y: tl.constexpr = 1):
+                 WIDEN: tl.constexpr, BLOCK_Y: tl.constexpr = 1, FUSED: tl.constexpr = False,
+                 KWP: tl.constexpr = 32):
         """Tensor cores: rows (output row, head, query) of ``BLOCK_Q`` queries of ``BLOCK_Y`` output rows, all heads
         (they share the values), against the ``BLOCK_W`` value columns that hold their scopes, one value row at a
         time (each row meets the scope row it falls in: the rows of ``BLOCK_Y`` output rows share each value tile).
@@ -172,7 +173,12 @@ def _kernels():
         the value rows off the image are visited too). ``WIDEN``: 16-bit tiles widened to float32 before each product
         (exact; Triton's interpreter has no bfloat16 matmul). ``LS``: the logits' row stride (``U KH KW`` rounded
         up: :func:`logit_stride`). One loop over the (u, value row) pairs, without branches: Triton pipelines its
-        loads."""
+        loads.
+
+        ``FUSED`` (forward): ``l`` is the padded table ``[C, LS]`` (:func:`_padded_table`), and each value row's
+        logits are computed here, ``L = Q E`` by ``tl.dot`` for the ``BLOCK_Y`` scope rows that row meets (``KWP``
+        columns each, the scope's width rounded up), rounded to the operands' dtype as the logits tensor is, and
+        skewed into the banded tile by ``tl.gather``: no logits tensor, no GEMM launch, nothing read back."""
         ox0, oy0, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1) * BLOCK_Y, tl.program_id(2).to(tl.int64)
         r = tl.arange(0, BLOCK_Y * BLOCK_H * BLOCK_Q)
         oy, hd, j = oy0 + r // (BLOCK_H * BLOCK_Q), (r // BLOCK_Q) % BLOCK_H, r % BLOCK_Q
@@ -203,6 +209,17 @@ def _kernels():
                 g = g.to(tl.float32)
         else:
             acc = tl.zeros([BLOCK_Y * BLOCK_H * BLOCK_Q, BLOCK_V], tl.float32)
+        if FUSED:
+            cc = tl.arange(0, BLOCK_C)
+            qf = tl.load(q_ptr + ((b * HEADS + hd) * C)[:, None] * howo + cc[None, :] * howo
+                         + (oy * Wo + ox)[:, None], mask=rmask[:, None] & (cc < C)[None, :], other=0.0)  # [R, BC]
+            if WIDEN:
+                qf = qf.to(tl.float32)
+            t = tl.arange(0, BLOCK_Y * KWP)  # the columns of the program's logits: (output row, scope column)
+            t_row0 = (oy0 + t // KWP) * STEP - (KH - 1) // 2  # the value row of each column's scope row 0
+            t_kx = t % KWP
+            # row r's band in them: column (r's output row, kx); the rest is masked out after the gather
+            g_idx = tl.where(kmask, (r // (BLOCK_H * BLOCK_Q))[:, None] * KWP + kx, 0)  # [R, BW]
         for i in range(0, U * n_rows):
             u = i // n_rows
             vr = first + i % n_rows
@@ -216,6 +233,21 @@ def _kernels():
             if LOGIT_GRAD:  # zero at the columns and rows off the image (vt is)
                 da = tl.dot(g, tl.trans(vt), input_precision=PREC)
                 tl.store(at, da.to(l_ptr.dtype.element_ty), mask=m)
+            elif FUSED:
+                t_ky = vr - t_row0  # [BY KWP]: the scope row of this value row, for each column
+                e = tl.load(l_ptr + cc[:, None] * LS + ((u * KH + t_ky) * KW + t_kx)[None, :],
+                            mask=(cc < C)[:, None] & ((t_kx < KW) & (t_ky >= 0) & (t_ky < KH))[None, :], other=0.0)
+                if WIDEN:
+                    e = e.to(tl.float32)
+                la = tl.dot(qf, e, input_precision=PREC)  # [R, BY KWP], float32 sums
+                if WIDEN:  # bfloat16 rounding to nearest even, in float32 (the interpreter's casts truncate)
+                    bits = la.to(tl.uint32, bitcast=True)
+                    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+                    la = bits.to(tl.float32, bitcast=True)
+                else:
+                    la = la.to(v_ptr.dtype.element_ty)
+                a = tl.where(m, tl.gather(la, g_idx, axis=1), 0.0)
+                acc = tl.dot(a.to(la.dtype), vt, acc, input_precision=PREC)
             else:
                 a = tl.load(at, mask=m, other=0.0)
                 if WIDEN:
@@ -224,8 +256,11 @@ def _kernels():
         if not LOGIT_GRAD:
             if CONTENT:
                 cc = tl.arange(0, BLOCK_C)
-                qm = tl.load(q_ptr + ((b * HEADS + hd) * C)[:, None] * howo + cc[None, :] * howo
-                             + (oy * Wo + ox)[:, None], mask=rmask[:, None] & (cc < C)[None, :], other=0.0)
+                if FUSED:
+                    qm = qf
+                else:
+                    qm = tl.load(q_ptr + ((b * HEADS + hd) * C)[:, None] * howo + cc[None, :] * howo
+                                 + (oy * Wo + ox)[:, None], mask=rmask[:, None] & (cc < C)[None, :], other=0.0)
                 cm = tl.load(c_ptr + b * C * V + cc[:, None] * V + vv[None, :],
                              mask=(cc < C)[:, None] & vmask[None, :], other=0.0)
                 if WIDEN:
@@ -409,10 +444,18 @@ def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, s
 
     def rows(y):
         m = y * bh * bq
-        out = dict(BLOCK_Q=bq, BLOCK_H=bh, BLOCK_W=bw, BLOCK_V=bv, BLOCK_Y=y, num_warps=_warps(m * bv, m * bw))
+        out = dict(BLOCK_Q=bq, BLOCK_H=bh, BLOCK_W=bw, BLOCK_V=bv, BLOCK_Y=y, KWP=_pow2(kw, 16),
+                   num_warps=_warps(m * bv, m * bw))
         return dict(out, num_stages=1) if dtype == torch.float32 else out
-    return dict(rows=dict(rows(by_rows), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False),
-                logit_grad=dict(rows(by), BLOCK_C=16, LOGIT_GRAD=True, CONTENT=False),  # (no content term)
+    # the forward computes its logits (no logits tensor) at stride 1 and scopes up to 32 wide (at stride 2 the 9 |k|
+    # deep pooled queries' tile, and a wider (global) scope's logits tile, would not fit the registers); 16-bit on 8
+    # warps (at 4 and 64 rows the logits tile spilled 244-648 bytes a thread on sm_90, at 8 none: sm90_kernels.py)
+    fused = step == 1 and c <= 64 and kw <= 32
+    forward = dict(rows(by_rows), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False, FUSED=fused)
+    if fused and sixteen:
+        forward['num_warps'] = 8
+    return dict(rows=forward,
+                logit_grad=dict(rows(by), BLOCK_C=16, LOGIT_GRAD=True, CONTENT=False, FUSED=False),  # (no content)
                 value_grad=dict(BLOCK_P=bp, BLOCK_W=bwv, BLOCK_V=bvv, num_warps=_warps(bp * bvv, bp * bwv, bwv * bvv)))
 
 
@@ -493,10 +536,11 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
             content = content.contiguous()
         tp = _padded_table(table)
         sms = _sm_count(q.device)
-        for b0, n in _chunks(b, h * tp.shape[1] * ho * wo, chunk_elements):
+        fused = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho)['rows']['FUSED']  # (no logits tensor)
+        for b0, n in [(0, b)] if fused else _chunks(b, h * tp.shape[1] * ho * wo, chunk_elements):
             rows = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho, images=n, sms=sms, height=height,
                                   u=u)['rows']
-            logits = _query_major_logits(q[b0:b0 + n], tp)
+            logits = tp if fused else _query_major_logits(q[b0:b0 + n], tp)
             cn = None if content is None else content[b0:b0 + n]
             _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), _cdiv(ho, rows['BLOCK_Y']), n), logits, v[b0:b0 + n],
                     out[b0:b0 + n], q[b0:b0 + n], logits if cn is None else cn, height, width, ho, wo, h, u, dv, c,
