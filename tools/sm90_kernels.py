@@ -29,7 +29,7 @@ SHAPES = [('c4', 4, 16, 64, 64, 1), ('c5_s2', 4, 16, 128, 64, 2), ('c5', 4, 16, 
 # (dtype, tl.dot input precision, tensor cores expected)
 VARIANTS = [('bf16', 'ieee', True), ('fp16', 'ieee', True), ('fp32', 'tf32', True), ('fp32', 'ieee', False)]
 _ROW_INTS = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'C', 'KH', 'KW', 'LS']
-_VALUE_INTS = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'KH', 'KW', 'LS']
+_VALUE_INTS = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'C', 'KH', 'KW', 'LS']
 
 
 def launches(heads: int, dim_k: int, dim_v: int, side: int, step: int, dtype: str, prec: str):
@@ -55,7 +55,7 @@ def launches(heads: int, dim_k: int, dim_v: int, side: int, step: int, dtype: st
     vg = dict(meta['value_grad'])
     options = {o: vg.pop(o) for o in ('num_warps', 'num_stages') if o in vg}
     consts = dict(STEP=step, PREC=prec, WIDEN=False, **vg)
-    sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'gy_ptr', 'gv_ptr')}, **{n: 'i32' for n in _VALUE_INTS},
+    sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'gy_ptr', 'gv_ptr', 'q_ptr')}, **{n: 'i32' for n in _VALUE_INTS},
                **{n: 'constexpr' for n in consts})
     out.append(('tc_value_grad', k['tc_value_grad'], sig, consts, options))
     return out

@@ -169,8 +169,8 @@ def _alternatives(kernel: str, default: dict, o: dict):
         for by in (1, 2, 4):  # output rows a program (they share each value tile)
             if by != default['BLOCK_Y'] and by * default['BLOCK_H'] * default['BLOCK_Q'] <= 128:
                 out.append(dict(default, BLOCK_Y=by))
-        if default.get('FUSED'):  # the logits from a GEMM and read back (timed with the GEMM), as before 2026-11-28
-            out.append(dict(default, FUSED=False, num_warps=4))
+    if default.get('FUSED'):  # the logits from a GEMM and read back (timed with the GEMM), as before 2026-11-28
+        out.append(dict(default, FUSED=False, num_warps=4 if kernel == 'tc_rows' else default['num_warps']))
     return out
 
 
@@ -184,11 +184,13 @@ def _runner(kernel: str, o: dict, prec: str, meta: dict):
     logits = T._query_major_logits(q, tp)
     ls = logits.shape[-1]
     widen = T._widen(q.dtype)
-    gemm = False  # the forward's logits GEMM timed with the kernel, where the kernel does not compute them itself
+    gemm = False  # the logits GEMM timed with the kernel, where the kernel does not compute the logits itself
     if kernel == 'tc_value_grad':
         out = torch.empty(v.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
         grid = (cdiv(side, meta['BLOCK_P']), side, b * cdiv(dv, meta['BLOCK_V']))
-        args = (logits, gy, out, side, side, ho, wo, HEADS, 1, dv, kw, kw, ls, step, prec)
+        gemm = not meta.get('FUSED')
+        args = [tp if meta.get('FUSED') else logits, gy, out, q, side, side, ho, wo, HEADS, 1, dv, c, kw, kw, ls, step,
+                prec]
     elif kernel == 'tc_rows':
         out = torch.empty(gy.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
         content = o['content'] if step == 1 else None

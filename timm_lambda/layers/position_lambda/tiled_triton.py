@@ -269,13 +269,17 @@ def _kernels():
             tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
 
     @triton.jit
-    def _tc_value_grad(l_ptr, gy_ptr, gv_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, LS, STEP: tl.constexpr,
+    def _tc_value_grad(l_ptr, gy_ptr, gv_ptr, q_ptr, H, W, Ho, Wo, HEADS, U, V, C, KH, KW, LS, STEP: tl.constexpr,
                        PREC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr,
-                       WIDEN: tl.constexpr):
+                       WIDEN: tl.constexpr, FUSED: tl.constexpr = False, BLOCK_C: tl.constexpr = 16,
+                       KWP: tl.constexpr = 32):
         """Tensor cores: ``dv`` at ``BLOCK_P`` value columns of row ``r`` and ``BLOCK_V`` of the value channels
         (program axis 2: image, |u| and channel block) as ``sum_{h, ky} A^T dY`` over the ``BLOCK_W`` queries of
         output row ``(r + p_y - ky) / STEP`` whose scopes reach them (no atomics). One loop over the (output row,
-        head) pairs that reach row ``r``, without branches: Triton pipelines its loads."""
+        head) pairs that reach row ``r``, without branches: Triton pipelines its loads. ``FUSED``: ``l`` is the
+        padded table ``[C, LS]`` and the logits of those queries at scope row ``ky`` are computed here (``E^T Q`` by
+        ``tl.dot``, ``KWP`` scope columns), rounded as the logits tensor is and gathered into ``A^T`` by
+        ``tl.gather``: the backward needs no logits tensor either."""
         c0, r, z = tl.program_id(0) * BLOCK_P, tl.program_id(1), tl.program_id(2).to(tl.int64)
         n_vb = tl.cdiv(V, BLOCK_V)
         bu, v0 = z // n_vb, (z % n_vb) * BLOCK_V
@@ -296,15 +300,38 @@ def _kernels():
         oy_hi = tl.minimum(Ho - 1, top >> (STEP - 1))
         at_ptr = l_ptr + ((b * HEADS * howo + ox) * LS)[None, :] + u * KH * KW + kx  # [BP, BW] at (head 0, oy 0)
         g_ptr = gy_ptr + b * HEADS * V * howo + vv[None, :] * howo + ox[:, None]  # [BW, BV] at (head 0, oy 0)
+        if FUSED:
+            cc = tl.arange(0, BLOCK_C)
+            kxp = tl.arange(0, KWP)
+            q_at = q_ptr + (b * HEADS * C + cc[:, None]) * howo + ox[None, :]  # [BC, BW] at (head 0, oy 0)
+            e_at = l_ptr + cc[None, :] * LS + u * KH * KW + kxp[:, None]  # [KWP, BC] at scope row 0
+            e_mask = (kxp < KW)[:, None] & (cc < C)[None, :]
+            g_idx = tl.where(m, kx, 0)  # [BP, BW]: the scope column of each element of A^T
         acc = tl.zeros([BLOCK_P, BLOCK_V], tl.float32)
         for i in range(0, (oy_hi - oy_lo + 1) * HEADS):
             oy = oy_lo + i // HEADS
             hd = i % HEADS
             ky = top - STEP * oy
-            at = tl.load(at_ptr + ((hd * howo + oy * Wo) * LS + ky * KW), mask=m, other=0.0)
+            if FUSED:
+                qw = tl.load(q_at + (hd * C * howo + oy * Wo), mask=(cc < C)[:, None] & qmask[None, :], other=0.0)
+                e = tl.load(e_at + ky * KW, mask=e_mask, other=0.0)
+                if WIDEN:
+                    qw, e = qw.to(tl.float32), e.to(tl.float32)
+                lt = tl.dot(e, qw, input_precision=PREC)  # [KWP, BW]: the queries' logits at scope row ky
+                if WIDEN:  # bfloat16 rounding to nearest even, in float32 (the interpreter's casts truncate)
+                    bits = lt.to(tl.uint32, bitcast=True)
+                    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+                    lt = bits.to(tl.float32, bitcast=True)
+                else:
+                    lt = lt.to(gy_ptr.dtype.element_ty)
+                at = tl.where(m, tl.gather(lt, g_idx, axis=0), 0.0).to(lt.dtype)  # [BP, BW]
+            else:
+                at = tl.load(at_ptr + ((hd * howo + oy * Wo) * LS + ky * KW), mask=m, other=0.0)
+                if WIDEN:
+                    at = at.to(tl.float32)
             g = tl.load(g_ptr + (hd * V * howo + oy * Wo), mask=qmask[:, None] & vmask[None, :], other=0.0)
             if WIDEN:
-                at, g = at.to(tl.float32), g.to(tl.float32)
+                g = g.to(tl.float32)
             acc = tl.dot(at, g, acc, input_precision=PREC)
         out = ((b * U + u) * V + vv[None, :]) * (H * W) + r * W + c[:, None]
         tl.store(gv_ptr + out, acc.to(gv_ptr.dtype.element_ty), mask=pmask[:, None] & vmask[None, :])
@@ -447,16 +474,19 @@ def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, s
         out = dict(BLOCK_Q=bq, BLOCK_H=bh, BLOCK_W=bw, BLOCK_V=bv, BLOCK_Y=y, KWP=_pow2(kw, 16),
                    num_warps=_warps(m * bv, m * bw))
         return dict(out, num_stages=1) if dtype == torch.float32 else out
-    # the forward computes its logits (no logits tensor) at stride 1 and scopes up to 32 wide (at stride 2 the 9 |k|
-    # deep pooled queries' tile, and a wider (global) scope's logits tile, would not fit the registers); 16-bit on 8
-    # warps (at 4 and 64 rows the logits tile spilled 244-648 bytes a thread on sm_90, at 8 none: sm90_kernels.py)
+    # the forward and the value gradient compute their logits (no logits tensor) at stride 1 and scopes up to 32 wide
+    # (at stride 2 the 9 |k| deep pooled queries' tile, and a wider (global) scope's logits tile, would not fit the
+    # registers); the 16-bit forward on 8 warps (at 4 and 64 rows the logits tile spilled 244-648 bytes a thread on
+    # sm_90, at 8 none: tools/sm90_kernels.py)
     fused = step == 1 and c <= 64 and kw <= 32
     forward = dict(rows(by_rows), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False, FUSED=fused)
     if fused and sixteen:
         forward['num_warps'] = 8
     return dict(rows=forward,
                 logit_grad=dict(rows(by), BLOCK_C=16, LOGIT_GRAD=True, CONTENT=False, FUSED=False),  # (no content)
-                value_grad=dict(BLOCK_P=bp, BLOCK_W=bwv, BLOCK_V=bvv, num_warps=_warps(bp * bvv, bp * bwv, bwv * bvv)))
+                value_grad=dict(BLOCK_P=bp, BLOCK_W=bwv, BLOCK_V=bvv, FUSED=fused, BLOCK_C=_pow2(c, 16),
+                                KWP=_pow2(kw, 16),  # (fused: 8 warps, at 4 up to 220 bytes spilled on sm_90)
+                                num_warps=8 if fused else _warps(bp * bvv, bp * bwv, bwv * bvv)))
 
 
 def _sm_count(device: torch.device) -> Optional[int]:
@@ -591,17 +621,18 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
             meta = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho, prec, images=n, sms=sms, height=height,
                                   u=u)
             rows, vg = meta['logit_grad'], meta['value_grad']
-            logits = _query_major_logits(qc, tp)  # [n h, Ho Wo, LS]
             ls = tp.shape[1]
+            # [n h, Ho Wo, LS] logits, where the kernel does not compute them itself
+            logits = tp if vg['FUSED'] else _query_major_logits(qc, tp)
             _launch(k['tc_value_grad'], (_cdiv(width, vg['BLOCK_P']), height, n * u * _cdiv(dv, vg['BLOCK_V'])),
-                    logits, gyc, gvw[b0:b0 + n], height, width, ho, wo, h, u, dv, kh, kw, ls, step, prec,
+                    logits, gyc, gvw[b0:b0 + n], qc, height, width, ho, wo, h, u, dv, c, kh, kw, ls, step, prec,
                     WIDEN=widen, **vg)
-            gl = torch.empty(logits.shape, dtype=torch.float32 if widen else logits.dtype, device=logits.device)
+            gl = torch.empty((n * h, ho * wo, ls), dtype=torch.float32 if widen else q.dtype, device=q.device)
             if PREFILL_NAN:
                 gl.fill_(float('nan'))
             _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), _cdiv(ho, rows['BLOCK_Y']), n), gl, v[b0:b0 + n],
                     gyc, qc, gl, height, width, ho, wo, h, u, dv, c, kh, kw, ls, step, prec, WIDEN=widen, **rows)
-            gl = gl.to(logits.dtype)  # the logit gradients in the 16-bit dtype, as a matmul's backward has them
+            gl = gl.to(q.dtype)  # the logit gradients in the 16-bit dtype, as a matmul's backward has them
             # (the kernel writes the u K_h K_w columns; the padding is never read: the GEMMs take the slice)
             gl_t = gl[:, :, :ukk].transpose(1, 2)  # [n h, u K_h K_w, Ho Wo], leading dimension LS
             flat = gl.view(n * h * ho * wo, ls)[:, :ukk]  # [(n h Ho Wo), u K_h K_w], leading dimension LS
