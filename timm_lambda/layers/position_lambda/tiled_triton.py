@@ -13,9 +13,12 @@ to its block's window, 1.7x the work at a 23x23 scope, and fills a banded logit 
 
 Two variants, two backends of :mod:`.backends`: ``triton_tc`` (float16, bfloat16, float32) contracts banded tiles of
 the query-major logits with the value windows by ``tl.dot`` on the tensor cores (16-bit operands, float32 sums;
-float32 on TF32 where torch's matmuls may use it, else exact), the content lambda fused into the forward; ``triton_fma``
-(also float64) runs the loops above on the CUDA cores, a lane a query. Tested against the float64 per-query reference
-on a CPU under Triton's interpreter (tests/test_tiled_triton.py) and on a GPU (tests/test_cuda.py).
+float32 on TF32 where torch's matmuls may use it, else exact), the content lambda fused into the forward; at stride
+1 its forward and value gradient compute the logits they contract in the kernel (``L = Q E`` by ``tl.dot``, skewed
+by ``tl.gather``: no logits tensor, no GEMM; the logit gradients are still a tensor, for the ``dq`` and ``dR``
+GEMMs); ``triton_fma`` (also float64) runs the loops above on the CUDA cores, a lane a query. Tested against the
+float64 per-query reference on a CPU under Triton's interpreter (tests/test_tiled_triton.py) and on a GPU
+(tests/test_cuda.py).
 
 Layouts are the operator's (:mod:`.custom_ops`): ``q [B, h, C, Ho, Wo]``, ``v [B, u V, H, W]``, ``table [C, u, K_h,
 K_w]``, ``s = step``, ``p = (K - 1) // 2``, zero values outside the image. Results in the inputs' dtype. Images are
@@ -175,7 +178,7 @@ def _kernels():
         up: :func:`logit_stride`). One loop over the (u, value row) pairs, without branches: Triton pipelines its
         loads.
 
-        ``FUSED`` (forward): ``l`` is the padded table ``[C, LS]`` (:func:`_padded_table`), and each value row's
+        ``FUSED`` (forward): ``l`` is the table ``[C, LS]`` (its offsets as columns, ``LS`` apart), and each value row's
         logits are computed here, ``L = Q E`` by ``tl.dot`` for the ``BLOCK_Y`` scope rows that row meets (``KWP``
         columns each, the scope's width rounded up), rounded to the operands' dtype as the logits tensor is, and
         skewed into the banded tile by ``tl.gather``: no logits tensor, no GEMM launch, nothing read back."""
@@ -277,7 +280,7 @@ def _kernels():
         (program axis 2: image, |u| and channel block) as ``sum_{h, ky} A^T dY`` over the ``BLOCK_W`` queries of
         output row ``(r + p_y - ky) / STEP`` whose scopes reach them (no atomics). One loop over the (output row,
         head) pairs that reach row ``r``, without branches: Triton pipelines its loads. ``FUSED``: ``l`` is the
-        padded table ``[C, LS]`` and the logits of those queries at scope row ``ky`` are computed here (``E^T Q`` by
+        table ``[C, LS]`` and the logits of those queries at scope row ``ky`` are computed here (``E^T Q`` by
         ``tl.dot``, ``KWP`` scope columns), rounded as the logits tensor is and gathered into ``A^T`` by
         ``tl.gather``: the backward needs no logits tensor either."""
         c0, r, z = tl.program_id(0) * BLOCK_P, tl.program_id(1), tl.program_id(2).to(tl.int64)
@@ -564,9 +567,10 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
         out = y.float() if widen else y
         if content is not None:
             content = content.contiguous()
-        tp = _padded_table(table)
         sms = _sm_count(q.device)
         fused = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho)['rows']['FUSED']  # (no logits tensor)
+        # the table as the kernel reads it, [C, LS]: padded for the logits GEMM's aligned rows, as it is when fused
+        tp = table.view(c, u * kh * kw) if fused else _padded_table(table)
         for b0, n in [(0, b)] if fused else _chunks(b, h * tp.shape[1] * ho * wo, chunk_elements):
             rows = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho, images=n, sms=sms, height=height,
                                   u=u)['rows']
