@@ -479,11 +479,11 @@ def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, s
         return dict(out, num_stages=1) if dtype == torch.float32 else out
     # the forward and the value gradient compute their logits (no logits tensor) at stride 1 and scopes up to 32 wide
     # (at stride 2 the 9 |k| deep pooled queries' tile, and a wider (global) scope's logits tile, would not fit the
-    # registers); the 16-bit forward on 8 warps (at 4 and 64 rows the logits tile spilled 244-648 bytes a thread on
-    # sm_90, at 8 none: tools/sm90_kernels.py)
+    # registers); the 16-bit forward of 64 rows on 8 warps (at 4 its logits tile spilled 244-648 bytes a thread on
+    # sm_90, at 8 none; 16 and 32 rows on 4 warps spill none: tools/sm90_kernels.py)
     fused = step == 1 and c <= 64 and kw <= 32
     forward = dict(rows(by_rows), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False, FUSED=fused)
-    if fused and sixteen:
+    if fused and sixteen and by_rows * bh * bq >= 64:
         forward['num_warps'] = 8
     return dict(rows=forward,
                 logit_grad=dict(rows(by), BLOCK_C=16, LOGIT_GRAD=True, CONTENT=False, FUSED=False),  # (no content)
