@@ -448,7 +448,11 @@ def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, st
     multiprocessors work. At batch 8 every default grid of LambdaResNet-101's three shapes already has at least
     2x132 programs (unchanged); at batch 1 the c5 layer's (32 x 32 map) had 32 (value gradient) and 64 (16-bit rows)
     on an H200's 132 (docs/benchmarks.md, "GPU"; inferred, not yet measured: the GPU check's ``occupancy`` part of
-    tools/tune_tc_kernels.py times both). Without ``images`` and ``sms``: the tiles of a full grid."""
+    tools/tune_tc_kernels.py times both). Without ``images`` and ``sms``: the tiles of a full grid.
+
+    ``FUSED`` (forward and value gradient): the kernel computes the logits it contracts from the queries and the
+    table, at stride 1, ``|k| <= 64`` and scopes up to 32 wide; elsewhere a GEMM writes them (not yet timed on a GPU:
+    the sweep compares the two, the GEMM's time included)."""
     return _tc_launch_meta(heads, c, dv, width, wo, kw, step, dtype, wo if ho is None else ho,
                            precision or _precision(dtype), images or 0, sms or 0, height or width, u)
 
