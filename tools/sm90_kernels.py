@@ -48,6 +48,7 @@ def launches(heads: int, dim_k: int, dim_v: int, side: int, step: int, dtype: st
         options = {o: rows.pop(o) for o in ('num_warps', 'num_stages') if o in rows}
         consts = dict(rows, STEP=step, PREC=prec, WIDEN=False)
         consts.setdefault('CONTENT', step == 1)
+        consts.setdefault('ADD', kernel == 'logit_grad' and step == 1)  # (the fused dq added to the content term's)
         sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'v_ptr', 'y_ptr', 'q_ptr', 'c_ptr')},
                    **{n: 'i32' for n in _ROW_INTS}, **{n: 'constexpr' for n in consts})
         out.append(('tc_rows (logit grad)' if kernel == 'logit_grad' else 'tc_rows', k['tc_rows'], sig, consts,

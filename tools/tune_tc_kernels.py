@@ -9,9 +9,9 @@ Four parts, at LambdaResNet-101's three lambda-layer shapes at 1024 px, batch 8 
   own CPU time (CUDA runtime calls included), where the eager step's time goes beyond its kernels.
 * ``sweep``: each tensor-core kernel (``tc_rows``, its logit-gradient variant, ``tc_value_grad``) alone, timed by
   ``triton.testing.do_bench`` (CUDA events, median) at the constants the wrappers launch (``tc_launch_meta``) and at
-  a few alternatives: other pipeline stages and warps, other tiles, and for the forward at stride 1 the logits from
-  a GEMM instead of computed in the kernel (``FUSED=False``; the forward's times include its logits GEMM wherever
-  the kernel reads them). Each alternative's result is compared with the default's (a wrong tile fails, it is not
+  a few alternatives: other pipeline stages and warps, other tiles, and at stride 1 the GEMM path instead of the
+  fused kernels (``FUSED=False``: the forward and value gradient timed with their logits GEMM, the logit gradient
+  with its ``dq`` GEMM). Each alternative's result is compared with the default's (a wrong tile fails, it is not
   timed). The best per kernel and shape is what the wrappers should launch.
 * ``host`` (seconds): the host's microseconds a call of an aten op, a Triton launch and a layer / conv training step
   on tiny inputs (what the eager step's time is made of).
@@ -202,13 +202,21 @@ def _runner(kernel: str, o: dict, prec: str, meta: dict):
     else:  # the logit-gradient variant of tc_rows (zeros: it writes no padding column, which is compared too)
         out = torch.zeros(logits.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
         grid = (cdiv(wo, meta['BLOCK_Q']), cdiv(ho, meta['BLOCK_Y']), b)
-        args = (out, v, gy, q, out, side, side, ho, wo, HEADS, 1, dv, c, kw, kw, ls, step, prec)
+        # fused: dq into its own buffer from the table as it is; else the dq GEMM timed with the kernel
+        dq = torch.empty(q.shape, device=q.device, dtype=torch.float32 if widen else q.dtype)
+        args = [out, v, gy, dq if meta.get('FUSED') else q, table.reshape(c, -1) if meta.get('FUSED') else out,
+                side, side, ho, wo, HEADS, 1, dv, c, kw, kw, ls, step, prec]
     fn = k['tc_value_grad' if kernel == 'tc_value_grad' else 'tc_rows']
+    ukk = table[0].numel()
+    dq_gemm = kernel == 'tc_rows (logit grad)' and not meta.get('FUSED')
 
     def run():
         if gemm:
             args[0] = T._query_major_logits(q, tp)
         fn[grid](*args, WIDEN=widen, **meta)
+        if dq_gemm:
+            rm = tp[:, :ukk].to(out.dtype)
+            torch.bmm(rm.expand(out.shape[0], *rm.shape), out[:, :, :ukk].transpose(1, 2))
         return out
     return run
 

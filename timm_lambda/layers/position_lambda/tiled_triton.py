@@ -15,10 +15,10 @@ Two variants, two backends of :mod:`.backends`: ``triton_tc`` (float16, bfloat16
 the query-major logits with the value windows by ``tl.dot`` on the tensor cores (16-bit operands, float32 sums;
 float32 on TF32 where torch's matmuls may use it, else exact), the content lambda fused into the forward; at stride
 1 its forward and value gradient compute the logits they contract in the kernel (``L = Q E`` by ``tl.dot``, skewed
-by ``tl.gather``: no logits tensor, no GEMM; the logit gradients are still a tensor, for the ``dq`` and ``dR``
-GEMMs); ``triton_fma`` (also float64) runs the loops above on the CUDA cores, a lane a query. Tested against the
-float64 per-query reference on a CPU under Triton's interpreter (tests/test_tiled_triton.py) and on a GPU
-(tests/test_cuda.py).
+by ``tl.gather``: no logits tensor, no GEMM) and its logit gradient computes ``dq`` (the logit gradients are still a
+tensor, for the ``dR`` GEMM); ``triton_fma`` (also float64) runs the loops above on the CUDA cores, a lane a query.
+Tested against the float64 per-query reference on a CPU under Triton's interpreter (tests/test_tiled_triton.py) and
+on a GPU (tests/test_cuda.py).
 
 Layouts are the operator's (:mod:`.custom_ops`): ``q [B, h, C, Ho, Wo]``, ``v [B, u V, H, W]``, ``table [C, u, K_h,
 K_w]``, ``s = step``, ``p = (K - 1) // 2``, zero values outside the image. Results in the inputs' dtype. Images are
@@ -166,7 +166,7 @@ def _kernels():
                  PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
                  BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, LOGIT_GRAD: tl.constexpr, CONTENT: tl.constexpr,
                  WIDEN: tl.constexpr, BLOCK_Y: tl.constexpr = 1, FUSED: tl.constexpr = False,
-                 KWP: tl.constexpr = 32):
+                 KWP: tl.constexpr = 32, ADD: tl.constexpr = False):
         """Tensor cores: rows (output row, head, query) of ``BLOCK_Q`` queries of ``BLOCK_Y`` output rows, all heads
         (they share the values), against the ``BLOCK_W`` value columns that hold their scopes, one value row at a
         time (each row meets the scope row it falls in: the rows of ``BLOCK_Y`` output rows share each value tile).
@@ -181,7 +181,10 @@ def _kernels():
         ``FUSED`` (forward): ``l`` is the table ``[C, LS]`` (its offsets as columns, ``LS`` apart), and each value row's
         logits are computed here, ``L = Q E`` by ``tl.dot`` for the ``BLOCK_Y`` scope rows that row meets (``KWP``
         columns each, the scope's width rounded up), rounded to the operands' dtype as the logits tensor is, and
-        skewed into the banded tile by ``tl.gather``: no logits tensor, no GEMM launch, nothing read back."""
+        skewed into the banded tile by ``tl.gather``: no logits tensor, no GEMM launch, nothing read back.
+        ``FUSED`` with ``LOGIT_GRAD``: also ``dq = dL E^T`` (``c`` the table ``[C, U KH KW]``, ``dq`` into ``q``,
+        added to what it holds with ``ADD``: the content term's), the band gathered back by ``tl.gather`` and rounded
+        as the stored logit gradients are: no ``dq`` GEMM."""
         ox0, oy0, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1) * BLOCK_Y, tl.program_id(2).to(tl.int64)
         r = tl.arange(0, BLOCK_Y * BLOCK_H * BLOCK_Q)
         oy, hd, j = oy0 + r // (BLOCK_H * BLOCK_Q), (r // BLOCK_Q) % BLOCK_H, r % BLOCK_Q
@@ -214,15 +217,24 @@ def _kernels():
             acc = tl.zeros([BLOCK_Y * BLOCK_H * BLOCK_Q, BLOCK_V], tl.float32)
         if FUSED:
             cc = tl.arange(0, BLOCK_C)
-            qf = tl.load(q_ptr + ((b * HEADS + hd) * C)[:, None] * howo + cc[None, :] * howo
-                         + (oy * Wo + ox)[:, None], mask=rmask[:, None] & (cc < C)[None, :], other=0.0)  # [R, BC]
-            if WIDEN:
-                qf = qf.to(tl.float32)
             t = tl.arange(0, BLOCK_Y * KWP)  # the columns of the program's logits: (output row, scope column)
             t_row0 = (oy0 + t // KWP) * STEP - (KH - 1) // 2  # the value row of each column's scope row 0
             t_kx = t % KWP
-            # row r's band in them: column (r's output row, kx); the rest is masked out after the gather
-            g_idx = tl.where(kmask, (r // (BLOCK_H * BLOCK_Q))[:, None] * KWP + kx, 0)  # [R, BW]
+            r_y = r // (BLOCK_H * BLOCK_Q)  # [R]: each row's output row in the program
+            if LOGIT_GRAD:
+                # column (output row, kx) of row r: the window column kx + STEP j of its band, where the output rows
+                # agree
+                d_ok = (((t // KWP)[None, :] == r_y[:, None]) & (t_kx < KW)[None, :] & rmask[:, None]
+                        & (t_kx[None, :] + STEP * j[:, None] < BLOCK_W))
+                d_idx = tl.where(d_ok, t_kx[None, :] + STEP * j[:, None], 0)  # [R, BY KWP]
+                dq = tl.zeros([BLOCK_Y * BLOCK_H * BLOCK_Q, BLOCK_C], tl.float32)
+            else:
+                qf = tl.load(q_ptr + ((b * HEADS + hd) * C)[:, None] * howo + cc[None, :] * howo
+                             + (oy * Wo + ox)[:, None], mask=rmask[:, None] & (cc < C)[None, :], other=0.0)
+                if WIDEN:
+                    qf = qf.to(tl.float32)
+                # row r's band in them: column (r's output row, kx); the rest is masked out after the gather
+                g_idx = tl.where(kmask, r_y[:, None] * KWP + kx, 0)  # [R, BW]
         for i in range(0, U * n_rows):
             u = i // n_rows
             vr = first + i % n_rows
@@ -236,6 +248,21 @@ def _kernels():
             if LOGIT_GRAD:  # zero at the columns and rows off the image (vt is)
                 da = tl.dot(g, tl.trans(vt), input_precision=PREC)
                 tl.store(at, da.to(l_ptr.dtype.element_ty), mask=m)
+                if FUSED:  # dq += dL E^T for this scope row of each row
+                    if WIDEN:  # rounded as the stored gradients will be (bfloat16, to nearest even)
+                        bits = da.to(tl.uint32, bitcast=True)
+                        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+                        dr = bits.to(tl.float32, bitcast=True)
+                    else:
+                        dr = da.to(v_ptr.dtype.element_ty)
+                    t_ky = vr - t_row0  # [BY KWP]
+                    t_ok = (t_kx < KW) & (t_ky >= 0) & (t_ky < KH)
+                    dl = tl.where(d_ok & t_ok[None, :], tl.gather(dr, d_idx, axis=1), 0.0).to(dr.dtype)
+                    et = tl.load(c_ptr + cc[None, :] * (U * KH * KW) + ((u * KH + t_ky) * KW + t_kx)[:, None],
+                                 mask=(cc < C)[None, :] & t_ok[:, None], other=0.0)  # [BY KWP, BC]
+                    if WIDEN:
+                        et = et.to(tl.float32)
+                    dq = tl.dot(dl, et, dq, input_precision=PREC)
             elif FUSED:
                 t_ky = vr - t_row0  # [BY KWP]: the scope row of this value row, for each column
                 e = tl.load(l_ptr + cc[:, None] * LS + ((u * KH + t_ky) * KW + t_kx)[None, :],
@@ -256,6 +283,12 @@ def _kernels():
                 if WIDEN:
                     a = a.to(tl.float32)
                 acc = tl.dot(a, vt, acc, input_precision=PREC)
+        if LOGIT_GRAD and FUSED:
+            dq_at = q_ptr + ((b * HEADS + hd) * C)[:, None] * howo + cc[None, :] * howo + (oy * Wo + ox)[:, None]
+            dq_mask = rmask[:, None] & (cc < C)[None, :]
+            if ADD:
+                dq += tl.load(dq_at, mask=dq_mask, other=0.0).to(tl.float32)
+            tl.store(dq_at, dq.to(q_ptr.dtype.element_ty), mask=dq_mask)
         if not LOGIT_GRAD:
             if CONTENT:
                 cc = tl.arange(0, BLOCK_C)
@@ -490,7 +523,7 @@ def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, s
     if fused and sixteen and by_rows * bh * bq >= 64:
         forward['num_warps'] = 8
     return dict(rows=forward,
-                logit_grad=dict(rows(by), BLOCK_C=16, LOGIT_GRAD=True, CONTENT=False, FUSED=False),  # (no content)
+                logit_grad=dict(rows(by), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=True, CONTENT=False, FUSED=fused),
                 value_grad=dict(BLOCK_P=bp, BLOCK_W=bwv, BLOCK_V=bvv, FUSED=fused, BLOCK_C=_pow2(c, 16),
                                 KWP=_pow2(kw, 16),  # (fused: 8 warps, at 4 up to 220 bytes spilled on sm_90)
                                 num_warps=8 if fused else _warps(bp * bvv, bp * bwv, bwv * bvv)))
@@ -596,7 +629,8 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
              tensor_cores: bool = True, chunk_elements: int = CHUNK_ELEMENTS):
     """The gradients of ``q``, ``v``, ``table`` (contiguous; the table's summed in float32 or float64 over chunks)
     and the content lambda (an empty tensor without one). The content term's ``dq`` enters the GEMM that gives the
-    position term's (one launch fewer); its ``dcontent`` is one matmul."""
+    position term's (one launch fewer), or at stride 1 the logit-gradient kernel adds the position term's to it; its
+    ``dcontent`` is one matmul."""
     b, h, c, ho, wo, u, kh, kw, dv, height, width, acc, k = _meta(q, v, table)
     q, v, table, gy = q.contiguous(), v.contiguous(), table.contiguous(), gy.contiguous()
     gq, gv = torch.empty_like(q), torch.empty_like(v)
@@ -612,13 +646,20 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
     rm = table.view(c, ukk)
     gt = None  # the table's gradient: [c, u K_h K_w], summed over chunks in float32 (float64) where there are several
     if tensor_cores:
-        tp = _padded_table(table)
+        # fused (stride 1): the kernels compute the logits and dq themselves and read the table as it is; else the
+        # GEMMs read it padded to aligned rows
+        fused = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho)['logit_grad']['FUSED']
+        ls = logit_stride(ukk)  # the logit gradients' row stride (aligned for the dR GEMM)
+        tp = rm if fused else _padded_table(table)
         rm = tp[:, :ukk]  # (dq's GEMM reads the table at the padded, aligned stride)
-        chunks = _chunks(b, h * tp.shape[1] * ho * wo, chunk_elements)
+        chunks = _chunks(b, h * ls * ho * wo, chunk_elements)
         prec = _precision(q.dtype)
         sms = _sm_count(q.device)
         widen = _widen(q.dtype)
         gvw = gv.float() if widen else gv
+        if fused:  # dq written by the logit-gradient kernel, added to the content term's where there is one
+            dq_buf = gq if content is None else gq_content.contiguous()
+            dq_buf = dq_buf.float() if widen else dq_buf
     else:
         chunks = _chunks(b, h * ukk * ho * wo, chunk_elements)
         bq, bh, bv = _row_tiles(h, wo, dv)
@@ -629,17 +670,17 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
             meta = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho, prec, images=n, sms=sms, height=height,
                                   u=u)
             rows, vg = meta['logit_grad'], meta['value_grad']
-            ls = tp.shape[1]
             # [n h, Ho Wo, LS] logits, where the kernel does not compute them itself
-            logits = tp if vg['FUSED'] else _query_major_logits(qc, tp)
+            logits = tp if fused else _query_major_logits(qc, tp)
             _launch(k['tc_value_grad'], (_cdiv(width, vg['BLOCK_P']), height, n * u * _cdiv(dv, vg['BLOCK_V'])),
-                    logits, gyc, gvw[b0:b0 + n], qc, height, width, ho, wo, h, u, dv, c, kh, kw, ls, step, prec,
-                    WIDEN=widen, **vg)
+                    logits, gyc, gvw[b0:b0 + n], qc, height, width, ho, wo, h, u, dv, c, kh, kw,
+                    ukk if fused else ls, step, prec, WIDEN=widen, **vg)
             gl = torch.empty((n * h, ho * wo, ls), dtype=torch.float32 if widen else q.dtype, device=q.device)
             if PREFILL_NAN:
                 gl.fill_(float('nan'))
             _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), _cdiv(ho, rows['BLOCK_Y']), n), gl, v[b0:b0 + n],
-                    gyc, qc, gl, height, width, ho, wo, h, u, dv, c, kh, kw, ls, step, prec, WIDEN=widen, **rows)
+                    gyc, dq_buf[b0:b0 + n] if fused else qc, tp if fused else gl, height, width, ho, wo, h, u, dv, c,
+                    kh, kw, ls, step, prec, WIDEN=widen, ADD=fused and content is not None, **rows)
             gl = gl.to(q.dtype)  # the logit gradients in the 16-bit dtype, as a matmul's backward has them
             # (the kernel writes the u K_h K_w columns; the padding is never read: the GEMMs take the slice)
             gl_t = gl[:, :, :ukk].transpose(1, 2)  # [n h, u K_h K_w, Ho Wo], leading dimension LS
@@ -655,13 +696,14 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
                     height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, True)
             gl_t = gl.view(n * h, u * kh * kw, ho * wo)
             flat = None
-        # dq = R dL (+ the content term's dq, in the same GEMM)
-        gq_c = gq[b0:b0 + n].view(n * h, c, ho * wo)
-        rm_b = rm.expand(n * h, *rm.shape)
-        if content is None:
-            torch.bmm(rm_b, gl_t, out=gq_c)
-        else:
-            torch.baddbmm(gq_content[b0:b0 + n].reshape(n * h, c, ho * wo), rm_b, gl_t, out=gq_c)
+        # dq = R dL (+ the content term's dq, in the same GEMM), where the kernel did not
+        if not (tensor_cores and fused):
+            gq_c = gq[b0:b0 + n].view(n * h, c, ho * wo)
+            rm_b = rm.expand(n * h, *rm.shape)
+            if content is None:
+                torch.bmm(rm_b, gl_t, out=gq_c)
+            else:
+                torch.baddbmm(gq_content[b0:b0 + n].reshape(n * h, c, ho * wo), rm_b, gl_t, out=gq_c)
         # dR = sum over images, heads and queries of q dL^T
         if flat is not None:
             qt = qc.reshape(n * h, c, ho * wo).transpose(0, 1).reshape(c, n * h * ho * wo)
@@ -675,4 +717,6 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
             gt = part if gt is None else gt.add_(part)
     if tensor_cores and widen:
         gv.copy_(gvw)
+    if tensor_cores and fused:
+        gq = dq_buf.to(q.dtype)  # (the buffer itself, or rounded from the interpreter's float32 one)
     return gq, gv, gt.to(table.dtype).view_as(table), gcontent
