@@ -161,6 +161,19 @@ def _kernels():
         out = ((b * U + u) * V + vv[None, :]) * (H * W) + r * W + c[:, None]
         tl.store(gv_ptr + out, acc.to(gv_ptr.dtype.element_ty), mask=cmask[:, None] & vmask[None, :])
 
+    global _as_operand  # (a module-level name: Triton resolves the jit functions a kernel calls among its globals)
+
+    @triton.jit
+    def _as_operand(x, dtype: tl.constexpr, WIDEN: tl.constexpr):
+        """float32 sums rounded to the operands' ``dtype``, as the tensor they stand for is; ``WIDEN``: to bfloat16's
+        precision (to nearest even) but kept in float32 (the interpreter's casts to bfloat16 truncate)."""
+        if WIDEN:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            return bits.to(tl.float32, bitcast=True)
+        else:
+            return x.to(dtype)
+
     @triton.jit
     def _tc_rows(l_ptr, v_ptr, y_ptr, q_ptr, c_ptr, H, W, Ho, Wo, HEADS, U, V, C, KH, KW, LS, STEP: tl.constexpr,
                  PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
@@ -249,12 +262,7 @@ def _kernels():
                 da = tl.dot(g, tl.trans(vt), input_precision=PREC)
                 tl.store(at, da.to(l_ptr.dtype.element_ty), mask=m)
                 if FUSED:  # dq += dL E^T for this scope row of each row
-                    if WIDEN:  # rounded as the stored gradients will be (bfloat16, to nearest even)
-                        bits = da.to(tl.uint32, bitcast=True)
-                        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-                        dr = bits.to(tl.float32, bitcast=True)
-                    else:
-                        dr = da.to(v_ptr.dtype.element_ty)
+                    dr = _as_operand(da, v_ptr.dtype.element_ty, WIDEN)  # as the stored gradients will be
                     t_ky = vr - t_row0  # [BY KWP]
                     t_ok = (t_kx < KW) & (t_ky >= 0) & (t_ky < KH)
                     dl = tl.where(d_ok & t_ok[None, :], tl.gather(dr, d_idx, axis=1), 0.0).to(dr.dtype)
@@ -269,13 +277,7 @@ def _kernels():
                             mask=(cc < C)[:, None] & ((t_kx < KW) & (t_ky >= 0) & (t_ky < KH))[None, :], other=0.0)
                 if WIDEN:
                     e = e.to(tl.float32)
-                la = tl.dot(qf, e, input_precision=PREC)  # [R, BY KWP], float32 sums
-                if WIDEN:  # bfloat16 rounding to nearest even, in float32 (the interpreter's casts truncate)
-                    bits = la.to(tl.uint32, bitcast=True)
-                    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-                    la = bits.to(tl.float32, bitcast=True)
-                else:
-                    la = la.to(v_ptr.dtype.element_ty)
+                la = _as_operand(tl.dot(qf, e, input_precision=PREC), v_ptr.dtype.element_ty, WIDEN)  # [R, BY KWP]
                 a = tl.where(m, tl.gather(la, g_idx, axis=1), 0.0)
                 acc = tl.dot(a.to(la.dtype), vt, acc, input_precision=PREC)
             else:
@@ -353,13 +355,8 @@ def _kernels():
                 e = tl.load(e_at + ky * KW, mask=e_mask, other=0.0)
                 if WIDEN:
                     qw, e = qw.to(tl.float32), e.to(tl.float32)
-                lt = tl.dot(e, qw, input_precision=PREC)  # [KWP, BW]: the queries' logits at scope row ky
-                if WIDEN:  # bfloat16 rounding to nearest even, in float32 (the interpreter's casts truncate)
-                    bits = lt.to(tl.uint32, bitcast=True)
-                    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-                    lt = bits.to(tl.float32, bitcast=True)
-                else:
-                    lt = lt.to(gy_ptr.dtype.element_ty)
+                # [KWP, BW]: the queries' logits at scope row ky
+                lt = _as_operand(tl.dot(e, qw, input_precision=PREC), gy_ptr.dtype.element_ty, WIDEN)
                 at = tl.where(m, tl.gather(lt, g_idx, axis=0), 0.0).to(lt.dtype)  # [BP, BW]
             else:
                 at = tl.load(at_ptr + ((hd * howo + oy * Wo) * LS + ky * KW), mask=m, other=0.0)
@@ -518,7 +515,7 @@ def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, s
     # (at stride 2 the 9 |k| deep pooled queries' tile, and a wider (global) scope's logits tile, would not fit the
     # registers); the 16-bit forward of 64 rows on 8 warps (at 4 its logits tile spilled 244-648 bytes a thread on
     # sm_90, at 8 none; 16 and 32 rows on 4 warps spill none: tools/sm90_kernels.py)
-    fused = step == 1 and c <= 64 and kw <= 32
+    fused = _fuses(step, c, kw)
     forward = dict(rows(by_rows), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False, FUSED=fused)
     if fused and sixteen and by_rows * bh * bq >= 64:
         forward['num_warps'] = 8
@@ -527,6 +524,12 @@ def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, s
                 value_grad=dict(BLOCK_P=bp, BLOCK_W=bwv, BLOCK_V=bvv, FUSED=fused, BLOCK_C=_pow2(c, 16),
                                 KWP=_pow2(kw, 16),  # (fused: 8 warps, at 4 up to 220 bytes spilled on sm_90)
                                 num_warps=8 if fused else _warps(bp * bvv, bp * bwv, bwv * bvv)))
+
+
+def _fuses(step: int, c: int, kw: int) -> bool:
+    """Whether the tensor-core kernels compute their logits (and ``dq``) themselves: stride 1, ``|k| <= 64`` and
+    scopes up to 32 wide (:func:`tc_launch_meta`)."""
+    return step == 1 and c <= 64 and kw <= 32
 
 
 def _sm_count(device: torch.device) -> Optional[int]:
@@ -605,7 +608,7 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
         if content is not None:
             content = content.contiguous()
         sms = _sm_count(q.device)
-        fused = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho)['rows']['FUSED']  # (no logits tensor)
+        fused = _fuses(step, c, kw)  # (no logits tensor)
         # the table as the kernel reads it, [C, LS]: padded for the logits GEMM's aligned rows, as it is when fused
         tp = table.view(c, u * kh * kw) if fused else _padded_table(table)
         for b0, n in [(0, b)] if fused else _chunks(b, h * tp.shape[1] * ho * wo, chunk_elements):
@@ -648,7 +651,7 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
     if tensor_cores:
         # fused (stride 1): the kernels compute the logits and dq themselves and read the table as it is; else the
         # GEMMs read it padded to aligned rows
-        fused = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho)['logit_grad']['FUSED']
+        fused = _fuses(step, c, kw)
         ls = logit_stride(ukk)  # the logit gradients' row stride (aligned for the dR GEMM)
         tp = rm if fused else _padded_table(table)
         rm = tp[:, :ukk]  # (dq's GEMM reads the table at the padded, aligned stride)
