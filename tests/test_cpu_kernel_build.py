@@ -4,6 +4,7 @@ and load the one build; a half-written library and a stale lock are rebuilt over
 another process is building. The slow tests share ONE real build (about 40 s on 2 cores, more on a loaded machine);
 the others replace torch's compile."""
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -127,6 +128,26 @@ def test_prune_removes_superseded_and_idle_builds_never_a_locked_one(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [keep] + [p.name for p in (busy, other_cpu, other_torch, legacy_recent, other)])
     assert cpu_kernel._prune(str(tmp_path), keep) == [busy.name]  # its builder is done
+
+
+def test_a_build_another_pruner_removed_while_this_one_waited_is_not_counted(monkeypatch, tmp_path):
+    """Two processes pruning at once: the second opens a superseded build's lock file, the first removes the build
+    and lets go of the lock, then the second locks the deleted file. It must not remove, nor report, that build
+    again (CI saw both processes log 'removed 1 older CPU kernel build(s)')."""
+    cpu, env, source = cpu_kernel._tags()
+    keep = _names(cpu, env, source)
+    superseded = _old_build(tmp_path, _names(cpu, env))
+    (tmp_path / keep).mkdir()
+    flock = cpu_kernel.fcntl.flock
+
+    def other_pruner_first(fd, op):  # the other process's whole prune, between this one's open and flock
+        shutil.rmtree(superseded)
+        return flock(fd, op)
+    monkeypatch.setattr(cpu_kernel.fcntl, 'flock', other_pruner_first)
+    assert cpu_kernel._prune(str(tmp_path), keep) == []
+    monkeypatch.setattr(cpu_kernel.fcntl, 'flock', flock)
+    superseded.mkdir()
+    assert cpu_kernel._prune(str(tmp_path), keep) == [superseded.name]  # (the test can see a removal)
 
 
 def _fresh(monkeypatch, root):

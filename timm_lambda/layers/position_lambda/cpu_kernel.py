@@ -133,20 +133,35 @@ def _locked(folder: str, blocking: bool = True):
     """Hold ``folder``'s build lock (``flock`` on its ``timm_lambda.lock``): one build of a folder at a time, across
     processes. The system drops the lock when its holder dies, so a killed build never blocks the next one (older
     torch's ``FileBaton``, a file whose existence is the lock, does: :func:`_compile`). Yields False where
-    ``blocking`` is False and another process holds it."""
+    ``blocking`` is False and another process holds it, or removed the folder between this one's open and lock (the
+    lock is then of a deleted file: two pruners would both remove, and count, the same build)."""
     if fcntl is None:
         yield True
         return
-    fd = os.open(os.path.join(folder, _LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    path = os.path.join(folder, _LOCK)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:
             yield False
             return
+        if not blocking and not _same_file(fd, path):
+            yield False
+            return
         yield True
     finally:
         os.close(fd)  # releases the lock
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def _import(name: str, path: str):
