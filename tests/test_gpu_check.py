@@ -134,6 +134,11 @@ def test_gpu_check_layer_dry_run(tmp_path):
     assert set(tc['host_us_per_call']) == {'aten add', 'aten bmm 4x8x8', 'triton tc_rows launch',
                                            'lambda layer training step 2x2', 'conv3x3 training step 2x2'}, tc
     assert all(v > 0 for v in tc['host_us_per_call'].values()), tc['host_us_per_call']
+    # where the layer step's own host time goes, by function (cProfile), largest first
+    top = list(tc['host_python_top'].values())
+    assert len(top) == 8 and top == sorted(top, reverse=True) and top[0] > 0, tc['host_python_top']
+    assert any('lambda_layer.py' in k for k in tc['host_python_top']) or any(
+        'backward' in k for k in tc['host_python_top']), tc['host_python_top']
     # batch 1: the small-grid tiles against the full-grid ones where they differ (at the tiny shapes, on 132 SMs)
     assert tc['occupancy'] and all(o['errors'] == 0 and len(o['ms']) == 2 for o in tc['occupancy']), tc['occupancy']
     graphs = record['results']['cuda_graphs_batch1']

@@ -243,7 +243,7 @@ def tc_kernels_summary(path: str) -> dict:
     aten operators (with input shapes) whose own kernels took longest; each
     tensor-core kernel's time at the wrappers' constants, its best alternative and the speedup; at batch 1, the
     small-grid tiles' speedup over the full-grid ones; the host's microseconds a call of an aten op, a Triton launch
-    and a layer / conv step on a tiny map."""
+    and a layer / conv step on a tiny map, and the eight functions that take most of the layer step's own host time."""
     with open(path) as f:
         rows = json.load(f)['rows']
     profile = [dict(shape=r['shape'], module=r['module'], dtype=r['dtype'], device_us=r['device_us_per_step'],
@@ -259,8 +259,9 @@ def tc_kernels_summary(path: str) -> dict:
     occupancy = [dict(shape=r['shape'], dtype=r['dtype'], kernel=r['kernel'], speedup=r['speedup'],
                       ms=[c.get('ms') for c in r['configs']], errors=sum('error' in c for c in r['configs']))
                  for r in rows if r['part'] == 'occupancy']
-    host = next((r['host_us_per_call'] for r in rows if r['part'] == 'host'), None)
-    return dict(profile=profile, host_us_per_call=host, occupancy=occupancy, sweep=sweep)
+    host = next((r for r in rows if r['part'] == 'host'), {})
+    return dict(profile=profile, host_us_per_call=host.get('host_us_per_call'),
+                host_python_top=dict(list(host.get('python_top', {}).items())[:8]), occupancy=occupancy, sweep=sweep)
 
 
 def section_layer(run: Run, args) -> None:

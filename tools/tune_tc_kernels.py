@@ -14,7 +14,8 @@ Four parts, at LambdaResNet-101's three lambda-layer shapes at 1024 px, batch 8 
   with its ``dq`` GEMM). Each alternative's result is compared with the default's (a wrong tile fails, it is not
   timed). The best per kernel and shape is what the wrappers should launch.
 * ``host`` (seconds): the host's microseconds a call of an aten op, a Triton launch and a layer / conv training step
-  on tiny inputs (what the eager step's time is made of).
+  on tiny inputs (what the eager step's time is made of), and the functions in which the layer step spends its own
+  host time (``cProfile``: our wrappers' Python, Triton's launcher, torch's operators).
 * ``occupancy`` (before the sweep, it is short): batch 1, each kernel at the tiles of ``tc_launch_meta``'s small-grid
   rule against the full-grid tiles, where they differ (the rule's worth where a grid has fewer programs than the
   GPU has multiprocessors).
@@ -347,8 +348,26 @@ def host(rows: list, save, budget: Budget, dry_run: bool, device: str) -> None:
         if budget.left() < 5:
             break
         out[name] = per_call(fn, calls)
-    rows.append(dict(part='host', device=device, host_us_per_call=out))
+    rows.append(dict(part='host', device=device, host_us_per_call=out, python_top=_python_top(step(layer), 20)))
     save()
+
+
+def _python_top(fn, calls: int, top: int = 15) -> dict:
+    """The functions in which ``calls`` runs of ``fn`` spend their own host time, by ``cProfile`` (Python and the
+    C functions it calls: torch's operators, Triton's launcher): ``{'file:line(function)': us a call}``, the
+    ``top`` largest. Where an eager step's host time goes beyond its operators' (the profile part's ``host_top``)."""
+    import cProfile
+    import pstats
+    fn()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (calls, primitive calls, tottime, cumtime, callers)}
+    rows = sorted(((tt, f'{os.path.basename(k[0])}:{k[1]}({k[2]})') for k, (_, _, tt, _, _) in stats.items()),
+                  reverse=True)[:top]
+    return {name: round(tt / calls * 1e6, 1) for tt, name in rows}
 
 
 def main(argv=None):
