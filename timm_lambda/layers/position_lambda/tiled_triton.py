@@ -653,8 +653,11 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
         # GEMMs read it padded to aligned rows
         fused = _fuses(step, c, kw)
         ls = logit_stride(ukk)  # the logit gradients' row stride (aligned for the dR GEMM)
-        tp = rm if fused else _padded_table(table)
-        rm = tp[:, :ukk]  # (dq's GEMM reads the table at the padded, aligned stride)
+        if not fused:
+            tp = _padded_table(table)
+            rm = tp[:, :ukk]  # (dq's GEMM reads the table at the padded, aligned stride)
+        else:
+            tp = rm
         chunks = _chunks(b, h * ls * ho * wo, chunk_elements)
         prec = _precision(q.dtype)
         sms = _sm_count(q.device)
@@ -686,7 +689,8 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
                     kh, kw, ls, step, prec, WIDEN=widen, ADD=fused and content is not None, **rows)
             gl = gl.to(q.dtype)  # the logit gradients in the 16-bit dtype, as a matmul's backward has them
             # (the kernel writes the u K_h K_w columns; the padding is never read: the GEMMs take the slice)
-            gl_t = gl[:, :, :ukk].transpose(1, 2)  # [n h, u K_h K_w, Ho Wo], leading dimension LS
+            # [n h, u K_h K_w, Ho Wo], leading dimension LS: the dq GEMM's, where the kernel did not compute dq
+            gl_t = None if fused else gl[:, :, :ukk].transpose(1, 2)
             flat = gl.view(n * h * ho * wo, ls)[:, :ukk]  # [(n h Ho Wo), u K_h K_w], leading dimension LS
         else:
             logits = _logits(qc, table)  # [n, h, u K_h K_w, Ho, Wo]
