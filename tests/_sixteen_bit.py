@@ -69,17 +69,16 @@ def check_rounding(got, case, inputs, gy, dtype):
     rounded, exact = reference_call(case, inputs, gy, dtype), reference_call(case, inputs, gy)
     seen = {}
     for i, name in enumerate(NAMES[:len(got)]):
+        # the share of entries equal to the reference with rounded logits (and logit gradients), and without
+        same = [(got[i].cpu() == want.to(dtype)).double().mean().item() for want in (rounded[i], exact[i])]
         if name in ('output', 'v'):
             # within rounding of the rounded-logit reference, and equal to it once rounded far more often than to the
             # reference without rounding (a float32-logit computation is the other way round)
-            same = [(got[i].cpu() == want.to(dtype)).double().mean().item() for want in (rounded[i], exact[i])]
             seen[name] = (excess(got[i], rounded[i], half_ulp), *same)
             assert seen[name][0] <= near and same[0] >= 0.95 and same[0] > same[1] + 0.1, (name, seen[name])
         else:
-            seen[name] = excess(got[i], exact[i], half_ulp)
-            assert seen[name] <= other, (name, seen[name])
+            seen[name] = (excess(got[i], exact[i], half_ulp), *same)
+            assert seen[name][0] <= other, (name, seen[name])
             if name in ('q', 'table'):  # from the rounded logit gradients: equal to that reference more often
-                same = [(got[i].cpu() == want.to(dtype)).double().mean().item() for want in (rounded[i], exact[i])]
-                seen[name] = (seen[name], *same)
                 assert same[0] > same[1] + 0.1, (name, seen[name])
     return seen
