@@ -50,7 +50,21 @@ def pytest_report_header(config):
             parts.append(f"{dist} {_md.version(dist)}")
         except _md.PackageNotFoundError:
             parts.append(f"{dist} (not installed)")
-    return [f"python: {sys.executable}", "versions: " + ", ".join(parts)]
+    return [f"python: {sys.executable}", "versions: " + ", ".join(parts), _native_bf16_line()]
+
+
+def _native_bf16_line() -> str:
+    """Whether this run tests the CPU kernel's native bfloat16 code (built and run only on a CPU with AVX-512 BF16;
+    elsewhere those tests skip and a bfloat16 call computes in float32): said plainly in every run's header, CI's
+    machines differing in CPU."""
+    flags = ''
+    if os.path.exists('/proc/cpuinfo'):
+        with open('/proc/cpuinfo') as f:
+            flags = next((line for line in f if line.startswith(('flags', 'Features'))), '')
+    if 'avx512_bf16' in flags.split():
+        return 'CPU kernel native bfloat16 (AVX-512 BF16): tested on this machine'
+    return ('CPU kernel native bfloat16 (AVX-512 BF16): NOT tested on this machine (its CPU lacks AVX-512 BF16; '
+            'those tests skip, the float32-computed bfloat16 path is tested)')
 
 
 def pytest_addoption(parser):

@@ -10,12 +10,36 @@ import types
 import pytest
 
 from _helpers import load_file
+from timm_lambda._env import env_flag
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _require_triton():
+    """Skip without Triton, or fail with TIMM_LAMBDA_REQUIRE_TRITON=1 (CI: these tests are its only run of the GPU
+    kernels, under Triton's interpreter, and must not skip there)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        if env_flag('TIMM_LAMBDA_REQUIRE_TRITON', False):
+            pytest.fail(f'TIMM_LAMBDA_REQUIRE_TRITON=1, but Triton does not import ({e}): the GPU kernels go untested')
+        pytest.skip('Triton is not installed (it comes with torch on Linux x86-64); TIMM_LAMBDA_REQUIRE_TRITON=1 '
+                    'makes this an error')
+
+
+def test_triton_required_and_missing_fails_not_skips(monkeypatch):
+    """With TIMM_LAMBDA_REQUIRE_TRITON=1 (.ci/run) a missing Triton fails the kernel tests; without it they skip."""
+    monkeypatch.setitem(sys.modules, 'triton', None)  # import triton raises ImportError
+    monkeypatch.setenv('TIMM_LAMBDA_REQUIRE_TRITON', '1')
+    with pytest.raises(pytest.fail.Exception, match='TIMM_LAMBDA_REQUIRE_TRITON=1, but Triton does not import'):
+        _require_triton()
+    monkeypatch.setenv('TIMM_LAMBDA_REQUIRE_TRITON', '0')
+    with pytest.raises(pytest.skip.Exception):
+        _require_triton()
+
+
 def _interpreted(runs):
-    pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
+    _require_triton()
     env = dict(os.environ, TRITON_INTERPRET='1', PYTHONPATH=os.pathsep.join(
         [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
     out = subprocess.run([sys.executable, os.path.join(ROOT, 'tests', '_triton_interpreted.py')] + runs, env=env,
@@ -90,7 +114,7 @@ def test_the_table_runs_triton_on_cuda_tensor_cores_first_and_cuda_cores_for_sma
     float64 triton_fma, on calls of at most 4096 queries and maps no larger than the scope, the gemm backend elsewhere
     (measured on an H200); neither for CPU tensors (outside Triton's interpreter); a chosen backend serves whatever it
     can compute and raises, with the table's reason, where it cannot."""
-    pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
+    _require_triton()
     import torch
 
     from timm_lambda.layers.position_lambda import backends
@@ -211,7 +235,7 @@ def test_tensor_core_kernels_compile_for_sm90_with_mma_and_few_spills(shape):
     memory (227 KiB a block) and spills at most 64 bytes a thread to local memory (``ptxas -v``). The value-gradient
     kernel spilled 28-2044 bytes at e58816d (its 128 channels with a branchy loop); at 128 channels a program it now
     spills 0-48 and ran 1.12-1.28x faster on an H200 than at 64 without spills (docs/benchmarks.md, "GPU")."""
-    pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
+    _require_triton()
     rows = _SM90.report([shape])
     assert {(r['dtype'], r['precision']) for r in rows} >= {('bf16', 'ieee'), ('fp16', 'ieee'), ('fp32', 'tf32')}
     for r in rows:
@@ -223,23 +247,41 @@ def test_tensor_core_kernels_compile_for_sm90_with_mma_and_few_spills(shape):
         assert r['registers'] is not None and r['spill_stores'] <= 64 and r['spill_loads'] <= 64, f'{name}: {r}'
 
 
-def test_a_kernel_error_at_the_first_launch_propagates(monkeypatch):
-    """Only an error that says Triton cannot run here makes the backend unusable: a kernel that does not fit the GPU
-    (Triton's OutOfResources) or runs out of memory is a bug or a real failure, and raises as it is."""
-    pytest.importorskip('triton', reason='Triton is not installed (it comes with torch on Linux x86-64)')
+def test_only_cannot_run_here_errors_at_the_first_launch_hand_the_call_on(monkeypatch):
+    """Only an error that says this backend cannot serve calls here makes it unusable (the call handed on outside
+    strict mode): no driver, no C compiler, no assembler, a kernel that this Triton cannot compile or this GPU cannot
+    hold (``OutOfResources``). A kernel fault (an illegal address, a device-side assert), running out of memory and
+    any other error propagate as they are, at the first launch too."""
+    _require_triton()
+    import subprocess
+
     import torch
+    from triton.compiler.errors import CompilationError
     from triton.runtime.errors import OutOfResources
 
     from timm_lambda.layers.position_lambda import execution, tiled_triton
 
-    monkeypatch.setattr(tiled_triton, '_LAUNCHED', False)
-    for error in (OutOfResources(300000, 232448, 'shared memory'), torch.OutOfMemoryError('CUDA out of memory')):
-        def broken(*args, error=error, **meta):
-            raise error
-        with pytest.raises(type(error)) as raised:
-            tiled_triton._launch({(1,): broken}, (1,))
-        assert not isinstance(raised.value, execution.BackendUnusable)
-    assert tiled_triton._cannot_run_here(RuntimeError('0 active drivers'))
+    faults = [torch.OutOfMemoryError('CUDA out of memory'), ValueError('a wrong argument'), KeyError('BLOCK_Q'),
+              RuntimeError('CUDA error: an illegal memory access was encountered'),
+              RuntimeError('Triton Error [CUDA]: misaligned address'), RuntimeError('CUDA error: device-side assert '
+                                                                                     'triggered'),
+              RuntimeError('CUDA driver error: unspecified launch failure'), RuntimeError('some other failure')]
+    if hasattr(torch, 'AcceleratorError'):
+        faults.append(torch.AcceleratorError('CUDA error: an illegal memory access was encountered'))
+    cannot = [OutOfResources(300000, 232448, 'shared memory'), CompilationError('src', None, 'not supported'),
+              RuntimeError('0 active drivers ([]). There should only be one.'), OSError('libcuda.so not found'),
+              ImportError('libcuda'), RuntimeError('Failed to find C compiler. Please specify via CC'),
+              subprocess.CalledProcessError(1, ['gcc'])]
+    for errors, unusable in ((faults, False), (cannot, True)):
+        for error in errors:
+            monkeypatch.setattr(tiled_triton, '_LAUNCHED', False)
+
+            def broken(*args, error=error, **meta):
+                raise error
+            with pytest.raises(Exception) as raised:
+                tiled_triton._launch({(1,): broken}, (1,))
+            assert isinstance(raised.value, execution.BackendUnusable) == unusable, (error, raised.value)
+            assert unusable or raised.value is error
 
 
 def test_chunks_are_the_fewest_of_about_equal_size():

@@ -43,15 +43,19 @@ __all__ = ['forward', 'backward', 'unavailable', 'logit_stride', 'INTERPRETED', 
 # images on the H200: every launch of the step twice, the second on a grid of one image)
 CHUNK_ELEMENTS = 1 << 27
 
+# Entries of each cache keyed by input sizes (launch constants: a few hundred bytes each, at most about 100 KB a
+# cache however many input sizes a process meets; docs/execution_modes.md)
+SIZE_CACHE = 256
 LAUNCHES = 0  # kernel launches that returned in this process: what tests read to see that a kernel ran
 PREFILL_NAN = False  # tests: outputs the kernels write start as NaN, so that an element no kernel wrote shows
 _LAUNCHED = False  # a kernel has run in this process: later errors are errors, not an unusable Triton
 
 
 def _launch(kernel, grid, *args, **meta) -> None:
-    """Run ``kernel``. At the process's first launch, an error that says Triton cannot build or run kernels here
-    (:func:`_cannot_run_here`) raises :class:`.execution.BackendUnusable`; any other error (a kernel that does not
-    compile or does not fit the GPU: a bug) and any error after a first launch succeeded propagate as they are."""
+    """Run ``kernel``. At the process's first launch, an error that says this backend cannot serve calls here
+    (:func:`_cannot_run_here`: no driver or compiler, a kernel this Triton or GPU cannot build) raises
+    :class:`.execution.BackendUnusable`; any other error (a kernel fault, out of memory) and any error after a first
+    launch succeeded propagate as they are."""
     global _LAUNCHED, LAUNCHES
     try:
         kernel[grid](*args, **meta)
@@ -63,19 +67,41 @@ def _launch(kernel, grid, *args, **meta) -> None:
     LAUNCHES += 1
 
 
+# What a RuntimeError says when this Triton cannot build or launch kernels on this machine (no driver, no C compiler
+# for its launcher, no assembler or kernel image for this GPU), and what a kernel fault says (never a fallback)
+_CANNOT_RUN = ('active drivers', 'driver version', 'driver not', 'no cuda', 'cuda is not available', 'libcuda',
+               'c compiler', 'no compiler', 'ptxas', 'ptx codegen', 'no kernel image', 'kernel image is invalid',
+               'unsupported gpu', 'unsupported architecture', 'cuinit')
+_FAULTS = ('illegal memory access', 'misaligned address', 'device-side assert', 'launch failure', 'illegal instruction',
+           'out of memory', 'an illegal', 'exception on the device', 'uncorrectable')
+
+
 def _cannot_run_here(e: Exception) -> bool:
-    """Whether ``e`` says that this Triton cannot build or run kernels on this machine (no driver, no assembler for
-    this GPU, a missing library: ``RuntimeError``, ``OSError``, ``ImportError``, Triton's ``PTXASError``), as opposed
-    to a kernel that is wrong or does not fit (Triton's ``CompilationError``, ``OutOfResources``) or a tensor error
-    such as running out of memory."""
+    """Whether ``e`` says that this backend cannot serve calls here: Triton cannot build or launch kernels on this
+    machine (no driver, no C compiler for its launcher, no assembler for this GPU: ``OSError``, ``ImportError``,
+    ``subprocess.SubprocessError``, Triton's ``PTXASError``, a ``RuntimeError`` saying so, :data:`_CANNOT_RUN`), or
+    a kernel that this Triton cannot compile or this GPU cannot hold (Triton's ``CompilationError``,
+    ``OutOfResources``: another Triton version or a GPU with less shared memory). A kernel fault (an illegal address,
+    a device-side assert: ``torch.AcceleratorError``, a ``RuntimeError`` naming one), running out of memory or any
+    other error is not: it propagates, in strict mode or not."""
+    import subprocess
     try:
         from triton.compiler.errors import CompilationError
-        from triton.runtime.errors import OutOfResources, PTXASError
+        from triton.runtime.errors import OutOfResources
     except ImportError:  # another Triton: judge by the builtin types alone
-        CompilationError = OutOfResources = PTXASError = ()
-    if isinstance(e, (CompilationError, OutOfResources)) or isinstance(e, torch.OutOfMemoryError):
+        CompilationError = OutOfResources = ()
+    try:
+        from triton.runtime.errors import PTXASError
+    except ImportError:
+        PTXASError = ()
+    if isinstance(e, torch.OutOfMemoryError) or isinstance(e, getattr(torch, 'AcceleratorError', ())):
         return False
-    return isinstance(e, (RuntimeError, OSError, ImportError) + ((PTXASError,) if PTXASError else ()))
+    if isinstance(e, (CompilationError, OutOfResources, PTXASError, OSError, ImportError, subprocess.SubprocessError)):
+        return True
+    if type(e) is not RuntimeError:  # a subclass is some library's own error (a CUDA fault, a torch check)
+        return False
+    message = str(e).lower()
+    return not any(f in message for f in _FAULTS) and any(c in message for c in _CANNOT_RUN)
 
 
 @functools.lru_cache(maxsize=None)
@@ -417,7 +443,7 @@ def _row_tiles(h: int, wo: int, dv: int):
     return bq, bh, bv
 
 
-@functools.lru_cache(maxsize=None)  # on every call of the layer: a pure function of a few ints
+@functools.lru_cache(maxsize=SIZE_CACHE)  # on every call of the layer: a pure function of a few ints
 def _tc_row_tiles(h: int, wo: int, kw: int, step: int, fewest_rows: bool = False):
     """Tensor-core forward tiles: ``(queries, heads padded, window columns)`` of a program. The window (a power of
     2, at least 16) is the MMA's depth: the fewest columns per query row first (the padded multiply-adds), then the
@@ -434,7 +460,7 @@ def _tc_row_tiles(h: int, wo: int, kw: int, step: int, fewest_rows: bool = False
     return best
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=SIZE_CACHE)
 def _tc_value_tiles(width: int, kw: int, step: int, dv: int):
     """Tensor-core value-gradient tiles: ``(value columns, queries, value channels)`` of a program, the most columns
     per padded query (16 columns at least: the MMA's rows); at most 128 channels a program, the rest on the grid."""
@@ -487,7 +513,7 @@ def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, st
                            precision or _precision(dtype), images or 0, sms or 0, height or width, u)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=SIZE_CACHE)
 def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, step: int, dtype: torch.dtype,
                     ho: int, precision: str, images: int, sms: int, height: int, u: int) -> dict:
     sixteen = dtype in (torch.float16, torch.bfloat16)
