@@ -167,3 +167,13 @@ def test_torchrun_without_a_gpu_names_the_cpu_ddp_config(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     cli.main(['train', gpu_config, '--launcher', 'pytorch'])
     assert ran == [str(script)] * 3
+
+
+def test_a_bug_in_the_build_propagates_not_a_build_error(build):
+    """Only what a failed build raises (OSError, ImportError, a subprocess's error, cpp_extension's RuntimeError)
+    becomes a CpuKernelBuildError and the GEMM fallback: any other exception is a bug and propagates as it is."""
+    import subprocess
+    with pytest.raises(TypeError, match='a bug'):
+        build(_raise(TypeError('a bug')))
+    assert build(_raise(subprocess.CalledProcessError(1, ['ninja'])))[1].startswith(
+        "the tiled form's CPU kernel could not be built (CalledProcessError)")

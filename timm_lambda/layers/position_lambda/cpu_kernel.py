@@ -27,6 +27,7 @@ import os
 import platform
 import shlex
 import shutil
+import subprocess
 import sys
 import time
 from typing import List, Optional, Tuple
@@ -124,7 +125,7 @@ def _build_dir(name: str) -> Optional[str]:
     from torch.utils import cpp_extension
     try:
         return cpp_extension._get_build_directory(name, False)
-    except Exception:
+    except OSError:  # a folder it cannot create
         return None
 
 
@@ -189,7 +190,7 @@ def _load(build_dir: Optional[str]) -> Tuple[Optional[object], Optional[str]]:
         return None, _not_built(build_dir)
     try:
         module = _import(name, path)
-    except Exception as e:  # a missing libgomp, a file damaged since
+    except (ImportError, OSError) as e:  # a missing libgomp, a file damaged since
         return None, (f"the tiled form's CPU kernel's build {path} does not load ({type(e).__name__}: {e}): rebuild "
                       f"it with `{_command()}`; {_FALLBACK}")
     with contextlib.suppress(OSError):  # its last use, for _prune (a read-only cache keeps its date)
@@ -299,7 +300,8 @@ def _build(verbose: bool):
             kernel = _load(build_dir)[0]
             if kernel is None:
                 kernel = _compile(cpp_extension, name, build_dir, verbose)
-    except Exception as e:  # no ninja, no OpenMP, a read-only cache
+    except (OSError, ImportError, RuntimeError, subprocess.SubprocessError) as e:  # no ninja, no OpenMP, read-only
+        # (torch's cpp_extension raises RuntimeError for a compiler or ninja failure); any other error is a bug
         raise CpuKernelBuildError(_build_failed(e, build_dir)) from e
     removed = _prune(os.path.dirname(build_dir), name)
     if removed:
