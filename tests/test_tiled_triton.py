@@ -234,7 +234,7 @@ def test_tensor_core_kernels_compile_for_sm90_with_mma_and_few_spills(shape):
     PTX; the 16-bit rows ``wgmma``, 64 rows a program), the exact float32 one does not; each fits the SM's shared
     memory (227 KiB a block) and spills at most 64 bytes a thread to local memory (``ptxas -v``). The value-gradient
     kernel spilled 28-2044 bytes at e58816d (its 128 channels with a branchy loop); at 128 channels a program it now
-    spills 0-48 and ran 1.12-1.28x faster on an H200 than at 64 without spills (docs/benchmarks.md, "GPU")."""
+    spills 0-48 and ran 1.02-1.28x faster on an H200 than at 64 without spills (docs/benchmarks.md, "GPU")."""
     _require_triton()
     rows = _SM90.report([shape])
     assert {(r['dtype'], r['precision']) for r in rows} >= {('bf16', 'ieee'), ('fp16', 'ieee'), ('fp32', 'tf32')}

@@ -487,9 +487,9 @@ def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, st
     tools/tune_tc_kernels.py use the same.
 
     Measured by the GPU check's sweep on an H200 (docs/results/gpu_h200_run5_check_layer.json, ``tc_kernels``; each
-    kernel at LambdaResNet-101's three 1024 px shapes, batch 8): 16-bit rows at the fewest query rows (16: 1.13-1.37x
+    kernel at LambdaResNet-101's three 1024 px shapes, batch 8): 16-bit rows at the fewest query rows (16: 1.13-1.29x
     against 32 at c4 and c5), float32 rows at one stage (no software pipelining of the TF32 loads: 1.10-1.30x, one
-    case 0.97x), the value gradient at up to 128 channels a program (1.12-1.28x at |v| = 128 against 64).
+    case 0.97x), the value gradient at up to 128 channels a program (1.02-1.28x at |v| = 128 against 64).
 
     Inferred from that sweep, not yet measured: 64 rows a program (Hopper's ``wgmma`` takes 64) from ``BLOCK_Y``
     output rows that share each value tile, for 16-bit rows, TF32 rows of at most 64 channels and every 16-bit or

@@ -1,0 +1,300 @@
+"""The result figures of README.md and docs/ against the JSON they come from (docs/results/), and the README's and
+docs' sizes.
+
+Each entry of :data:`FIGURES` is a passage of a page with ``{}`` where a figure stands, the JSON it comes from and
+how the figures follow from it (ratios of medians, as tools/dev/benchmarks/measure.py prints them). The passage must
+be on the page once, and each figure must be the JSON's value rounded to the figure's digits: a figure edited by
+hand, or a passage rewritten without its entry here, fails. A figure of a run whose JSON was not kept has no place
+on these pages (docs/benchmarks.md says which were left out)."""
+import json
+import os
+import re
+import statistics
+import tarfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, 'docs', 'results')
+NUMBER = r'(-?\d+(?:\.\d+)?)'
+
+
+def load(name: str):
+    with open(os.path.join(RESULTS, name)) as f:
+        return json.load(f)
+
+
+def member(archive: str, name: str):
+    """A JSON file inside one of the ``_logs.tar.gz`` archives beside the JSON."""
+    with tarfile.open(os.path.join(RESULTS, archive)) as tar:
+        return json.load(tar.extractfile(name))
+
+
+def pick(entries, **fields):
+    """The one entry of a list of comparisons whose fields equal ``fields``."""
+    found = [e for e in entries if all(e.get(k) == v for k, v in fields.items())]
+    assert len(found) == 1, (fields, len(found))
+    return found[0]
+
+
+def comparisons(data):
+    return data if isinstance(data, list) else data['results']
+
+
+def ratio(entry, candidate: str, baseline: str, mode: str = None):
+    """Ratio of the medians of two timed steps of one comparison (``name/mode`` keys when ``mode`` is given)."""
+    def med(name):
+        return statistics.median(entry['times'][f'{name}/{mode}' if mode else name])
+    return med(candidate) / med(baseline)
+
+
+def both(entry, candidate, baseline):
+    """(training step, inference) ratios."""
+    return [ratio(entry, candidate, baseline, m) for m in ('training step', 'inference')]
+
+
+def summed(rows, prefix, key='eager_ms'):
+    """A CUDA-graph comparison's layer (``auto``) over conv times, the three shapes summed."""
+    return sum(r[key] for r in rows if r['case'].startswith(prefix))
+
+
+def graphs(rows, key):
+    return summed(rows, 'auto', key) / summed(rows, 'conv3x3', key)
+
+
+def cases(rows):
+    return {r['case']: r for r in rows}
+
+
+def _run5_layer():
+    return load('gpu_h200_run5_check_layer.json')['results']
+
+
+def layer(results, execution, dtype, batch, mode):
+    return pick(results['layer_vs_conv'], execution=execution, dtype=dtype, batch=batch, mode=mode)['ratio_summed']
+
+
+def _cpu_layer(name):
+    rows = load(name)['results']
+    return sum(r['auto']['ms'] for r in rows) / sum(r['conv3x3']['ms'] for r in rows)
+
+
+def _device(dtype):
+    """The layer's device time over the conv's, per shape (run 5's torch.profiler part of the tune tool)."""
+    prof = _run5_layer()['tc_kernels']['profile']
+    us = {(p['shape'], p['module']): p['device_us'] for p in prof if p['dtype'] == dtype}
+    return [us[(s, 'lambda')] / us[(s, 'conv3x3')] for s in ('c4', 'c5_s2', 'c5')]
+
+
+def _sweep(select):
+    """Speed-ups over the default config of the configs that ``select(row, config)`` picks in run 5's sweep."""
+    rows = member('gpu_h200_run5_check_layer_logs.tar.gz', 'layer_files/tune_tc_kernels.json')['rows']
+    out = []
+    for r in rows:
+        if r['part'] == 'sweep':
+            out += [r['default']['ms'] / c['ms'] for c in r['configs'] if select(r, c['config'])]
+    return [min(out), max(out)]
+
+
+def _plain(c):
+    return 'num_stages' not in c and c['num_warps'] == 4
+
+
+def run5_layer_table():
+    r = _run5_layer()
+    out = []
+    for ex in ('triton_tc', 'gemm', 'triton_fma'):
+        out += [layer(r, ex, d, b, 'train') for b in (1, 8) for d in ('float32', 'bfloat16')]
+    return out
+
+
+def readme_gpu():
+    r5 = _run5_layer()
+    b1 = pick(load('gpu_h200_run5_models_backbone_b1.json'), comparison='backbone', batch=1)
+    cuda = load('gpu_h200_run5_models_cuda.json')
+    g = cases(r5['models']['models_graphs'][0]['rows'])
+    c4 = load('gpu_h200_run5_check_mission.json')['results']['models']['models_c4'][0]
+    b4 = [pick(cuda, comparison='backbone', batch=4, dtype=d) for d in ('torch.float32', 'torch.bfloat16')]
+    return ([layer(r5, 'triton_tc', d, 8, 'train') for d in ('float32', 'bfloat16')]
+            + [layer(r5, 'triton_tc', d, 8, 'eval') for d in ('float32', 'bfloat16')]
+            + [layer(r5, 'triton_tc', 'float32', 1, 'train'), graphs(r5['cuda_graphs_batch1'], 'graphed_ms'),
+               layer(r5, 'triton_tc', 'float32', 1, 'eval')]
+            + [ratio(b1, 'LambdaResNet-101', 'ResNet-RS-101+SE', 'training step'),
+               g['LambdaResNet-101 features 1024px']['graphed_ms']
+               / g['ResNet-RS-101+SE features 1024px']['graphed_ms'],
+               ratio(b1, 'LambdaResNet-101', 'ResNet-RS-101+SE', 'inference')]
+            + [ratio(e, 'LambdaResNet-101', 'ResNet-RS-101+SE', 'training step') for e in b4]
+            + [ratio(e, 'LambdaResNet-101', 'ResNet-RS-101+SE', 'inference') for e in b4]
+            + [ratio(c4, 'LambdaResNet-101-C4', 'LambdaResNet-101-C4 conv twin', 'training step'),
+               g['LambdaResNet-101-C4 features 512px']['graphed_ms']
+               / g['LambdaResNet-101-C4 conv twin features 512px']['graphed_ms'],
+               ratio(c4, 'LambdaResNet-101-C4', 'LambdaResNet-101-C4 conv twin', 'inference')])
+
+
+def readme_cpu():
+    bb, c4 = load('backbone_1024.json')[0], load('c4_512.json')[0]
+    onnx = pick(load('onnx.json'), size=512)
+    return ([_cpu_layer('lambda_layer.json'), _cpu_layer('lambda_layer_eval.json'),
+             _cpu_layer('lambda_layer_bf16.json'), _cpu_layer('lambda_layer_eval_bf16.json'),
+             ratio(bb, 'LambdaResNet-101', 'ResNet-RS-101+SE', 'training step'),
+             bb['peak_mib']['LambdaResNet-101'] / bb['peak_mib']['ResNet-RS-101+SE'],
+             ratio(bb, 'LambdaResNet-101', 'ResNet-RS-101+SE', 'inference')]
+            + both(c4, 'LambdaResNet-101-C4', 'LambdaResNet-101-C4 conv twin')
+            + both(load('c4_512_bf16.json')[0], 'LambdaResNet-101-C4', 'LambdaResNet-101-C4 conv twin')
+            + both(load('classification_224.json')[0], 'LambdaResNet-101', 'ResNet-RS-101+SE')
+            + [ratio(load(f)[0], 'LambdaResNet-101 compiled', 'ResNet-RS-101+SE compiled')
+               for f in ('compile_512.json', 'compile_1024.json')]
+            + [ratio(onnx, f'LambdaResNet-101 {e}', f'ResNet-RS-101+SE {e}') for e in ('legacy', 'dynamo')])
+
+
+def _fma_shares():
+    shares = [r['auto']['share_of_fma_peak'] * 100 for f in ('lambda_layer.json', 'lambda_layer_eval.json')
+              for r in load(f)['results']]
+    return [min(shares), max(shares)]
+
+
+def run5_models():
+    r5 = _run5_layer()
+    b1 = pick(load('gpu_h200_run5_models_backbone_b1.json'), comparison='backbone', batch=1)
+    cuda = load('gpu_h200_run5_models_cuda.json')
+    g = cases(r5['models']['models_graphs'][0]['rows'])
+    c4 = load('gpu_h200_run5_check_mission.json')['results']['models']['models_c4'][0]
+    lam, se, twin = 'LambdaResNet-101', 'ResNet-RS-101+SE', 'LambdaResNet-101-C4 features 512px'
+    out = both(b1, lam, se) + [g[f'{lam} features 1024px']['graphed_ms'] / g[f'{se} features 1024px']['graphed_ms'],
+                               g[f'{lam} features 1024px']['graphed_ms'], g[f'{se} features 1024px']['graphed_ms']]
+    out += both(b1, lam, 'ResNet-RS-101 without SE')
+    for d in ('torch.float32', 'torch.bfloat16'):
+        out += both(pick(cuda, comparison='backbone', batch=4, dtype=d), lam, se)
+    twin_g = g['LambdaResNet-101-C4 conv twin features 512px']['graphed_ms']
+    out += both(c4, 'LambdaResNet-101-C4', 'LambdaResNet-101-C4 conv twin') + [
+        g[twin]['graphed_ms'] / twin_g, g[twin]['graphed_ms'], twin_g]
+    for d in ('torch.float32', 'torch.bfloat16'):
+        out += both(pick(cuda, comparison='classification', dtype=d), 'LambdaResNet-50', "timm's lambda_resnet50ts")
+    return out
+
+
+def run4_models():
+    b1 = load('gpu_h200_check_layer.json')['results']['models']['models_backbone_b1'][0]
+    return both(b1, 'LambdaResNet-101', 'ResNet-RS-101 without SE')
+
+
+# (page, passage with {} for each figure, the figures from the JSON)
+FIGURES = [
+    ('README.md', """| one lambda layer / its 3x3 conv, 1024 px shapes summed, batch 8, TF32 / bf16 autocast |
+{} / {} | {} / {} |
+| the same, batch 1; replayed from CUDA graphs (TF32) | {}; graphed {} | {} |
+| LambdaResNet-101 / ResNet-RS-101+SE, backbone, 1024 px, batch 1, float32; graphed | {}; {} | {} |
+| the same, batch 4, float32 / bf16 autocast | {} / {} | {} / {} |
+| LambdaResNet-101-C4 / its conv twin, 512 px, batch 1, float32; graphed | {}; {} | {} |""", readme_gpu),
+    ('README.md', 'its device time was {}-{}x the conv\'s in TF32, {}-{}x in bf16',
+     lambda: [min(_device('float32')), max(_device('float32')), min(_device('bfloat16')), max(_device('bfloat16'))]),
+    ('README.md', """| one lambda layer / its 3x3 conv, LambdaResNet-101's c4 and c5 shapes at 1024 px, batch 1 |
+{} | {} |
+| the same under bfloat16 autocast (AVX-512 BF16), 1024 px | {} | {} |
+| LambdaResNet-101 / ResNet-RS-101+SE, backbone c2..c5, 1024 px, batch 1 | {} ({} peak memory) | {} |
+| LambdaResNet-101-C4 / its conv twin (every lambda layer a 3x3 conv), 512 px, batch 1 | {} | {} |
+| the same under bfloat16 autocast | {} | {} |
+| LambdaResNet-101 / ResNet-RS-101+SE, classifier, 224 px, batch 2 | {} | {} |
+| the same, `torch.compile` (training step), 512 / 1024 px | {} / {} | - |
+| the same, ONNX Runtime (inference), 512 px, legacy / dynamo exporter | - | {} / {} |""", readme_cpu),
+    ('README.md', 'The layer ran at {}-{}% of the CPU\'s float32 limit', _fma_shares),
+    ('docs/benchmarks.md', """| tensor_cores | {} (4.96) | {} (4.86) | {} (4.58) | {} (4.73) | {} / {} | {} / {} |
+| gemm | {} | {} | {} | {} | - | - |
+| cuda_cores | {} | {} | {} | {} | - | - |""",
+     lambda: (lambda r, t: t[:4] + [layer(r, 'triton_tc', d, b, 'eval') for b in (1, 8)
+                                    for d in ('float32', 'bfloat16')] + t[4:])(_run5_layer(), run5_layer_table())),
+    ('docs/benchmarks.md', """Replayed from CUDA graphs (batch 1, training step, TF32): the layers {} / {} / {} ms,
+the convs {} / {} / {} ms: **{}x summed** (run 4: {}x; eager {}x).""",
+     lambda: (lambda rows, r4: [r['graphed_ms'] for r in rows if r['case'].startswith('auto')]
+              + [r['graphed_ms'] for r in rows if r['case'].startswith('conv3x3')]
+              + [graphs(rows, 'graphed_ms'), graphs(r4, 'graphed_ms'), graphs(rows, 'eager_ms')])(
+         _run5_layer()['cuda_graphs_batch1'], load('gpu_h200_graphs.json')['results'])),
+    ('docs/benchmarks.md', """layer's kernels take {} / {} / {} ms in TF32 against the conv's {} / {} / {}
+({}x / {}x / {}x), and
+{} / {} / {} ms in bf16 against {} / {} / {};""",
+     lambda: (lambda p: [p[(s, 'lambda', 'float32')] for s in ('c4', 'c5_s2', 'c5')]
+              + [p[(s, 'conv3x3', 'float32')] for s in ('c4', 'c5_s2', 'c5')] + _device('float32')
+              + [p[(s, m, 'bfloat16')] for m in ('lambda', 'conv3x3') for s in ('c4', 'c5_s2', 'c5')])(
+         {(x['shape'], x['module'], x['dtype']): x['device_us'] / 1000
+          for x in _run5_layer()['tc_kernels']['profile']})),
+    ('docs/benchmarks.md', '16-bit rows at 16 query rows\n{}-{}x faster than at 32 (c4, c5; {}x at 64 rows)',
+     lambda: _sweep(lambda r, c: r['kernel'].startswith('tc_rows') and r['dtype'] == 'bfloat16'
+                    and r['shape'] in ('c4', 'c5') and c['BLOCK_Q'] * c['BLOCK_H'] == 16 and _plain(c))
+     + [max(_sweep(lambda r, c: r['kernel'].startswith('tc_rows') and r['dtype'] == 'bfloat16'
+                   and c['BLOCK_Q'] * c['BLOCK_H'] == 64))]),
+    ('docs/benchmarks.md', 'gradient at 128 channels a program {}-{}x at |v| = 128',
+     lambda: _sweep(lambda r, c: r['kernel'] == 'tc_value_grad' and r['default']['config']['BLOCK_V'] == 64
+                    and c['BLOCK_V'] == 128 and _plain(c))),
+    ('docs/benchmarks.md', """| LambdaResNet-101 / RS-101+SE, backbone, 1024 px, batch 1 | {}x / {}x |
+{}x ({} / {} ms) |
+| LambdaResNet-101 / RS-101 without SE, same | {}x / {}x | - |
+| LambdaResNet-101 / RS-101+SE, 1024 px, batch 4, float32 / bf16 autocast | {}x / {}x, {}x / {}x | - |
+| LambdaResNet-101-C4 / its conv twin, 512 px, batch 1 | {}x / {}x | {}x ({} / {} ms) |
+| LambdaResNet-50 / timm's `lambda_resnet50ts`, 224 px, batch 64, float32 / bf16 | {}x / {}x, {}x / {}x | - |""",
+     run5_models),
+    ('docs/benchmarks.md', 'lambda layers skipped is already {}x / {}x RS-101',
+     lambda: both(pick(load('gpu_h200_run5_models_backbone_b1.json'), comparison='backbone', batch=1),
+                  'LambdaResNet-101, lambda layers skipped', 'ResNet-RS-101 without SE')),
+    ('docs/benchmarks.md', '| LambdaResNet-101 / RS-101 without SE, same | {}x / {}x | - |\n'
+                           '| LambdaResNet-101 / RS-101+SE, 1024 px, batch 4, float32 / bf16 autocast (*)',
+     run4_models),
+    ('docs/benchmarks.md', '(targets 1.0x) and {}x / {}x RS-101 without SE', run4_models),
+    ('docs/benchmarks.md', '(the c4 layer in run 4: {} ms eager, {} ms from a CUDA graph; run 5:\n{} / {})',
+     lambda: [cases(load('gpu_h200_graphs.json')['results'])['auto 256ch 64px s1'][k]
+              for k in ('eager_ms', 'graphed_ms')]
+     + [cases(_run5_layer()['cuda_graphs_batch1'])['auto 256ch 64px s1'][k] for k in ('eager_ms', 'graphed_ms')]),
+]
+
+
+def _spaced(text: str) -> str:
+    """Runs of white space as one space: a passage may wrap anywhere."""
+    return re.sub(r'\s+', ' ', text)
+
+
+def _decimals(text: str) -> int:
+    return len(text.partition('.')[2])
+
+
+@pytest.mark.parametrize('page, passage, figures', FIGURES, ids=[f'{p}:{i}' for i, (p, _, _) in enumerate(FIGURES)])
+def test_each_figure_equals_its_json(page, passage, figures):
+    """The passage is on the page once, and each of its figures is the JSON's value rounded to its digits."""
+    with open(os.path.join(ROOT, page)) as f:
+        text = _spaced(f.read())
+    pattern = NUMBER.join(re.escape(_spaced(part)) for part in passage.split('{}'))
+    found = re.findall(pattern, text)
+    assert len(found) == 1, f'{page}: the passage is there {len(found)} times, not once:\n{passage}'
+    shown = found[0] if isinstance(found[0], tuple) else (found[0],)
+    want = figures()
+    assert len(shown) == len(want), (shown, want)
+    wrong = [(s, round(w, _decimals(s) + 2)) for s, w in zip(shown, want)
+             if abs(float(s) - w) > 0.5 * 10 ** -_decimals(s) + 1e-9]
+    assert not wrong, f'{page}: figures that are not their JSON\'s (shown, JSON): {wrong}\nin:\n{passage}'
+
+
+def test_an_edited_figure_fails():
+    """The check itself: a figure one digit off in a copy of a passage is caught."""
+    page, passage, figures = FIGURES[0]
+    values = figures()
+    right = passage.replace('{}', '{:.2f}').format(*values)
+    wrong = right.replace(f'{values[0]:.2f}', f'{values[0] + 0.01:.2f}', 1)
+    pattern = NUMBER.join(re.escape(part) for part in passage.split('{}'))
+    assert [float(x) for x in re.findall(pattern, right)[0]] == [round(v, 2) for v in values]
+    assert abs(float(re.findall(pattern, wrong)[0][0]) - values[0]) > 0.005
+
+
+README_LINES, LINE_WIDTH = 200, 200
+
+
+def test_readme_and_docs_sizes():
+    """README.md at most 200 lines; no line of README.md or docs/*.md over 200 characters."""
+    with open(os.path.join(ROOT, 'README.md')) as f:
+        readme = f.read().splitlines()
+    assert len(readme) <= README_LINES, f'README.md has {len(readme)} lines (at most {README_LINES})'
+    pages = ['README.md'] + [os.path.join('docs', n) for n in sorted(os.listdir(os.path.join(ROOT, 'docs')))
+                             if n.endswith('.md')]
+    long = []
+    for page in pages:
+        with open(os.path.join(ROOT, page)) as f:
+            long += [f'{page}:{i}: {len(line)}' for i, line in enumerate(f.read().splitlines(), 1)
+                     if len(line) > LINE_WIDTH]
+    assert not long, f'lines over {LINE_WIDTH} characters: {long}'
