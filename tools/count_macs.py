@@ -5,7 +5,7 @@ For each launch of a layer step's forward and backward as tiled_triton's wrapper
 gradient, ``tc_value_grad``, and the GEMMs they leave to torch: the logits ``Q E``, ``dq = E dL``, ``dR = sum q dL^T``)
 this counts, from the launch grid and the tile constants of ``tiled_triton.tc_launch_meta``, the multiply-adds of
 every ``tl.dot``: tile ``M x N x K`` times the loop's trips times the programs (each program's trips from its own
-rows, as the kernel computes them), and compares them with the query-side form's (``custom_ops._tiled_flops``: per
+rows, as the kernel computes them), and compares them with the query-side form's (custom_ops' FLOP formula: per
 query ``h u K_h K_w |k|`` logits and a value row of depth ``|v|`` per scope offset that meets the image; the backward
 3x the logits, for the logits again, dq and dR, and 2x the values, for dv and the logit gradients). Padding (tiles
 rounded up to powers of 2, banded windows, masked rows) is what the ratio measures: the tensor cores issue it all.
@@ -39,9 +39,9 @@ from timm_lambda.layers.position_lambda import tiled_triton as T  # noqa: E402
 
 REQUIRED = ['tc_launch_meta', 'logit_stride', 'forward', 'backward', 'CHUNK_ELEMENTS', '_chunks', '_launch']
 _missing = [n for n in REQUIRED if not hasattr(T, n)]
-if _missing or not hasattr(custom_ops, '_tiled_flops'):
-    raise SystemExit(f'count_macs: tiled_triton no longer has {_missing or ["custom_ops._tiled_flops"]}: the counting '
-                     'formula follows the wrappers and must be updated with them')
+if _missing:
+    raise SystemExit(f'count_macs: tiled_triton no longer has {_missing}: the counting formula follows the wrappers '
+                     'and must be updated with them')
 
 HEADS, DIM_K, DIM_U = 4, 16, 1
 # (name, layer channels, input map side, stride): LambdaResNet-101's lambda layers at 1024 px (c4: 256 ch 64x64;
@@ -181,18 +181,42 @@ def content_formula(qs, vs, ts, dtype, precision='ieee', sms=None) -> dict:
     return dict(issued=programs * r * m['BLOCK_C'] * m['BLOCK_V'], needed=b * ho * wo * h * c * (uv // u))
 
 
+def _in_image(size: int, queries: int, step: int, k: int) -> int:
+    """Scope offsets along one axis that meet the image, summed over the queries (as custom_ops counts them)."""
+    lo = (k - 1) // 2
+    return sum(max(0, min(k, lo + size - step * q) - max(0, lo - step * q)) for q in range(queries))
+
+
+def reference_flops(qs, vs, ts, backward: bool):
+    """``(name, flops)`` of the project's own FLOP formula for the position term at these operator shapes:
+    ``custom_ops._tiled_flops`` (the operator's), else ``custom_ops._flops`` (the layer operator's, without a content
+    lambda); an error if neither is there."""
+    (b, h, c, ho, _), (_, uv, height, width), (_, u, kh, kw) = qs, vs, ts
+    step = -(-height // ho)
+    if hasattr(custom_ops, '_tiled_flops'):
+        return '_tiled_flops', custom_ops._tiled_flops(qs, vs, ts, step, backward=backward)
+    if hasattr(custom_ops, '_flops'):
+        k, pad = (c, 0) if step == 1 else (c // 9, 2)
+        return '_flops', custom_ops._flops((b, h, k, height * width), None, (b, u, uv // u, height * width),
+                                           (k, u, kh - pad, kw - pad), None, height, width, 'tiled', None, step,
+                                           False, None, False, backward=backward)
+    raise SystemExit('count_macs: custom_ops has neither _tiled_flops nor _flops to check the query-side form against')
+
+
 def needed(qs, vs, ts) -> dict:
     """The query-side form's multiply-adds: ``logits`` (per query ``h u K_h K_w c``) and ``values`` (``h V`` per
-    in-image scope offset); the forward, the backward (3x logits, 2x values) and the training step, each half of
-    ``custom_ops._tiled_flops``."""
+    in-image scope offset); the forward, the backward (3x logits, 2x values) and the training step, each half of the
+    project's FLOP formula (:func:`reference_flops`, which must agree)."""
     (b, h, c, ho, wo), (_, uv, height, width), (_, u, kh, kw) = qs, vs, ts
     step = -(-height // ho)
     logits = b * ho * wo * h * u * kh * kw * c
-    values = b * h * uv * custom_ops._in_image(height, ho, step, kh) * custom_ops._in_image(width, wo, step, kw)
+    values = b * h * uv * _in_image(height, ho, step, kh) * _in_image(width, wo, step, kw)
     fwd, bwd = logits + values, 3 * logits + 2 * values
-    if (2 * fwd, 2 * bwd) != (custom_ops._tiled_flops(qs, vs, ts, step),
-                              custom_ops._tiled_flops(qs, vs, ts, step, backward=True)):
-        raise SystemExit('count_macs: the query-side form no longer equals custom_ops._tiled_flops: update needed()')
+    for macs, backward in ((fwd, False), (bwd, True)):
+        name, flops = reference_flops(qs, vs, ts, backward)
+        if 2 * macs != flops:
+            raise SystemExit(f'count_macs: the query-side form ({2 * macs} FLOPs) differs from custom_ops.{name} '
+                             f'({flops}) at q {qs}, v {vs}, table {ts}: update needed()')
     return dict(logits=logits, values=values, forward=fwd, backward=bwd, train=fwd + bwd)
 
 
@@ -221,7 +245,8 @@ def table(batch: int = BATCH, sms: int = SMS) -> list:
             s = summarize(*formula(qs, vs, ts, dtype, prec, sms), need)
             meta, _ = _meta(qs, vs, ts, dtype, prec, batch, sms)
             out.append(dict(shape=name, channels=channels, map=side, stride=stride, q=list(qs), v=list(vs),
-                            table=list(ts), dtype=dname, tiles={k: {x: y for x, y in v.items()
+                            table=list(ts), dtype=dname, needed_checked_against='custom_ops.' + reference_flops(
+                                qs, vs, ts, False)[0], tiles={k: {x: y for x, y in v.items()
                                                                     if x.startswith(('BLOCK', 'KWP', 'FUSED'))}
                                                                 for k, v in meta.items()},
                             content=content_formula(qs, vs, ts, dtype, prec, sms), **s))
