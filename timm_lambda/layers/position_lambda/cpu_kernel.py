@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -34,21 +35,23 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .execution import BackendUnusable
+from ..execution import BackendUnusable
 
 try:
     import fcntl
 except ImportError:  # not POSIX: torch's own lock alone serialises the builds
     fcntl = None
 
-__all__ = ['forward', 'backward', 'native', 'compute_dtype', 'build', 'load', 'unavailable', 'CpuKernelBuildError']
+__all__ = ['forward', 'backward', 'native', 'compute_dtype', 'build', 'load', 'unavailable', 'isa', 'declines', 'arch',
+           'CpuKernelBuildError']
 
 _logger = logging.getLogger(__name__)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = [os.path.join(_HERE, name) for name in ('tiled_cpu.cpp', 'tiled_cpu_bf16.cpp')]
 _HEADER = os.path.join(_HERE, 'tiled_cpu.h')
-_CFLAGS = ['-O3', '-march=native', '-fopenmp']
+_CFLAGS = ['-O3', '-march=native', '-fopenmp']  # '-march=' + arch() in place of native (_cflags)
+ARCH_ENV = 'TIMM_LAMBDA_CPU_ARCH'
 _LDFLAGS = ['-fopenmp']
 _PREFIX = 'timm_lambda_tiled_cpu_'
 _STAMP = 'timm_lambda_build.json'  # written last by a build: its .so's size and mtime (a half-written one never loads)
@@ -65,24 +68,41 @@ def _cpu_flags() -> str:
         return next((line for line in f if line.startswith(('flags', 'Features'))), '')
 
 
+def arch() -> str:
+    """The compiler's target, ``-march=<arch>``: ``$TIMM_LAMBDA_CPU_ARCH``, default ``native`` (this CPU's whole
+    instruction set). Another value builds, and loads, a separate build: e.g. ``x86-64-v3`` (AVX2 + FMA, no AVX-512),
+    to measure or test that class of CPU on an AVX-512 machine, or a build for a cache shared by older CPUs."""
+    value = os.environ.get(ARCH_ENV, '').strip() or 'native'
+    if not re.fullmatch(r'[A-Za-z0-9][A-Za-z0-9.+-]*', value):
+        raise ValueError(f'{ARCH_ENV} must name a -march= target (e.g. native, x86-64-v3, znver3), got {value!r}')
+    return value
+
+
+def _cflags(target: Optional[str] = None) -> List[str]:
+    target = target or arch()
+    return [f'-march={target}' if flag == '-march=native' else flag for flag in _CFLAGS]
+
+
 @functools.lru_cache(maxsize=None)
-def _tags() -> Tuple[str, str, str]:
-    """The build name's three parts: the CPU (``-march=native`` code must not load on another CPU sharing the cache),
-    torch and Python (the module's ABI), and the kernel's sources and flags (torch's own check is the files' mtimes,
-    and misses the header)."""
-    sources = ' '.join(_CFLAGS + _LDFLAGS).encode()
+def _tags(target: str = 'native') -> Tuple[str, str, str]:
+    """The build name's three parts: the CPU and the target (``-march=native`` code must not load on another CPU
+    sharing the cache; a build for another ``-march`` is another CPU's, so neither supersedes the other), torch and
+    Python (the module's ABI), and the kernel's sources and flags (torch's own check is the files' mtimes, and misses
+    the header)."""
+    sources = ' '.join(_cflags('native') + _LDFLAGS).encode()
     for path in _SOURCES + [_HEADER]:
         with open(path, 'rb') as f:
             sources += f.read()
     env = f'{torch.__version__} {sys.implementation.cache_tag}{getattr(sys, "abiflags", "")}'
-    parts = (f'{platform.machine()} {_cpu_flags()}'.encode(), env.encode(), sources)
+    cpu = f'{platform.machine()} {_cpu_flags()}' + ('' if target == 'native' else f' -march={target}')
+    parts = (cpu.encode(), env.encode(), sources)
     return tuple(hashlib.sha1(p).hexdigest()[:8] for p in parts)
 
 
-def _name() -> str:
-    """The extension's name, also its folder in torch's extension cache: ``timm_lambda_tiled_cpu_<cpu>_<torch and
-    python>_<source>``."""
-    return _PREFIX + '_'.join(_tags())
+def _name(target: Optional[str] = None) -> str:
+    """The extension's name, also its folder in torch's extension cache: ``timm_lambda_tiled_cpu_<cpu and
+    target>_<torch and python>_<source>`` (target: :func:`arch`)."""
+    return _PREFIX + '_'.join(_tags(target or arch()))
 
 
 def _command() -> str:
@@ -173,12 +193,12 @@ def _import(name: str, path: str):
     return module
 
 
-def _load(build_dir: Optional[str]) -> Tuple[Optional[object], Optional[str]]:
-    """The complete build in ``build_dir`` (its .so as its stamp records it; one being written, or left half written
-    by a killed build, differs) imported, and None; or None and why not."""
+def _load(build_dir: Optional[str], name: Optional[str] = None) -> Tuple[Optional[object], Optional[str]]:
+    """The complete build ``name`` (default :func:`_name`) in ``build_dir`` (its .so as its stamp records it; one being
+    written, or left half written by a killed build, differs) imported, and None; or None and why not."""
     if build_dir is None:
         return None, _not_built(None)
-    name = _name()
+    name = name or _name()
     path, stamp = os.path.join(build_dir, name + '.so'), os.path.join(build_dir, _STAMP)
     try:
         with open(stamp) as f:
@@ -209,11 +229,12 @@ def _compile(cpp_extension, name: str, build_dir: str, verbose: bool):
         os.remove(path)  # not stamped: half written by a killed build, or it does not load; ninja would keep it
     _logger.info("timm_lambda: building the tiled form's CPU kernel (about 40 s on 2 cores) into %s", build_dir)
     t0 = time.monotonic()
-    kernel = cpp_extension.load(name, _SOURCES, extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS,
+    kernel = cpp_extension.load(name, _SOURCES, extra_cflags=_cflags(), extra_ldflags=_LDFLAGS,
                                 build_directory=build_dir, verbose=verbose)
     st = os.stat(path)
     stamp = dict(size=st.st_size, mtime_ns=st.st_mtime_ns, torch=torch.__version__,
-                 python=platform.python_version(), bf16=bool(kernel.bf16), seconds=round(time.monotonic() - t0, 1),
+                 python=platform.python_version(), bf16=bool(kernel.bf16), arch=arch(),
+                 isa_macros=list(getattr(kernel, 'isa_macros', list)()), seconds=round(time.monotonic() - t0, 1),
                  built=time.strftime('%Y-%m-%d %H:%M:%S'))
     tmp = os.path.join(build_dir, f'{_STAMP}.{os.getpid()}')
     with open(tmp, 'w') as f:
@@ -319,6 +340,14 @@ def load():
     return _kernel
 
 
+def load_target(target: str):
+    """The complete build for ``-march=<target>`` (see :func:`arch`; built by ``TIMM_LAMBDA_CPU_ARCH=<target> python -m
+    timm_lambda.build_cpu_kernel``) loaded without compiling, or None; it does not serve (a benchmark or test compares
+    builds side by side in one process: tools/benchmark_cpu_isa.py)."""
+    name = _name(target)
+    return _load(_build_dir(name), name)[0]
+
+
 def _look_up():
     """:func:`load` once per process."""
     global _looked_up
@@ -347,6 +376,45 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype the kernel computes a ``dtype`` input in: itself for float32, float64 and :func:`native` bfloat16,
     else float32."""
     return dtype if dtype in (torch.float32, torch.float64) or native(dtype) else torch.float32
+
+
+_ISA_OF_MACROS = (('avx512_bf16', {'__AVX512BF16__', '__AVX512F__'}), ('avx512', {'__AVX512F__'}),
+                  ('avx2', {'__AVX2__', '__FMA__'}), ('neon', {'__ARM_NEON'}))
+_ISA_OF_FLAGS = (('avx512_bf16', {'avx512_bf16', 'avx512f'}), ('avx512', {'avx512f'}), ('avx2', {'avx2', 'fma'}),
+                 ('neon', {'asimd'}))
+ISA_NAMES = dict(avx512_bf16='AVX-512 BF16', avx512='AVX-512', avx2='AVX2 + FMA', neon='NEON',
+                 none='no AVX2 + FMA')
+FAST_ISAS = ('avx512_bf16', 'avx512', 'avx2')  # where the kernel's vectors outrun the gemm backend's GEMMs
+_16_BIT = (torch.float16, torch.bfloat16)
+
+
+def isa() -> str:
+    """The instruction set the kernel computes with: ``'avx512_bf16'``, ``'avx512'``, ``'avx2'`` (AVX2 + FMA, 8 float32
+    lanes), ``'neon'`` or ``'none'`` (e.g. SSE only). Read from the loaded build's compiler macros
+    (``isa_macros()``: which of ``__AVX512BF16__``, ``__AVX512F__``, ``__AVX2__``, ``__FMA__``, ``__ARM_NEON`` the
+    compiler defined); where none is loaded, from this CPU's flags (a ``-march=native`` build's)."""
+    _look_up()
+    if _kernel is not None and hasattr(_kernel, 'isa_macros'):
+        have, table = set(_kernel.isa_macros()), _ISA_OF_MACROS
+    else:
+        have, table = set(_cpu_flags().partition(':')[2].split()), _ISA_OF_FLAGS
+    return next((name for name, needs in table if needs <= have), 'none')
+
+
+def declines(dtype: torch.dtype, step: int) -> Optional[str]:
+    """Why ``'auto'`` passes over the kernel for a call of ``dtype`` at ``step`` (1 or 2) although it could compute
+    it, a reason starting ``'auto: '`` that names the instruction set; None where the kernel is the fast choice
+    (measured: tools/benchmark_cpu_isa.py, docs/benchmarks.md, "CPU"). The kernel's vectors are the instruction set's
+    (:func:`isa`): without AVX2 and FMA (SSE, NEON) the gemm backend's GEMMs, by the BLAS's tuned kernels, are faster;
+    a 16-bit stride-2 call without AVX-512 BF16 runs in float32 slower than the gemm backend's 16-bit GEMMs."""
+    name = isa()
+    if name not in FAST_ISAS:
+        return (f"auto: the CPU kernel was built for {ISA_NAMES[name]} ({arch()}), without AVX2 and FMA; the gemm "
+                "backend's GEMMs are faster here (docs/benchmarks.md)")
+    if step == 2 and dtype in _16_BIT and not native(dtype):
+        return (f"auto: the CPU kernel was built for {ISA_NAMES[name]}, without AVX-512 BF16: a 16-bit stride-2 call "
+                "runs faster as the gemm backend's 16-bit GEMMs than in float32 here (docs/benchmarks.md)")
+    return None
 
 
 def _module():

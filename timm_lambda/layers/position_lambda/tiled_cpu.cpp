@@ -34,12 +34,14 @@ __attribute__((noinline)) void logit_grad_tile(const T* __restrict gy, int64_t V
 template <typename T>
 void run_logit_grads(const T* gy, int64_t H, int64_t V, const T* v, int64_t bs, int64_t ps, int64_t step, int64_t KWq,
                      T* glt) {
-  constexpr int Q = QVec<T>::lanes, KB = QVec<T>::columns;
+  constexpr int Q = QVec<T>::lanes, KB = QVec<T>::columns, MB = QVec<T>::rows;
   for (int64_t kx0 = 0; kx0 < KWq; kx0 += KB) {
     int64_t off[KB];
     for (int k = 0; k < KB; ++k) off[k] = (kx0 + k) % step * ps + (kx0 + k) / step;
     int64_t h = 0;
-    for (; h + 4 <= H; h += 4) logit_grad_tile<T, 4, KB>(gy + h * V * Q, V, v, bs, off, glt + (h * KWq + kx0) * Q, KWq);
+    if constexpr (MB > 1)
+      for (; h + MB <= H; h += MB)
+        logit_grad_tile<T, MB, KB>(gy + h * V * Q, V, v, bs, off, glt + (h * KWq + kx0) * Q, KWq);
     for (; h < H; ++h) logit_grad_tile<T, 1, KB>(gy + h * V * Q, V, v, bs, off, glt + (h * KWq + kx0) * Q, KWq);
   }
 }
@@ -76,7 +78,7 @@ template <typename T>
 void aggregate(const T* L, int64_t ls, const T* v, int64_t vo, int64_t H, int64_t U, const Scope& sc, int64_t rs,
                int64_t V, const Content<T>& content, T* out, int64_t osj, int64_t osh) {
   auto rows = [&](int64_t h) { return Content<T>{content.q + h * content.qs, content.qs, content.lc, content.C}; };
-  for_tiles<Vec<T>::lanes, 4>(
+  for_tiles<Vec<T>::lanes, TILE_ROWS>(
       H, V,
       [&](auto mb, auto nv, int64_t h, int64_t j) {
         aggregate_tile<T, decltype(mb)::value, decltype(nv)::value>(L + h * ls, ls, v, vo, U, sc, rs, V, j, rows(h),
@@ -121,7 +123,7 @@ __attribute__((noinline)) void scatter_tile(const T* __restrict L, int64_t ls, c
 
 template <typename T>
 void scatter(const T* L, int64_t ls, const T* gy, int64_t H, int64_t V, T* v, int64_t U, const Scope& sc, int64_t rs) {
-  for_tiles<Vec<T>::lanes, 4>(
+  for_tiles<Vec<T>::lanes, TILE_ROWS>(
       H, V,
       [&](auto mb, auto nv, int64_t h, int64_t j) {
         scatter_tile<T, decltype(mb)::value, decltype(nv)::value>(L + h * ls, ls, gy + h * V, V, v, U, sc, rs, j);
@@ -291,6 +293,8 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("tiled_forward", &tiled_forward);
   m.def("tiled_backward", &tiled_backward);
+  m.def("isa_macros", &tiled_cpu::isa_macros);
+  m.attr("vector_bytes") = TILED_CPU_VECTOR_BYTES;
 #if defined(__AVX512BF16__)
   m.def("tiled_forward_bf16", &tiled_forward_bf16);
   m.def("tiled_backward_bf16", &tiled_backward_bf16);

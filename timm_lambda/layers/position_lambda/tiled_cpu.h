@@ -17,35 +17,82 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace tiled_cpu {
 
+// The vector width and register tiles follow the instruction set the compiler targets: 64 bytes and 32 registers
+// with AVX-512, 32 bytes and 16 registers with AVX (AVX2 + FMA: 8 float32 lanes), 16 bytes elsewhere (SSE: 16
+// registers, NEON: 32). A tile of TILE_ROWS x TILE_VECS accumulators plus its TILE_VECS operands and one broadcast
+// fits the registers (a wider vector than the ISA's is split in two and the tiles spill: 3x slower on AVX2).
+#if defined(__AVX512F__)
+#define TILED_CPU_VECTOR_BYTES 64
+#define TILED_CPU_TILE_VECS 4
+#elif defined(__AVX__)
+#define TILED_CPU_VECTOR_BYTES 32
+#define TILED_CPU_TILE_VECS 2
+#else
+#define TILED_CPU_VECTOR_BYTES 16
+#define TILED_CPU_TILE_VECS 2
+#endif
+constexpr int TILE_ROWS = 4, TILE_VECS = TILED_CPU_TILE_VECS;
 template <typename T> struct Vec {
-  static constexpr int lanes = 64 / sizeof(T);
-  typedef T type __attribute__((vector_size(64)));
+  static constexpr int lanes = TILED_CPU_VECTOR_BYTES / sizeof(T);
+  typedef T type __attribute__((vector_size(TILED_CPU_VECTOR_BYTES)));
 };
 template <typename T> using vec_t = typename Vec<T>::type;
 template <typename T> inline vec_t<T> loadv(const T* p) { vec_t<T> v; std::memcpy(&v, p, sizeof(v)); return v; }
 template <typename T> inline void storev(T* p, vec_t<T> v) { std::memcpy(p, &v, sizeof(v)); }
+// Keep a vector operand in one register: GCC would otherwise reload it from memory for every FMA (a vector wider than
+// a register, float64's 8 lanes on AVX2, is left alone)
+template <typename V> inline __attribute__((always_inline)) void keep_in_register(V& x) {
+  if constexpr (sizeof(V) <= TILED_CPU_VECTOR_BYTES) {
 #if defined(__AVX512F__)
-#define KEEP_IN_REGISTER(x) __asm__("" : "+v"(x))  // GCC would otherwise reload it from memory for every FMA
-#else
-#define KEEP_IN_REGISTER(x)
+    __asm__("" : "+v"(x));
+#elif defined(__SSE2__)
+    __asm__("" : "+x"(x));
+#elif defined(__aarch64__)
+    __asm__("" : "+w"(x));
 #endif
+  }
+}
+#define KEEP_IN_REGISTER(x) keep_in_register(x)
+
+// Which of the instruction-set macros the compiler defined (cpu_kernel.isa() reads them from the built module)
+inline std::vector<std::string> isa_macros() {
+  std::vector<std::string> m;
+#if defined(__AVX512BF16__)
+  m.push_back("__AVX512BF16__");
+#endif
+#if defined(__AVX512F__)
+  m.push_back("__AVX512F__");
+#endif
+#if defined(__AVX2__)
+  m.push_back("__AVX2__");
+#endif
+#if defined(__FMA__)
+  m.push_back("__FMA__");
+#endif
+#if defined(__ARM_NEON)
+  m.push_back("__ARM_NEON");
+#endif
+  return m;
+}
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// The walk of the kernels' head x channel tiles: rows in blocks of MB (then 1), channels in blocks of 4 W lanes (then
+// The walk of the kernels' head x channel tiles: rows in blocks of MB (then 1), channels in blocks of NV W lanes (then
 // W); tile(mb, nv, h, j) runs one block (mb, nv: std::integral_constant), rest(mb, h, j) one channel past the last
 // whole vector
-template <int W, int MB, typename Tile, typename Rest>
+template <int W, int MB, int NV = TILE_VECS, typename Tile, typename Rest>
 void for_tiles(int64_t rows, int64_t V, Tile tile, Rest rest) {
   auto cols = [&](int64_t h, auto mb) {
     int64_t j = 0;
-    for (; j + 4 * W <= V; j += 4 * W) tile(mb, std::integral_constant<int, 4>(), h, j);
+    if constexpr (NV > 1)
+      for (; j + NV * W <= V; j += NV * W) tile(mb, std::integral_constant<int, NV>(), h, j);
     for (; j + W <= V; j += W) tile(mb, std::integral_constant<int, 1>(), h, j);
     for (; j < V; ++j) rest(mb, h, j);
   };
@@ -83,15 +130,21 @@ void gemm(const T* a, int64_t as, int64_t ak, const T* b, int64_t bs, int64_t M,
     for (; m < M; ++m) gemm_tile<T, 1, NV, ACC>(a + m * as, as, ak, b, bs, K, n, out + m * os, os);
   };
   int64_t n = 0;
-  for (; n + 4 * W <= N; n += 4 * W) tile(n, std::integral_constant<int, 4>());
+  if constexpr (TILE_VECS >= 4)
+    for (; n + 4 * W <= N; n += 4 * W) tile(n, std::integral_constant<int, 4>());
   for (; n + 2 * W <= N; n += 2 * W) tile(n, std::integral_constant<int, 2>());
   for (; n < N; n += W) tile(n, std::integral_constant<int, 1>());
 }
 
 // The logit gradients of a run's queries, one query per lane (8 lanes): whole vectors at any scope width, in blocks
-// of `columns` scope columns
+// of `columns` scope columns and `rows` heads (rows x columns accumulators: 24 of AVX-512's 32 registers, 12 of
+// AVX2's 16 in float32, float64's 8 lanes taking two)
 template <typename T> struct QVec {
-  static constexpr int lanes = 8, columns = 6;
+#if defined(__AVX512F__)
+  static constexpr int lanes = 8, columns = 6, rows = 4;
+#else
+  static constexpr int lanes = 8, columns = 6, rows = 8 * sizeof(T) > TILED_CPU_VECTOR_BYTES ? 1 : 2;
+#endif
   typedef T type __attribute__((vector_size(8 * sizeof(T))));
 };
 template <typename T> using qvec_t = typename QVec<T>::type;
