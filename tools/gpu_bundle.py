@@ -11,7 +11,8 @@ one folder; ``install`` runs on the GPU machine and installs it with ``pip insta
 The folder: ``wheels/`` (every wheel the detection and timm checks need that the target image lacks, for the
 target's Python and platform, at the versions of constraints.txt; and mmcv with CUDA ops compiled for the target's
 torch and GPU architecture), ``timm_scripts/`` (timm's train.py, validate.py and benchmark.py at the pinned timm
-version: they are not in timm's wheel or sdist) and ``MANIFEST.json`` (command, date, target, files and sha256).
+version's tag, or an error naming the tag: they are not in timm's wheel or sdist) and ``MANIFEST.json`` (command,
+date, target, files and sha256).
 
 mmcv: PyPI has only its sdist and its CUDA ops must match the target torch exactly. ``build`` takes, in order,
 ``--mmcv-wheel`` (a file or a folder), a folder named ``cp<py>-torch<torch>-cu<cuda>-sm<arch>`` under a
@@ -102,35 +103,38 @@ def download_wheels(out: str, python: str, versions: dict, pip=None) -> list:
 
 
 def timm_scripts(out: str, version: str, repo=None) -> str:
-    """Copy timm's scripts at ``version`` into ``out`` from ``repo`` (a clone; its tag ``v<version>`` if it has it,
-    else its checked-out tree), or from a shallow clone of the tag. Returns where they came from."""
+    """Copy timm's scripts at its tag ``v<version>`` into ``out``, from ``repo`` (a git clone holding that tag) or
+    from a shallow clone of the tag. A clone without the tag, or a folder that is no git clone, is an error naming
+    the tag: the scripts must match the pinned timm (a clone's checked-out tree could be any version). Returns where
+    they came from (the tag and its commit)."""
+    tag = f'v{version}'
     os.makedirs(out, exist_ok=True)
     tmp = None
     if repo is None:
         tmp = tempfile.mkdtemp()
         repo = os.path.join(tmp, 'timm')
-        log(f'cloning {TIMM_GIT} at v{version}')
-        subprocess.run(['git', 'clone', '-q', '--depth', '1', '--branch', f'v{version}', TIMM_GIT, repo], check=True)
+        log(f'cloning {TIMM_GIT} at {tag}')
+        r = subprocess.run(['git', 'clone', '-q', '--depth', '1', '--branch', tag, TIMM_GIT, repo],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise SystemExit(f'[gpu_bundle] could not clone timm\'s tag {tag} (the pinned timm=={version}) from '
+                             f'{TIMM_GIT}: {r.stderr.strip()[-500:]}')
     try:
-        tag = f'v{version}'
         has_tag = subprocess.run(['git', '-C', repo, 'rev-parse', '-q', '--verify', f'{tag}^{{commit}}'],
                                  capture_output=True, text=True)
-        ref = tag if has_tag.returncode == 0 else 'HEAD'
-        commit = subprocess.run(['git', '-C', repo, 'rev-parse', ref], capture_output=True, text=True).stdout.strip()
+        if has_tag.returncode != 0:
+            raise SystemExit(f'[gpu_bundle] --timm-repo {repo} has no tag {tag} (the pinned timm=={version}; '
+                             f'constraints.txt): fetch it (git -C {repo} fetch origin tag {tag}) or leave out '
+                             '--timm-repo to clone the tag')
+        commit = has_tag.stdout.strip()
         for name in TIMM_SCRIPTS:
-            blob = subprocess.run(['git', '-C', repo, 'show', f'{ref}:{name}'], capture_output=True, check=False)
-            if blob.returncode == 0:
-                with open(os.path.join(out, name), 'wb') as f:
-                    f.write(blob.stdout)
-            elif os.path.isfile(os.path.join(repo, name)):  # not a git repository: a plain copy of the tree
-                shutil.copy(os.path.join(repo, name), os.path.join(out, name))
-                commit = commit or 'unversioned copy'
-            else:
-                raise SystemExit(f'--timm-repo {repo} has no {name}')
-        where = f'{TIMM_GIT} {ref} ({commit or "?"})'
-        if ref == 'HEAD':
-            log(f'WARNING: {repo} has no tag {tag}; took its checked-out scripts ({commit})')
-        return where
+            blob = subprocess.run(['git', '-C', repo, 'show', f'{tag}:{name}'], capture_output=True)
+            if blob.returncode != 0:
+                raise SystemExit(f'[gpu_bundle] timm\'s tag {tag} in {repo} has no {name}')
+            with open(os.path.join(out, name), 'wb') as f:
+                f.write(blob.stdout)
+        return f'{TIMM_GIT} {tag} ({commit})'
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -226,11 +230,19 @@ def install(args) -> list:
         log(shlex.join(cmd) if not args.dry_run else 'dry run: ' + shlex.join(cmd))
         if not args.dry_run:
             subprocess.run(cmd, check=True)
+    record = dict(ok=False, dry_run=bool(args.dry_run), bundle=bundle, wheels=[os.path.basename(p) for p in todo],
+                  commands=[shlex.join(c) for c in steps])
     if not args.dry_run:
-        subprocess.run([sys.executable, '-c', 'from mmcv.ops import RoIAlign, nms; import mmdet, timm, timm_lambda; '
-                        'import importlib.metadata as m; print("[gpu_bundle] installed:", ", ".join(f"{d} " '
-                        '+ m.version(d) for d in ("torch", "timm", "mmcv", "mmengine", "mmdet", "timm-lambda")))'],
-                       check=True, cwd='/')
+        check = subprocess.run(
+            [sys.executable, '-c', 'from mmcv.ops import RoIAlign, nms; import mmdet, timm, timm_lambda, json; '
+             'import importlib.metadata as m; print(json.dumps({d: m.version(d) for d in ("torch", "timm", "mmcv", '
+             '"mmengine", "mmdet", "timm-lambda")}))'], check=True, cwd='/', capture_output=True, text=True)
+        record['versions'] = json.loads(check.stdout.strip().splitlines()[-1])
+        log('installed: ' + ', '.join(f'{k} {v}' for k, v in record['versions'].items()))
+    record['ok'] = True  # every command above ran (check=True) and, on a real install, the stack imports
+    if args.record:
+        with open(args.record, 'w') as f:
+            json.dump(record, f, indent=1)
     return steps
 
 
@@ -250,6 +262,7 @@ def main(argv=None):
     i = sub.add_parser('install', help='on the GPU machine: install the bundle and this checkout, offline')
     i.add_argument('--bundle', default='gpu_bundle')
     i.add_argument('--dry-run', action='store_true', help='check the bundle and print the pip commands only')
+    i.add_argument('--record', default=None, help='a JSON file: what was installed, and ok once the stack imports')
     args = p.parse_args(argv)
     args.argv = argv
     return build(args) if args.what == 'build' else install(args)
