@@ -102,12 +102,15 @@ def download_wheels(out: str, python: str, versions: dict, pip=None) -> list:
     return reqs
 
 
-def timm_scripts(out: str, version: str, repo=None) -> str:
+def timm_scripts(out: str, version: str, repo=None, ref=None) -> str:
     """Copy timm's scripts at its tag ``v<version>`` into ``out``, from ``repo`` (a git clone holding that tag) or
     from a shallow clone of the tag. A clone without the tag, or a folder that is no git clone, is an error naming
-    the tag: the scripts must match the pinned timm (a clone's checked-out tree could be any version). Returns where
-    they came from (the tag and its commit)."""
+    the tag: the scripts must match the pinned timm (a clone's checked-out tree could be any version). ``ref``
+    (``--timm-ref``, with ``repo``): another ref, named by the caller and recorded as not the pinned tag. Returns
+    where they came from (the ref and its commit)."""
     tag = f'v{version}'
+    if ref is not None and repo is None:
+        raise SystemExit('[gpu_bundle] --timm-ref needs --timm-repo (a clone holding that ref)')
     os.makedirs(out, exist_ok=True)
     tmp = None
     if repo is None:
@@ -121,19 +124,26 @@ def timm_scripts(out: str, version: str, repo=None) -> str:
             raise SystemExit(f'[gpu_bundle] could not clone timm\'s tag {tag} (the pinned timm=={version}) from '
                              f'{TIMM_GIT}: {r.stderr.strip()[-500:]}')
     try:
-        has_tag = subprocess.run(['git', '-C', repo, 'rev-parse', '-q', '--verify', f'{tag}^{{commit}}'],
+        use = ref or tag
+        has_tag = subprocess.run(['git', '-C', repo, 'rev-parse', '-q', '--verify', f'{use}^{{commit}}'],
                                  capture_output=True, text=True)
         if has_tag.returncode != 0:
+            if ref is not None:
+                raise SystemExit(f'[gpu_bundle] --timm-repo {repo} has no ref {ref} (--timm-ref)')
             raise SystemExit(f'[gpu_bundle] --timm-repo {repo} has no tag {tag} (the pinned timm=={version}; '
-                             f'constraints.txt): fetch it (git -C {repo} fetch origin tag {tag}) or leave out '
-                             '--timm-repo to clone the tag')
+                             f'constraints.txt): fetch it (git -C {repo} fetch origin tag {tag}), leave out '
+                             '--timm-repo to clone the tag, or name another ref with --timm-ref (recorded as not the '
+                             'pinned tag), or build with --no-timm-scripts (the GPU check then skips timm\'s scripts)')
         commit = has_tag.stdout.strip()
         for name in TIMM_SCRIPTS:
-            blob = subprocess.run(['git', '-C', repo, 'show', f'{tag}:{name}'], capture_output=True)
+            blob = subprocess.run(['git', '-C', repo, 'show', f'{use}:{name}'], capture_output=True)
             if blob.returncode != 0:
-                raise SystemExit(f'[gpu_bundle] timm\'s tag {tag} in {repo} has no {name}')
+                raise SystemExit(f'[gpu_bundle] timm\'s {use} in {repo} has no {name}')
             with open(os.path.join(out, name), 'wb') as f:
                 f.write(blob.stdout)
+        if ref is not None:
+            log(f'timm\'s scripts from {ref} ({commit}), not the pinned tag {tag}: --timm-ref')
+            return f'{TIMM_GIT} {ref} ({commit}), NOT the pinned tag {tag} (--timm-ref)'
         return f'{TIMM_GIT} {tag} ({commit})'
     finally:
         if tmp:
@@ -160,10 +170,16 @@ def build(args) -> dict:
             '--build-mmcv to build one here (~22 min on 2 cores), or build it on the GPU machine (docs/install.md)')
     if os.path.dirname(os.path.abspath(mmcv)) != wheels:
         shutil.copyfile(mmcv, os.path.join(wheels, os.path.basename(mmcv)))
-    scripts_from = timm_scripts(os.path.join(out, 'timm_scripts'), versions['timm'], args.timm_repo)
+    if args.no_timm_scripts:
+        shutil.rmtree(os.path.join(out, 'timm_scripts'), ignore_errors=True)
+        scripts_from = None
+        log('no timm scripts (--no-timm-scripts): the GPU check records its timm steps as not run')
+    else:
+        scripts_from = timm_scripts(os.path.join(out, 'timm_scripts'), versions['timm'], args.timm_repo,
+                                    args.timm_ref)
     files = {}
     for folder in ('wheels', 'timm_scripts'):
-        for name in sorted(os.listdir(os.path.join(out, folder))):
+        for name in sorted(os.listdir(os.path.join(out, folder))) if os.path.isdir(os.path.join(out, folder)) else []:
             files[f'{folder}/{name}'] = sha256(os.path.join(out, folder, name))
     manifest = dict(command=shlex.join(['python', 'tools/gpu_bundle.py'] + sys.argv[2:] if args.argv is None
                                        else ['python', 'tools/gpu_bundle.py'] + args.argv),
@@ -258,6 +274,10 @@ def main(argv=None):
     b.add_argument('--find-links', action='append', help='a folder to look for the mmcv wheel in (or PIP_FIND_LINKS)')
     b.add_argument('--build-mmcv', action='store_true', help='build mmcv here when no wheel is found (~22 min)')
     b.add_argument('--timm-repo', default=None, help="a clone of timm's repository (default: clone the pinned tag)")
+    b.add_argument('--timm-ref', default=None, help="with --timm-repo: timm's scripts from this ref, not the pinned "
+                   'tag (recorded so in MANIFEST.json)')
+    b.add_argument('--no-timm-scripts', action='store_true', help="a bundle without timm's scripts (no clone with "
+                   "the pinned tag here): the GPU check records timm's steps as not run")
     b.add_argument('--pip', default=None, help='the pip command (default: this Python\'s pip)')
     i = sub.add_parser('install', help='on the GPU machine: install the bundle and this checkout, offline')
     i.add_argument('--bundle', default='gpu_bundle')
