@@ -150,3 +150,24 @@ def test_cifar_models_take_any_norm_layer_timm_accepts(norm_layer):
     out = model(torch.randn(2, 3, 32, 32))
     assert out.shape == (2, 3)
     out.sum().backward()
+
+
+@pytest.mark.filterwarnings('ignore::FutureWarning', 'ignore::RuntimeWarning', 'ignore::UserWarning')
+def test_report_model_traced_or_scripted_refuses_a_larger_input_as_eager_mode_does():
+    """A jit.trace keeps tensor ops only: the model's size check is then an operator of the graph
+    (``timm_lambda::checked_input_size``), so a traced model that meets a larger input raises eager mode's message
+    (in TorchScript's RuntimeError), not an index error from deep inside a layer; a scripted model runs the check
+    itself. Both still serve the sizes the table covers."""
+    model = timm.create_model('resnet50_lambda_global32').eval()
+    with torch.no_grad():
+        traced = torch.jit.trace(model, torch.randn(1, 3, 32, 32))
+        scripted = torch.jit.script(model)
+        message = (r'input of 64x48 px is larger than this global-scope model covers \(32x32 px, from '
+                   r'img_size=\(32, 32\)\): create it with img_size=\(H, W\) of the largest input')
+        for run in (traced, scripted):
+            with pytest.raises(Exception, match=message) as e:
+                run(torch.randn(1, 3, 64, 48))
+            assert 'index out of range' not in str(e.value)
+            assert run(torch.randn(2, 3, 24, 24)).shape == (2, 10)
+            x = torch.randn(1, 3, 32, 32)
+            torch.testing.assert_close(run(x), model(x))

@@ -161,10 +161,16 @@ class LambdaResNet(HybridResNet):
                                    min(reductions[seen] * sizes[table][1] for table, seen in layers_seen))
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """timm's ResNet.forward_features, after checking a global-scope model's input size (the check is an FX leaf
-        and skipped by TorchScript and jit.trace)."""
-        if not torch.jit.is_scripting() and not torch.jit.is_tracing():
+        """timm's ResNet.forward_features, after checking a global-scope model's input size: the same ValueError in
+        eager mode, TorchScript and torch.export; in a jit.trace, whose graph keeps tensor ops only, as the operator
+        ``timm_lambda::checked_input_size`` (its message in the RuntimeError the graph raises; not in ONNX graphs);
+        an FX leaf for timm's feature extraction."""
+        if torch.jit.is_scripting():  # (TorchScript compiles this branch alone)
             check_input_size(x, self.max_input_size, self.global_img_size)
+        elif not torch.jit.is_tracing():
+            check_input_size(x, self.max_input_size, self.global_img_size)
+        elif self.max_input_size is not None and not torch.onnx.is_in_onnx_export():
+            x = _checked_input_size(x, self.max_input_size[0], self.max_input_size[1], str(self.global_img_size))
         x = self.conv1(x)
         x = self.bn1(x)
         x = self.act1(x)
@@ -187,6 +193,19 @@ def check_input_size(x: torch.Tensor, max_size: Optional[Tuple[int, int]], img_s
                          f'({max_size[0]}x{max_size[1]} px, from img_size={img_size}): create it with img_size=(H, W) '
                          f'of the largest input, e.g. timm.create_model(name, img_size=({x.shape[-2]}, '
                          f'{x.shape[-1]})), or use a local scope')
+
+
+@torch.library.custom_op('timm_lambda::checked_input_size', mutates_args=())
+def _checked_input_size(x: torch.Tensor, max_h: int, max_w: int, img_size: str) -> torch.Tensor:
+    """:func:`check_input_size` as an operator, for jit.trace (a traced graph keeps tensor ops only; an op with no
+    output would be dropped from it): ``x`` (a copy) where it fits ``(max_h, max_w)``, else the same ValueError."""
+    check_input_size(x, (max_h, max_w), img_size)  # type: ignore[arg-type]  (img_size printed as the tuple was)
+    return x.clone()
+
+
+@_checked_input_size.register_fake
+def _(x, max_h, max_w, img_size):
+    return torch.empty_like(x)
 
 
 register_notrace_function(check_input_size)  # an FX leaf for timm's feature extraction
