@@ -415,26 +415,6 @@ def test_constant_block_index_equals_the_graph_one(tile, step, kh, kw):
     assert torch.equal(torch.as_tensor(RE._block_index_array(tile, step, kh, kw)), expected)
 
 
-def test_index_cache_is_bounded():
-    """The dense index cache: the same embeddings as an index built per call, at most 16 sizes kept, none built
-    under inference mode (a later training step saves it for backward), none kept for a large input."""
-    from timm_lambda.layers import relative_embedding as RE
-    cache = RE._dense_index_cached
-    table = torch.randn(2, 1, 5, 5)
-    with torch.inference_mode():
-        for size in range(1, 40):
-            expected = RE.dense_embedding(table, size, 3, True)
-            assert torch.equal(RE.dense_embedding_cached(table, size, 3, True), expected)
-        hits = cache.cache_info().hits
-        RE.dense_embedding_cached(table, 39, 3, True)
-        assert cache.cache_info().hits == hits + 1
-    assert cache.cache_info().currsize <= cache.cache_info().maxsize == 16
-    assert not cache(39, 3, 5, 5, True, table.device).is_inference()
-    before = cache.cache_info()
-    RE.dense_embedding_cached(table, 60, 70, True)  # 17.6M entries: not kept
-    assert cache.cache_info().misses == before.misses and cache.cache_info().currsize == before.currsize
-
-
 def _operator_inputs(impl, dtype=torch.float64):
     """Inputs of the custom operator of ``impl``, as test_opcheck_operators's (non-contiguous where it matters)."""
     g = torch.Generator().manual_seed(0)

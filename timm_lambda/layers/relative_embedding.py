@@ -6,7 +6,6 @@ scope (section 3.4; outside it the embeddings are zero), every offset of the lar
 The table is directly the weight of the lambda convolution (appendix C.1). The functions below turn it into the
 embeddings an ``H x W`` input uses, in shape arithmetic only, so a trace made at one size serves every size.
 """
-import functools
 from typing import List, Optional
 
 import numpy as np
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checks import Size2, check_max_size, check_scope, to_int, to_pair
+from .size_cache import SizeCache
 
 __all__ = ['RelativePositionEmbedding', 'table_for_input', 'dense_index', 'dense_embedding', 'dense_embedding_cached',
            'block_embedding', 'block_index']
@@ -63,7 +63,8 @@ def table_for_input(table: torch.Tensor, height: int, width: int, global_scope: 
 
     A local table is used whole (offsets beyond the input meet zero padding). A global table is cut to offsets
     ``[-(H-1), H-1] x [-(W-1), W-1]`` by an index gather: an input larger than the table raises a ValueError naming
-    ``max_size``, or in a traced graph an index error, never a silently shorter context.
+    ``max_size``, or in a traced graph an index error (a global-scope model checks its input first, in traces too:
+    ``timm_lambda.models.lambda_resnet.check_input_size``), never a silently shorter context.
     """
     if not global_scope:
         return table
@@ -106,19 +107,28 @@ def dense_embedding(table: torch.Tensor, height: int, width: int, masked: bool =
     return flat.index_select(2, index).reshape(k, u, height * width, height * width)
 
 
-@functools.lru_cache(maxsize=16)
+# The dense form's gather indices kept (int64, (H W)^2 entries each): at most 64 MiB and 16 sizes in all, none of
+# more than 2^22 entries (32 MiB, a 45x45 input); block indices (numpy, per tile and table size): at most 16 MiB
+DENSE_INDEX_CACHE = SizeCache(max_bytes=64 << 20, max_entries=16)
+DENSE_INDEX_MAX_ENTRIES = 1 << 22
+BLOCK_INDEX_CACHE = SizeCache(max_bytes=16 << 20, max_entries=16)
+
+
 def _dense_index_cached(height: int, width: int, table_h: int, table_w: int, masked: bool,
                         device: torch.device) -> torch.Tensor:
-    with torch.inference_mode(False):  # a later training step may save it for backward
-        return dense_index(height, width, table_h, table_w, masked, device)
+    def build():
+        with torch.inference_mode(False):  # a later training step may save it for backward
+            return dense_index(height, width, table_h, table_w, masked, device)
+    return DENSE_INDEX_CACHE.get((height, width, table_h, table_w, masked, device), build)
 
 
 @torch.jit.unused
 def dense_embedding_cached(table: torch.Tensor, height: int, width: int, masked: bool) -> torch.Tensor:
-    """:func:`dense_embedding` with its index built once per input size (the last 16 sizes up to 45x45, 2^22
-    entries, kept): for eager runs. Compiled code builds the index in its graph (dynamo ignores an lru_cache)."""
+    """:func:`dense_embedding` with its index built once per input size (kept for inputs up to 45x45, 2^22 entries,
+    at most 64 MiB and 16 sizes in all: :data:`DENSE_INDEX_CACHE`): for eager runs. Compiled code builds the index
+    in its graph (dynamo does not trace into the cache)."""
     index = None
-    if not torch.compiler.is_compiling() and (height * width) ** 2 <= 1 << 22:
+    if not torch.compiler.is_compiling() and (height * width) ** 2 <= DENSE_INDEX_MAX_ENTRIES:
         index = _dense_index_cached(height, width, table.shape[2], table.shape[3], masked, table.device)
     return dense_embedding(table, height, width, masked, index)
 
@@ -135,9 +145,14 @@ def block_index(tile: int, step: int, table_h: int, table_w: int, device: torch.
     return index.reshape(tile * tile * mh * mw)
 
 
-@functools.lru_cache(maxsize=16)
 def _block_index_array(tile: int, step: int, table_h: int, table_w: int) -> np.ndarray:
-    """:func:`block_index` as numpy data, never traced or fake (TorchScript, which has no numpy, uses the torch one)."""
+    """:func:`block_index` as numpy data, never traced or fake (TorchScript, which has no numpy, uses the torch one);
+    kept in :data:`BLOCK_INDEX_CACHE`."""
+    return BLOCK_INDEX_CACHE.get((tile, step, table_h, table_w),
+                                 lambda: _block_index_numpy(tile, step, table_h, table_w))
+
+
+def _block_index_numpy(tile: int, step: int, table_h: int, table_w: int) -> np.ndarray:
     mh, mw = step * (tile - 1) + table_h, step * (tile - 1) + table_w
     q = np.arange(tile)
     ey = np.arange(mh)[None, :] - step * q[:, None]
