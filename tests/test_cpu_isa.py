@@ -6,6 +6,7 @@ another target (``TIMM_LAMBDA_CPU_ARCH``) is a separate module that says which I
 The AVX2 build is checked on any x86-64 CPU that runs it (an AVX-512 one too: the build then must not be an AVX-512
 build in disguise) against the float64 per-query reference, float32 and bfloat16 (through float32), forward and
 backward, stride 1 and 2. Its build takes about 40 s of one core, once per source (torch's extension cache)."""
+import itertools
 import json
 import os
 import platform
@@ -76,7 +77,8 @@ def test_the_avx2_build_is_avx2_and_equals_the_float64_reference():
     CPU runs AVX2 it computes float32 within 1e-5 of the float64 reference's largest entry (output and the gradients
     of q, v, the table and the content lambda; |v| 43 leaves 3 channels past the vectors, the 23x23 scope passes the
     image), at strides 1 and 2; bfloat16 runs in float32 (the float32 kernel's results on the rounded inputs, rounded
-    once). ``declines`` takes it for every float32 and bfloat16 stride-1 call."""
+    once). ``declines`` takes it for every float32 and bfloat16 stride-1 call, and for bfloat16 stride-2 calls where
+    the gemm backend's GEMMs have no AVX-512 BF16 (an AVX2 CPU)."""
     env = dict(os.environ, PYTHONPATH=str(REPO), **{cpu_kernel.ARCH_ENV: 'x86-64-v3'})
     env.pop('TIMM_LAMBDA_BACKEND', None)
     done = subprocess.run([sys.executable, '-c', CHECK], cwd=REPO, env=env, capture_output=True, text=True,
@@ -90,7 +92,10 @@ def test_the_avx2_build_is_avx2_and_equals_the_float64_reference():
     assert (out['isa'], out['vector_bytes'], out['bf16']) == ('avx2', 32, False)
     assert out['declines']['float32 s1'] is None and out['declines']['float32 s2'] is None
     assert out['declines']['bfloat16 s1'] is None
-    assert out['declines']['bfloat16 s2'].startswith('auto: ') and 'AVX2' in out['declines']['bfloat16 s2']
+    if cpu_kernel._bf16_gemms():  # this CPU's GEMMs have AVX-512 BF16, the AVX2 build's bfloat16 runs in float32
+        assert out['declines']['bfloat16 s2'].startswith('auto: ') and 'AVX2' in out['declines']['bfloat16 s2']
+    else:
+        assert out['declines']['bfloat16 s2'] is None
     for row in out['cases']:
         assert max(row['errors']['torch.float32']) <= 1e-5, row
         assert max(row['errors']['torch.bfloat16']) <= 2e-2, row  # bfloat16 outputs: within their rounding
@@ -101,20 +106,23 @@ def test_the_avx2_build_is_avx2_and_equals_the_float64_reference():
 def test_isa_reads_the_build_macros_and_declines_names_it(monkeypatch):
     """``isa()`` from the loaded build's compiler macros (the CPU's flags where none is loaded); ``declines`` keeps
     the kernel on AVX2 and AVX-512, passes it over where it has neither (SSE, NEON: the gemm backend's GEMMs are
-    faster), and for 16-bit stride-2 calls without AVX-512 BF16, each reason starting 'auto: ' and naming the ISA."""
+    faster), and for 16-bit stride-2 calls it runs in float32 where the GEMMs have AVX-512 BF16, each reason starting
+    'auto: ' and naming the ISA."""
     def build(*macros, bf16=False):
         return type('Kernel', (), dict(isa_macros=staticmethod(lambda: list(macros)), bf16=bf16))
     monkeypatch.setattr(cpu_kernel, '_looked_up', True)
+    bf16_gemms_of = cpu_kernel._bf16_gemms
     cases = [(build('__AVX512BF16__', '__AVX512F__', '__AVX2__', '__FMA__', bf16=True), 'avx512_bf16'),
              (build('__AVX512F__', '__AVX2__', '__FMA__'), 'avx512'), (build('__AVX2__', '__FMA__'), 'avx2'),
              (build('__AVX2__'), 'none'), (build(), 'none'), (build('__ARM_NEON'), 'neon')]
-    for kernel, isa in cases:
+    for (kernel, isa), bf16_gemms in itertools.product(cases, (True, False)):
         monkeypatch.setattr(cpu_kernel, '_kernel', kernel)
+        monkeypatch.setattr(cpu_kernel, '_bf16_gemms', lambda: bf16_gemms)
         assert cpu_kernel.isa() == isa
         for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
             for step in (1, 2):
                 reason = cpu_kernel.declines(dtype, step)
-                slow_16_bit = step == 2 and dtype in (torch.float16, torch.bfloat16) and not (
+                slow_16_bit = bf16_gemms and step == 2 and dtype in (torch.float16, torch.bfloat16) and not (
                     isa == 'avx512_bf16' and dtype == torch.bfloat16)
                 if isa in ('avx512_bf16', 'avx512', 'avx2') and not slow_16_bit:
                     assert reason is None, (isa, dtype, step)
@@ -125,6 +133,14 @@ def test_isa_reads_the_build_macros_and_declines_names_it(monkeypatch):
     assert cpu_kernel.isa() == 'avx2'
     monkeypatch.setattr(cpu_kernel, '_cpu_flags', lambda: 'flags\t\t: fpu sse2 avx512f avx2 fma avx512_bf16')
     assert cpu_kernel.isa() == 'avx512_bf16'
+    monkeypatch.setattr(cpu_kernel, '_cpu_flags', lambda: 'flags\t\t: fpu avx512f avx2 fma avx512_bf16')
+    monkeypatch.delenv('DNNL_MAX_CPU_ISA', raising=False)
+    for cap, fast in ((None, True), ('AVX512_CORE_BF16', True), ('AVX2', False)):
+        if cap is None:
+            monkeypatch.delenv('ONEDNN_MAX_CPU_ISA', raising=False)
+        else:
+            monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', cap)
+        assert bf16_gemms_of() is fast, cap
 
 
 def test_the_target_is_in_the_build_name_and_flags(monkeypatch):

@@ -401,19 +401,29 @@ def isa() -> str:
     return next((name for name, needs in table if needs <= have), 'none')
 
 
+def _bf16_gemms() -> bool:
+    """Whether the gemm backend's 16-bit GEMMs run on AVX-512 BF16 (oneDNN's, on a CPU that has it and where
+    ``ONEDNN_MAX_CPU_ISA`` does not hold oneDNN below AVX-512): where they do not, they convert in software."""
+    cap = (os.environ.get('ONEDNN_MAX_CPU_ISA') or os.environ.get('DNNL_MAX_CPU_ISA') or 'ALL').upper()
+    return 'avx512_bf16' in _cpu_flags().split() and (cap == 'ALL' or 'AVX512' in cap or 'AMX' in cap)
+
+
 def declines(dtype: torch.dtype, step: int) -> Optional[str]:
     """Why ``'auto'`` passes over the kernel for a call of ``dtype`` at ``step`` (1 or 2) although it could compute
     it, a reason starting ``'auto: '`` that names the instruction set; None where the kernel is the fast choice
     (measured: tools/benchmark_cpu_isa.py, docs/benchmarks.md, "CPU"). The kernel's vectors are the instruction set's
     (:func:`isa`): without AVX2 and FMA (SSE, NEON) the gemm backend's GEMMs, by the BLAS's tuned kernels, are faster;
-    a 16-bit stride-2 call without AVX-512 BF16 runs in float32 slower than the gemm backend's 16-bit GEMMs."""
+    a 16-bit stride-2 call that the kernel runs in float32 (a build without AVX-512 BF16) is slower than the gemm
+    backend's 16-bit GEMMs where those run on AVX-512 BF16 (:func:`_bf16_gemms`); on an AVX2 CPU they do not, and the
+    kernel's float32 is the faster (tools/benchmark_cpu_isa.py)."""
     name = isa()
     if name not in FAST_ISAS:
         return (f"auto: the CPU kernel was built for {ISA_NAMES[name]} ({arch()}), without AVX2 and FMA; the gemm "
                 "backend's GEMMs are faster here (docs/benchmarks.md)")
-    if step == 2 and dtype in _16_BIT and not native(dtype):
+    if step == 2 and dtype in _16_BIT and not native(dtype) and _bf16_gemms():
         return (f"auto: the CPU kernel was built for {ISA_NAMES[name]}, without AVX-512 BF16: a 16-bit stride-2 call "
-                "runs faster as the gemm backend's 16-bit GEMMs than in float32 here (docs/benchmarks.md)")
+                "runs faster as the gemm backend's 16-bit GEMMs (on this CPU's AVX-512 BF16) than in float32 here "
+                "(docs/benchmarks.md)")
     return None
 
 
