@@ -43,10 +43,13 @@ def output_shape(case):
     return b, h * dv, -(-hh // step), -(-ww // step)
 
 
-def operator_call(op, case, inputs, gy):
-    """``op``'s output and gradients for the output gradient ``gy``."""
+def operator_call(op, case, inputs, gy, after_forward=None):
+    """``op``'s output and gradients for the output gradient ``gy`` (``after_forward()`` called between the two:
+    tests/_launches.py's per-direction check)."""
     leaves = [t.clone().requires_grad_() for t in inputs]
     y = op(leaves[0], leaves[1], leaves[2], case[8], *leaves[3:])
+    if after_forward is not None:
+        after_forward()
     return [y] + list(torch.autograd.grad(y, leaves, gy.to(y.dtype)))
 
 

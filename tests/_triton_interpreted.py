@@ -35,6 +35,7 @@ import _sixteen_bit as SB  # noqa: E402
 from _cases import CASES, IDS  # noqa: E402
 from _cases import content_reference as _content_reference  # noqa: E402
 from _cases import inputs as _inputs  # noqa: E402
+from _launches import Directions  # noqa: E402
 from reference import position_term_reference  # noqa: E402
 from timm_lambda.layers import position_lambda as PL  # noqa: E402
 from timm_lambda.layers.position_lambda import custom_ops, tiled_triton  # noqa: E402
@@ -61,10 +62,14 @@ def float64_run(run, index, with_content, dtype=torch.float64):
     if with_content:
         ref = ref + _content_reference(content, q, case)
     low = [t.detach().to(dtype).requires_grad_() for t in leaves]
+    directions = Directions()
     y = PL.position_lambdas(*low[:3], hh, ww, 'tiled', scope is None, stride, cip, None, *low[3:])
+    directions.forward_done()
     y = y.reshape(ref.shape)
     g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=ref.dtype)
-    got, want = [y] + list(torch.autograd.grad(y, low, g.to(dtype))), [ref] + list(torch.autograd.grad(ref, leaves, g))
+    got = [y] + list(torch.autograd.grad(y, low, g.to(dtype)))
+    directions.check(PL.get_backend(), stride, IDS[index])  # each direction ran its own kernels
+    want = [ref] + list(torch.autograd.grad(ref, leaves, g))
     if dtype == torch.float64:
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
@@ -80,7 +85,9 @@ def tensor_core_run(dtype, index):
     g = torch.Generator().manual_seed(0)
     inputs = SB.operator_inputs(case, lambda *shape: torch.randn(shape, generator=g), dtype)
     gy = torch.randn(SB.output_shape(case), generator=g).to(dtype)
-    got = SB.operator_call(custom_ops.tiled_op, case, inputs, gy)
+    directions = Directions()
+    got = SB.operator_call(custom_ops.tiled_op, case, inputs, gy, directions.forward_done)
+    directions.check('triton_tc', case[8], SB.SIXTEEN_BIT_IDS[index])  # each direction ran its own kernels
     if dtype == torch.float32:
         want = SB.reference_call(case, inputs, gy)
         errs = {n: ((a.double() - b).norm() / b.norm()).item() for n, a, b in zip(SB.NAMES, got, want)}

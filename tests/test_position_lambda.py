@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import _sixteen_bit as SB
 from _cases import CASES, FORMS, IDS
 from _cases import call as _call
 from _cases import content_reference as _content_reference
@@ -217,6 +218,7 @@ def _bf16_call(case, draw):
         out = tiled_operator_reference(exact[0], exact[1], exact[2], step, *exact[3:], logits_dtype=logits_dtype)
         return [out] + list(torch.autograd.grad(out, exact, gy.double()))
 
+    reference.inputs, reference.gy = inputs, gy  # for tests/_sixteen_bit.py's check_rounding
     return got, reference
 
 
@@ -258,6 +260,10 @@ def test_bfloat16_kernels_round_as_a_bfloat16_matmul(case):
             assert excess(got[i], rounded[i]) <= 1e-4 < 5e-4 < excess(got[i], exact[i]), name
         else:
             assert excess(got[i], exact[i]) <= 4e-3, name
+    # and the contract the tensor-core kernels are held to (interpreted and on a GPU): the output and value gradient
+    # equal to the rounded-logit reference far more often than to the exact one, the query and table gradients (from
+    # the rounded logit gradients) equal to the reference with rounded logit gradients more often than to the other
+    SB.check_rounding(got, case, reference.inputs, reference.gy, torch.bfloat16)
 
 
 @pytest.mark.parametrize('batch', [1, 2])

@@ -26,6 +26,7 @@ processed in chunks of about equal size whose logits hold at most ``chunk_elemen
 first launch that fails because Triton cannot build kernels here raises :class:`.execution.BackendUnusable` (the
 backend table hands the call on, or raises in strict mode); any other error propagates.
 """
+import collections
 import functools
 import os
 from typing import Optional
@@ -47,6 +48,9 @@ CHUNK_ELEMENTS = 1 << 27
 # cache however many input sizes a process meets; docs/execution_modes.md)
 SIZE_CACHE = 256
 LAUNCHES = 0  # kernel launches that returned in this process: what tests read to see that a kernel ran
+# the same by kernel (``'_tc_rows'``, ``'_tc_rows+logit_grad'``, ``'_tc_value_grad'``, ``'_query_rows'``, ...; one key
+# a kernel variant): what tests read to see which kernels each direction launched
+KERNELS: 'collections.Counter[str]' = collections.Counter()
 PREFILL_NAN = False  # tests: outputs the kernels write start as NaN, so that an element no kernel wrote shows
 _LAUNCHED = False  # a kernel has run in this process: later errors are errors, not an unusable Triton
 
@@ -65,6 +69,14 @@ def _launch(kernel, grid, *args, **meta) -> None:
         raise BackendUnusable(f"Triton's first launch failed: {type(e).__name__}: {str(e)[:300]}") from e
     _LAUNCHED = True
     LAUNCHES += 1
+    KERNELS[kernel_name(kernel, meta)] += 1
+
+
+def kernel_name(kernel, meta: dict) -> str:
+    """A launched kernel's name as :data:`KERNELS` counts it: the Triton function's, ``+logit_grad`` for that
+    variant of the rows kernels."""
+    name = getattr(kernel, '__name__', None) or getattr(getattr(kernel, 'fn', None), '__name__', None)
+    return (name or type(kernel).__name__) + ('+logit_grad' if meta.get('LOGIT_GRAD') else '')
 
 
 # What a RuntimeError says when this Triton cannot build or launch kernels on this machine (no driver, no C compiler
@@ -650,7 +662,7 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
     for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
         logits = _logits(q[b0:b0 + n], table)
         _launch(k['query_rows'], (_cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], y[b0:b0 + n],
-                height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, False)
+                height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, LOGIT_GRAD=False)
     return y if content is None else y + operator_content_term(q, content)
 
 
@@ -726,7 +738,7 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
             if PREFILL_NAN:
                 gl.fill_(float('nan'))
             _launch(k['query_rows'], (_cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc,
-                    height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, True)
+                    height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, LOGIT_GRAD=True)
             gl_t = gl.view(n * h, u * kh * kw, ho * wo)
             flat = None
         # dq = R dL (+ the content term's dq, in the same GEMM), where the kernel did not
