@@ -298,3 +298,21 @@ def test_readme_and_docs_sizes():
             long += [f'{page}:{i}: {len(line)}' for i, line in enumerate(f.read().splitlines(), 1)
                      if len(line) > LINE_WIDTH]
     assert not long, f'lines over {LINE_WIDTH} characters: {long}'
+
+
+def _records(data):
+    """The records of a result file that name their own provenance: the file, or each row of a list."""
+    return data if isinstance(data, list) else [data]
+
+
+@pytest.mark.parametrize('name', sorted(n for n in os.listdir(RESULTS) if n.startswith('gpu_') and n.endswith('.json')))
+def test_gpu_results_name_their_commit_date_and_driver(name):
+    """Every GPU result file names its command, date, commit (``+dirty`` or a note where the tree differed) and the
+    GPU driver, in each record."""
+    for record in _records(load(name)):
+        assert record.get('command') and record.get('date'), f'{name}: no command or date'
+        assert re.fullmatch(r'[0-9a-f]{7,40}(\+dirty)?( .*)?', str(record.get('commit', ''))), \
+            f'{name}: commit {record.get("commit")!r}'
+        machine = json.dumps(record.get('machine', ''))
+        assert re.search(r'\d+\.\d+\.\d+', str(record.get('driver', ''))) or re.search(r'driver\W+\d+\.\d+', machine), \
+            f'{name}: no GPU driver'

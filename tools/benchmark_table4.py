@@ -29,6 +29,7 @@ import time
 import torch
 
 import timm_lambda  # noqa: F401  (registers the models)
+from dev.benchmarks.measure import commit
 from dev.benchmarks.table4 import TABLE4_ROWS, markdown, markdown_document, plot, run_table4
 
 
@@ -69,6 +70,7 @@ def main(argv=None):
     given = argv if argv is not None else sys.argv[1:]
     result['command'] = shlex.join(['python', 'tools/benchmark_table4.py', *given])
     result['date'] = time.strftime('%Y-%m-%d', time.gmtime())
+    result['commit'] = commit()  # +dirty where tracked files differ from it
     print(markdown(result))
     if args.md and not args.memory_only:
         os.makedirs(os.path.dirname(args.md) or '.', exist_ok=True)
