@@ -1,5 +1,5 @@
-"""The GPU check (tools/gpu_check.py) and its offline bundle (tools/gpu_bundle.py) cannot rot between GPU runs: both
-commands run here on the CPU at tiny sizes (``--dry-run``), every step starting and writing its output; the bundle
+"""The GPU check (tools/gpu_check.py) and its offline bundle (tools/gpu_bundle.py) cannot rot between GPU runs: its
+two halves run here on the CPU at tiny sizes (``--dry-run``), every step starting and writing its output; the bundle
 is built with pip and git stood in for (they would need the network) and checked the way the GPU machine installs
 it. timm's train.py and validate.py are not in timm's wheel or sdist: the mission's timm step runs where
 ``TIMM_SCRIPTS`` names a folder holding them, and otherwise records that it did not."""
@@ -65,14 +65,63 @@ def test_bundle_builds_offline_parts_and_installs_only_what_matches_its_manifest
     assert {f'timm_scripts/{n}' for n in gpu_bundle.TIMM_SCRIPTS} <= set(manifest['files'])
     assert manifest['target'] == dict(python='3.12', torch='2.11.0+cu130', cuda_arch='9.0')
     assert f"v{pins['timm']}" in manifest['timm_scripts_from']
-    r = _run([BUNDLE, 'install', '--bundle', str(out), '--dry-run'])
+    r = _run([BUNDLE, 'install', '--bundle', str(out), '--dry-run', '--record', str(tmp_path / 'install.json')])
     assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((tmp_path / 'install.json').read_text())['ok'] is True  # what the GPU check's install step reads
     assert '--no-index' in r.stderr and f'--force-reinstall {ROOT}' in r.stderr  # this checkout, offline
     installed = [w for w in manifest['files'] if w.endswith('.whl') and w.split('/')[1] in r.stderr]
     assert all(gpu_bundle.wheel_dist(w)[1] != _version(gpu_bundle.wheel_dist(w)[0]) for w in installed), installed
     (out / 'timm_scripts' / 'train.py').write_text('changed\n')
     r = _run([BUNDLE, 'install', '--bundle', str(out), '--dry-run'])
     assert r.returncode != 0 and 'timm_scripts/train.py does not match MANIFEST.json' in r.stderr
+
+
+def _timm_clone(path, tag=None):
+    """A git repository holding timm's scripts, tagged ``tag`` where given."""
+    path.mkdir()
+    for name in gpu_bundle.TIMM_SCRIPTS:
+        (path / name).write_text(f'# {name}\n')
+    git = ['git', '-C', str(path), '-c', 'user.name=t', '-c', 'user.email=t@t']
+    subprocess.run(git[:3] + ['init', '-q'], check=True)
+    subprocess.run(git + ['add', '.'], check=True)
+    subprocess.run(git + ['commit', '-qm', 'scripts'], check=True)
+    if tag:
+        subprocess.run(git + ['tag', tag], check=True)
+    return path
+
+
+def test_bundle_takes_timm_scripts_from_the_pinned_tag_or_fails_naming_it(tmp_path):
+    """A clone without the pinned tag (once: its checked-out scripts, silently another timm's) and a plain folder are
+    errors that name the tag; with the tag, the scripts are the tag's, not the checked-out tree's."""
+    tag = f"v{gpu_bundle.pins()['timm']}"
+    with pytest.raises(SystemExit, match=f'no tag {tag}'):
+        gpu_bundle.timm_scripts(str(tmp_path / 'out'), tag[1:], str(_timm_clone(tmp_path / 'untagged')))
+    plain = tmp_path / 'plain'
+    plain.mkdir()
+    (plain / 'train.py').write_text('# train\n')
+    with pytest.raises(SystemExit, match=tag):
+        gpu_bundle.timm_scripts(str(tmp_path / 'out'), tag[1:], str(plain))
+    repo = _timm_clone(tmp_path / 'tagged', tag)
+    (repo / 'train.py').write_text('# after the tag\n')  # the checked-out tree differs from the tag
+    where = gpu_bundle.timm_scripts(str(tmp_path / 'out'), tag[1:], str(repo))
+    assert tag in where and (tmp_path / 'out' / 'train.py').read_text() == '# train.py\n'
+    # another ref only where the caller names it, and recorded as not the pinned tag
+    where = gpu_bundle.timm_scripts(str(tmp_path / 'out2'), tag[1:], str(_timm_clone(tmp_path / 'other')), 'HEAD')
+    assert f'NOT the pinned tag {tag}' in where and (tmp_path / 'out2' / 'train.py').exists()
+
+
+def test_bundle_without_timm_scripts_leaves_them_out_of_its_manifest(tmp_path):
+    """``--no-timm-scripts`` (no clone with the pinned tag where the bundle is built): a bundle whose manifest names no
+    script, so that the GPU check records timm's steps as not run."""
+    links = tmp_path / 'links' / 'cp312-torch2.11.0-cu130-sm90'
+    links.mkdir(parents=True)
+    _wheel(links / 'mmcv-2.1.0-cp312-cp312-linux_x86_64.whl')
+    out = tmp_path / 'bundle'
+    r = _run([BUNDLE, 'build', '--out', str(out), '--pip', f'{sys.executable} -c pass', '--find-links',
+              str(tmp_path / 'links'), '--no-timm-scripts'])
+    assert r.returncode == 0, r.stderr[-3000:]
+    manifest = json.loads((out / 'MANIFEST.json').read_text())
+    assert manifest['timm_scripts_from'] is None and not any(f.startswith('timm_scripts/') for f in manifest['files'])
 
 
 def _version(name):
@@ -96,8 +145,13 @@ def _check_outputs(out, section):
     for key in ('command', 'date', 'commit', 'machine', 'steps', 'results'):
         assert key in record, key
     assert record['dry_run'] and record['machine']['gpu'] is None
-    failed = [s for s in record['steps'] if s.get('rc') not in (0, None)]
+    for key in ('torch', 'triton', 'driver'):
+        assert key in record['machine'], key
+    failed = [s for s in record['steps'] if s['ok'] is False or s.get('rc') not in (0, None)]
     assert not failed, failed
+    assert record['ok'] and not record['failed']
+    # a step is ok from its own result, and each that ran says what it read
+    assert all(s['status'] == 'passed' and s['why'] for s in record['steps'] if s['rc'] is not None)
     with tarfile.open(os.path.join(out, f'gpu_check_{section}.tar.gz')) as tar:
         names = tar.getnames()
     for s in record['steps']:
@@ -158,28 +212,79 @@ def test_gpu_check_mission_dry_run(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     record, names = _check_outputs(str(tmp_path), 'mission')
     res = record['results']
-    assert res['mask_rcnn']['train_rc'] == 0 and res['mask_rcnn']['test_rc'] == 0
+    steps = {s['name']: s for s in record['steps']}
+    assert [n for n in steps if n.startswith('mmdet')] == ['mmdet_train', 'mmdet_train_rs', 'mmdet_test']
+    assert all(steps[n]['ok'] for n in ('mmdet_train', 'mmdet_train_rs', 'mmdet_test'))
+    mask = res['mask_rcnn']  # the two backbones side by side, Table 14's config through mmdet's tools/train.py
+    assert mask['setting']['iterations'] == 2 and mask['setting']['batch'] == 2
+    assert [m['config'] for m in mask['models'].values()] == [
+        'configs/mmdet/mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco.py',
+        'configs/mmdet/mask-rcnn_resnetrs101_fpn_syncbn_lsj-130k_coco.py']
+    for m in mask['models'].values():
+        assert m['last_iter'] == 3 and m['timed_iterations'] == 2 and m['s_per_iter'] > 0, m
+    assert mask['s_per_iter_lambda_over_rs'] > 0
     for k in ('coco/bbox_mAP', 'coco/segm_mAP'):
-        assert isinstance(res['mask_rcnn']['metrics'][k], float), res['mask_rcnn']
-    assert res['mask_rcnn']['losses']['logged'] >= 2
+        assert isinstance(mask['metrics'][k], float), mask
     if os.environ.get('TIMM_SCRIPTS'):
-        assert res['timm_scripts']['train_rc'] == 0 and 'top1' in res['timm_scripts']['validate']
+        assert steps['timm_train']['ok'] and 'top1' in res['timm_scripts']['validate']
     else:
         assert 'not found' in res['timm_scripts']['note']
+        assert steps['timm_train']['status'].startswith('not run: ') and steps['timm_train']['ok'] is None
     assert set(res['models']) == {'models_c4', 'models_cuda', 'models_reduce_overhead'}
     row, = res['models']['models_reduce_overhead'][0]['rows']  # eager standing in for the compiled step on a CPU
     assert {'eager_ms', 'graphed_ms', 'compiled_ms', 'ratio_compiled', 'compile_and_capture_s'} <= set(row), row
 
 
 def test_gpu_check_skip_records_the_step_without_running_it(tmp_path):
-    """``--skip NAME``: the step is recorded as skipped, its command never starts, and the section still counts as ok
+    """``--skip NAME``: the step is recorded as not run, its command never starts, and the section still counts as ok
     (a short slot leaves out the steps measured before)."""
     import gpu_check
-    run = gpu_check.Run('layer', str(tmp_path / 'out'), 60, dry_run=True, argv=[], skip=['made'])
+    run = gpu_check.Run('layer', str(tmp_path / 'out'), None, dry_run=True, argv=[], skip=['made'])
     marker = tmp_path / 'marker'
     touch = [sys.executable, '-c', f'open({str(marker)!r}, "w").close()']
-    assert run.step('made', touch, 10) is None and not marker.exists()
-    assert run.step('kept', touch, 10) == 0 and marker.exists()
-    assert [(s['name'], s.get('skipped', False)) for s in run.record['steps']] == [('made', True), ('kept', False)]
+    assert not run.step('made', touch, 10, lambda: (marker.exists(), 'marker')) and not marker.exists()
+    assert run.step('kept', touch, 10, lambda: (marker.exists(), 'marker')) and marker.exists()
+    assert [(s['name'], s['status']) for s in run.record['steps']] == [('made', 'not run: --skip'),
+                                                                       ('kept', 'passed')]
     with open(run.finish()) as f:
         assert json.load(f)['ok'] is True
+
+
+def test_gpu_check_step_ok_from_its_result_and_budget(tmp_path):
+    """A step that exits 0 without the result its check wants has failed (run 5's reduce-overhead step exited 0 with
+    its compiled step failed); a recorded error fails a step; one that the budget no longer fits is 'not run:
+    budget', the summary is written all the same, and the command would exit 1 for the failed steps."""
+    import gpu_check
+    run = gpu_check.Run('all', str(tmp_path / 'out'), 60, dry_run=False, argv=['all'])
+    result = tmp_path / 'r.json'
+    write = [sys.executable, '-c', f'import json; json.dump([dict(rows=[dict(compiled_error="boom")])], '
+             f'open({str(result)!r}, "w"))']
+    assert not run.step('no_result', [sys.executable, '-c', 'pass'], 20, gpu_check.check_json(str(tmp_path / 'x')),
+                        need=1)
+    assert not run.step('recorded_error', write, 20, gpu_check.check_json(str(result)), need=1)
+    assert run.step('too_long', [sys.executable, '-c', 'pass'], 200, lambda: (True, ''), need=100) is None
+    steps = {s['name']: s for s in run.record['steps']}
+    assert steps['no_result']['rc'] == 0 and steps['no_result']['status'] == 'failed'
+    assert 'no result file x' in steps['no_result']['why']
+    assert 'compiled_error: boom' in steps['recorded_error']['why']
+    assert steps['too_long']['status'] == 'not run: budget' and steps['too_long']['ok'] is None
+    with open(run.finish()) as f:
+        summary = json.load(f)
+    assert summary['ok'] is False and summary['failed'] == ['no_result', 'recorded_error']
+    assert summary['not_run'] == {'too_long': 'not run: budget'} and summary['budget_s'] == 60
+    assert summary['machine']['gpu'] is None and {'triton', 'torch', 'driver'} <= set(summary['machine'])
+    assert summary['commit'] != 'unknown'  # (with '+dirty' where tracked files differ)
+
+
+def test_gpu_check_all_is_both_halves_in_order_of_value():
+    """The one command for a 15-minute slot runs every step of the two halves (which CI dry-runs), kernel tests
+    first, then the layer table, Mask R-CNN, timm's scripts, the comparisons, the model tests last; its default
+    budget fits a 600 s command with time to pack."""
+    import gpu_check
+    sections = {k: [f.__name__ for f in v] for k, v in gpu_check.SECTIONS.items()}
+    assert set(sections['all']) == set(sections['layer']) | set(sections['mission'])
+    assert sections['all'][:5] == ['install', 'kernel_tests', 'layer_table', 'mask_rcnn', 'timm_scripts']
+    assert sections['all'][-1] == 'model_tests'
+    assert gpu_check.BUDGET + 30 <= 600
+    setting = gpu_check.mask_rcnn_setting(dry_run=False)  # the mission's own setting, not a smoke test
+    assert (setting['image_size'], setting['amp'], setting['batch'], setting['iterations']) == (1024, True, 2, 30)
