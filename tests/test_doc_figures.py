@@ -174,8 +174,75 @@ def run5_models():
 
 
 def run4_models():
+    """Run 4's model table: the backbone at batch 1 (the layer check's models part), CUDA graphs, batch 4 and the
+    classifiers (measured beside the model tests), the C4 network (measured alone)."""
+    b1 = load('gpu_h200_check_layer.json')['results']['models']['models_backbone_b1'][0]
+    g = cases(load('gpu_h200_graphs.json')['results'])
+    cuda = load('gpu_h200_models_cuda.json')['results']
+    c4 = load('gpu_h200_models_c4.json')['results'][0]
+    lam, se = 'LambdaResNet-101', 'ResNet-RS-101+SE'
+    lg, sg = g[f'{lam} features 1024px']['graphed_ms'], g[f'{se} features 1024px']['graphed_ms']
+    out = both(b1, lam, se) + [lg / sg, lg, sg] + both(b1, lam, 'ResNet-RS-101 without SE')
+    for d in ('torch.float32', 'torch.bfloat16'):
+        out += both(pick(cuda, comparison='backbone', batch=4, dtype=d), lam, se)
+    cg, tg = (g[f'LambdaResNet-101-C4{t} features 512px']['graphed_ms'] for t in ('', ' conv twin'))
+    out += both(c4, 'LambdaResNet-101-C4', 'LambdaResNet-101-C4 conv twin') + [cg / tg, cg, tg]
+    for d in ('torch.float32', 'torch.bfloat16'):
+        out += both(pick(cuda, comparison='classification', dtype=d), 'LambdaResNet-50', "timm's lambda_resnet50ts")
+    return out
+
+
+def run4_nose():
     b1 = load('gpu_h200_check_layer.json')['results']['models']['models_backbone_b1'][0]
     return both(b1, 'LambdaResNet-101', 'ResNet-RS-101 without SE')
+
+
+def _peaks(results, execution):
+    e = pick(results['layer_vs_conv'], execution=execution, dtype='float32', batch=8, mode='train')
+    return [s['layer_peak_mib'] for s in e['shapes'].values()]
+
+
+def run4_layer_table():
+    r = load('gpu_h200_check_layer.json')['results']
+    t = [layer(r, 'tensor_cores', d, b, m) for m in ('train', 'eval') for b in (1, 8) for d in ('float32', 'bfloat16')]
+    return (t[:4] + [t[4], t[5], t[6], t[7]]
+            + [layer(r, ex, d, b, 'train') for ex in ('gemm', 'cuda_cores') for b in (1, 8)
+               for d in ('float32', 'bfloat16')])
+
+
+def _spread(entry, key):
+    t = entry['times'][key]
+    return [statistics.median(t), min(t), max(t)]
+
+
+def model_table(name, models, baseline):
+    """A CPU model table's rows: training median [min-max], x the baseline, inference likewise, peak memory (and
+    its ratio in the first row)."""
+    e = load(name)[0]
+    out = []
+    for i, m in enumerate(models):
+        for mode in ('training step', 'inference'):
+            out += _spread(e, f'{m}/{mode}') + [ratio(e, m, baseline, mode)]
+        out += [e['peak_mib'][m]] + ([e['peak_mib'][m] / e['peak_mib'][baseline]] if i == 0 else [])
+    return out
+
+
+def layer_table():
+    """The CPU layer table: per shape, training conv and lambda (median [min-max], GMAC/s, share of the limit), x
+    conv, eval likewise, peak MiB training (eval) conv / lambda; then the totals."""
+    train, ev = load('lambda_layer.json')['results'], load('lambda_layer_eval.json')['results']
+    out = []
+
+    def cell(x):
+        return [x['ms'], x['min_ms'], x['max_ms'], x['gmac_per_s'], 100 * x['share_of_fma_peak']]
+    for t, e in zip(train, ev):
+        out += cell(t['conv3x3']) + cell(t['auto']) + [t['auto']['ms'] / t['conv3x3']['ms']]
+        out += cell(e['conv3x3']) + cell(e['auto']) + [e['auto']['ms'] / e['conv3x3']['ms']]
+        out += [t['conv3x3']['peak_mib'], e['conv3x3']['peak_mib'], t['auto']['peak_mib'], e['auto']['peak_mib']]
+    for rows in (train, ev):
+        out += [sum(r['conv3x3']['ms'] for r in rows), sum(r['auto']['ms'] for r in rows),
+                _cpu_layer('lambda_layer.json' if rows is train else 'lambda_layer_eval.json')]
+    return out
 
 
 # (page, passage with {} for each figure, the figures from the JSON)
@@ -217,6 +284,27 @@ the convs {} / {} / {} ms: **{}x summed** (run 4: {}x; eager {}x).""",
               + [p[(s, m, 'bfloat16')] for m in ('lambda', 'conv3x3') for s in ('c4', 'c5_s2', 'c5')])(
          {(x['shape'], x['module'], x['dtype']): x['device_us'] / 1000
           for x in _run5_layer()['tc_kernels']['profile']})),
+    ('docs/benchmarks.md', """| LambdaResNet-101 | 34.82 | {} [{}-{}] | **{}** | {} [{}-{}] | **{}** | {} (**{}x**) |
+| ResNet-RS-101 + SE | 61.57 | {} [{}-{}] | {} | {} [{}-{}] | {} | {} |
+| ResNet-RS-101 without SE | 42.56 | {} [{}-{}] | {} | {} [{}-{}] | {} | {} |
+| LambdaResNet-101's conv twin (every lambda layer a 3x3 conv) | 43.18 | {} [{}-{}] | {} | {} [{}-{}] | {} | {} |
+| LambdaResNet-101, lambda layers skipped | 34.34 | {} [{}-{}] | {} | {} [{}-{}] | {} | {} |""",
+     lambda: model_table('backbone_1024.json', [
+         'LambdaResNet-101', 'ResNet-RS-101+SE', 'ResNet-RS-101 without SE', 'LambdaResNet-101 conv twin',
+         'LambdaResNet-101, lambda layers skipped'], 'ResNet-RS-101+SE')),
+    ('docs/benchmarks.md', """| LambdaResNet-101-C4 | 23.93 | {} [{}-{}] | **{}** | {} [{}-{}] | **{}** | {} ({}x) |
+| its conv twin | 43.18 | {} [{}-{}] | {} | {} [{}-{}] | {} | {} |
+| LambdaResNet-101-C4, lambda layers skipped | 22.54 | {} [{}-{}] | {} | {} [{}-{}] | {} | {} |""",
+     lambda: model_table('c4_512.json', [
+         'LambdaResNet-101-C4', 'LambdaResNet-101-C4 conv twin', 'LambdaResNet-101-C4, lambda layers skipped'],
+         'LambdaResNet-101-C4 conv twin')),
+    ('docs/benchmarks.md', """| 256, 64x64, stride 1 (c4) | {} [{}-{}], {} ({}%) | {} [{}-{}], {} ({}%) | {}x |
+{} [{}-{}], {} ({}%) | {} [{}-{}], {} ({}%) | {}x | {} ({}) / {} ({}) |
+| 512, 64x64, stride 2 (first c5 block) | {} [{}-{}], {} ({}%) | {} [{}-{}], {} ({}%) | {}x |
+{} [{}-{}], {} ({}%) | {} [{}-{}], {} ({}%) | {}x | {} ({}) / {} ({}) |
+| 512, 32x32, stride 1 (c5) | {} [{}-{}], {} ({}%) | {} [{}-{}], {} ({}%) | {}x |
+{} [{}-{}], {} ({}%) | {} [{}-{}], {} ({}%) | {}x | {} ({}) / {} ({}) |
+| **total** | {} | {} | **{}x** | {} | {} | **{}x** | |""", layer_table),
     ('docs/benchmarks.md', '16-bit rows at 16 query rows\n{}-{}x faster than at 32 (c4, c5; {}x at 64 rows)',
      lambda: _sweep(lambda r, c: r['kernel'].startswith('tc_rows') and r['dtype'] == 'bfloat16'
                     and r['shape'] in ('c4', 'c5') and c['BLOCK_Q'] * c['BLOCK_H'] == 16 and _plain(c))
@@ -235,10 +323,28 @@ the convs {} / {} / {} ms: **{}x summed** (run 4: {}x; eager {}x).""",
     ('docs/benchmarks.md', 'lambda layers skipped is already {}x / {}x RS-101',
      lambda: both(pick(load('gpu_h200_run5_models_backbone_b1.json'), comparison='backbone', batch=1),
                   'LambdaResNet-101, lambda layers skipped', 'ResNet-RS-101 without SE')),
-    ('docs/benchmarks.md', '| LambdaResNet-101 / RS-101 without SE, same | {}x / {}x | - |\n'
-                           '| LambdaResNet-101 / RS-101+SE, 1024 px, batch 4, float32 / bf16 autocast (*)',
+    ('docs/benchmarks.md', """| LambdaResNet-101 / RS-101+SE, backbone, 1024 px, batch 1 | {}x / {}x |
+{}x ({} / {} ms) |
+| LambdaResNet-101 / RS-101 without SE, same | {}x / {}x | - |
+| LambdaResNet-101 / RS-101+SE, 1024 px, batch 4, float32 / bf16 autocast (*) | {}x / {}x, {}x / {}x | - |
+| LambdaResNet-101-C4 / its conv twin, 512 px, batch 1 | {}x / {}x | {}x ({} / {} ms) |
+| LambdaResNet-50 / timm's `lambda_resnet50ts`, 224 px, batch 64, float32 / bf16 (*) | {}x / {}x, {}x / {}x |""",
      run4_models),
-    ('docs/benchmarks.md', '(targets 1.0x) and {}x / {}x RS-101 without SE', run4_models),
+    ('docs/benchmarks.md', '(targets 1.0x) and {}x / {}x RS-101 without SE', run4_nose),
+    ('docs/benchmarks.md', """| tensor_cores | **{}** | **{}** | **{}** | **{}** | {} / {} | {} / {} |
+| gemm | {} | {} | {} | {} | - | - |
+| cuda_cores | {} | {} | {} | {} | - | - |""", run4_layer_table),
+    ('docs/benchmarks.md', 'Peak training-step memory of the three layers at batch 8, float32: {} MiB (tensor cores) '
+                           'against {} (GEMM path).',
+     lambda: (lambda r: [sum(_peaks(r, 'tensor_cores')), sum(_peaks(r, 'gemm'))])(
+         load('gpu_h200_check_layer.json')['results'])),
+    ('docs/benchmarks.md', 'Peak memory at batch 8, float32: {} / {} / {} MiB (GEMM path {} / {} / {})',
+     lambda: (lambda r: _peaks(r, 'triton_tc') + _peaks(r, 'gemm'))(_run5_layer())),
+    ('docs/benchmarks.md', """the same layers take {} / {} / {} ms against eager {} / {} / {} ms, and the convs
+{} / {} / {} ms against {} / {} / {}: graphed, the layer is {}x the conv summed (eager, in this comparison: {}x)""",
+     lambda: (lambda rows: [r[k] for k in ('graphed_ms', 'eager_ms') for r in rows if r['case'].startswith('auto')]
+              + [r[k] for k in ('graphed_ms', 'eager_ms') for r in rows if r['case'].startswith('conv3x3')]
+              + [graphs(rows, 'graphed_ms'), graphs(rows, 'eager_ms')])(load('gpu_h200_graphs.json')['results'])),
     ('docs/benchmarks.md', '(the c4 layer in run 4: {} ms eager, {} ms from a CUDA graph; run 5:\n{} / {})',
      lambda: [cases(load('gpu_h200_graphs.json')['results'])['auto 256ch 64px s1'][k]
               for k in ('eager_ms', 'graphed_ms')]
