@@ -245,6 +245,14 @@ def layer_table():
     return out
 
 
+def host_time(commit):
+    """The load before and the ``autograd.Function`` step of each row; the file must be of the commit the page
+    names."""
+    d = load('host_time.json')
+    assert d['commit'].startswith(commit) and d['commit'].endswith('+dirty'), d['commit']
+    return [d['load_before'][0]] + [r['us_per_step']['autograd.Function'] for r in d['rows']]
+
+
 # (page, passage with {} for each figure, the figures from the JSON)
 FIGURES = [
     ('README.md', """| one lambda layer / its 3x3 conv, 1024 px shapes summed, batch 8, TF32 / bf16 autocast |
@@ -305,6 +313,8 @@ the convs {} / {} / {} ms: **{}x summed** (run 4: {}x; eager {}x).""",
 | 512, 32x32, stride 1 (c5) | {} [{}-{}], {} ({}%) | {} [{}-{}], {} ({}%) | {}x |
 {} [{}-{}], {} ({}%) | {} [{}-{}], {} ({}%) | {}x | {} ({}) / {} ({}) |
 | **total** | {} | {} | **{}x** | {} | {} | **{}x** | |""", layer_table),
+    ('docs/benchmarks.md', '`results/host_time.json` (at 1d29a77+dirty, load {}): {} / {} / {} us for the three rows',
+     lambda: host_time('1d29a77')),
     ('docs/benchmarks.md', '16-bit rows at 16 query rows\n{}-{}x faster than at 32 (c4, c5; {}x at 64 rows)',
      lambda: _sweep(lambda r, c: r['kernel'].startswith('tc_rows') and r['dtype'] == 'bfloat16'
                     and r['shape'] in ('c4', 'c5') and c['BLOCK_Q'] * c['BLOCK_H'] == 16 and _plain(c))
