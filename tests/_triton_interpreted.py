@@ -35,10 +35,11 @@ import _sixteen_bit as SB  # noqa: E402
 from _cases import CASES, IDS  # noqa: E402
 from _cases import content_reference as _content_reference  # noqa: E402
 from _cases import inputs as _inputs  # noqa: E402
+from _kernel_op import kernel_call  # noqa: E402
 from _launches import Directions  # noqa: E402
 from reference import position_term_reference  # noqa: E402
 from timm_lambda.layers import position_lambda as PL  # noqa: E402
-from timm_lambda.layers.position_lambda import custom_ops, tiled_triton  # noqa: E402
+from timm_lambda.layers.position_lambda import tiled_triton  # noqa: E402
 
 PL.set_backend('triton_tc', strict=True)  # a kernel that fails raises (no other backend's answer)
 tiled_triton.PREFILL_NAN = True  # an output element no kernel wrote stays NaN and fails the comparison
@@ -86,7 +87,7 @@ def tensor_core_run(dtype, index):
     inputs = SB.operator_inputs(case, lambda *shape: torch.randn(shape, generator=g), dtype)
     gy = torch.randn(SB.output_shape(case), generator=g).to(dtype)
     directions = Directions()
-    got = SB.operator_call(custom_ops.tiled_op, case, inputs, gy, directions.forward_done)
+    got = SB.operator_call(kernel_call, case, inputs, gy, directions.forward_done)
     directions.check('triton_tc', case[8], SB.SIXTEEN_BIT_IDS[index])  # each direction ran its own kernels
     if dtype == torch.float32:
         want = SB.reference_call(case, inputs, gy)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from timm_lambda.layers.position_lambda import cpu_kernel, execution
+from timm_lambda.layers import execution
+from timm_lambda.layers.position_lambda import cpu_kernel
 
 REPO = Path(__file__).resolve().parents[1]
 COMMAND = [sys.executable, '-m', 'timm_lambda.build_cpu_kernel']

@@ -21,10 +21,11 @@ from _batch_one import BLOCK_BY_BLOCK, check_model_batch_one, input_size, model_
 from _cases import CASES, IDS
 from _cases import call as _call
 from _cases import inputs as _inputs
+from _kernel_op import kernel_call
 from _launches import Directions
 from reference import position_term_reference
 from timm_lambda.layers import position_lambda as PL
-from timm_lambda.layers.position_lambda import custom_ops, gemm, tiled_triton
+from timm_lambda.layers.position_lambda import gemm, tiled_triton
 
 HAVE_CUDA = torch.cuda.is_available()
 pytestmark = [
@@ -170,7 +171,7 @@ def test_tensor_cores_round_as_a_16_bit_matmul_on_cuda(case, dtype, backend):
     inputs = SB.operator_inputs(case, lambda *shape: torch.randn(shape, generator=g), dtype)
     gy = torch.randn(SB.output_shape(case), generator=g).to(dtype)
     directions = Directions()
-    got = SB.operator_call(custom_ops.tiled_op, case, [t.to(DEV) for t in inputs], gy.to(DEV), directions.forward_done)
+    got = SB.operator_call(kernel_call, case, [t.to(DEV) for t in inputs], gy.to(DEV), directions.forward_done)
     assert launched()
     directions.check('triton_tc', case[8], SB.SIXTEEN_BIT_IDS[SB.SIXTEEN_BIT_CASES.index(case)])
     SB.check_rounding(got, case, inputs, gy, dtype)
@@ -189,7 +190,7 @@ def test_float32_on_tf32_only_where_torch_allows_it(case, monkeypatch, backend):
     errs = {}
     for tf32 in (False, True):
         monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', tf32)
-        got = SB.operator_call(custom_ops.tiled_op, case, [t.to(DEV) for t in inputs], gy.to(DEV))
+        got = SB.operator_call(kernel_call, case, [t.to(DEV) for t in inputs], gy.to(DEV))
         errs[tf32] = max(((a.double().cpu() - b).norm() / b.norm()).item() for a, b in zip(got, want))
     assert launched()
     assert errs[False] < 1e-5 < 2e-5 < errs[True] < 5e-3, errs

@@ -180,8 +180,8 @@ def test_torch_compile_matches_eager(impl, backend, monkeypatch):
     from timm_lambda.layers.position_lambda import custom_ops, gemm
     monkeypatch.setattr(gemm, 'CPU_CHUNK_ROWS', 64)
     fallback = []
-    plain_vjp = custom_ops._plain_vjp
-    monkeypatch.setattr(custom_ops, '_plain_vjp', lambda *a: fallback.append(1) or plain_vjp(*a))
+    plain_vjp = custom_ops._higher_order
+    monkeypatch.setattr(custom_ops, '_higher_order', lambda *a: fallback.append(1) or plain_vjp(*a))
     torch._dynamo.reset()
     layer = _make(impl=impl, scope=3, dim_u=2).train()
     x = torch.randn(2, 8, 5, 6, requires_grad=True)

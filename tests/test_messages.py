@@ -11,7 +11,9 @@ import warnings
 
 import pytest
 
-from timm_lambda.layers.position_lambda import cpu_kernel, custom_ops, execution
+from _kernel_op import kernel_call
+from timm_lambda.layers import execution
+from timm_lambda.layers.position_lambda import cpu_kernel
 
 
 @pytest.fixture
@@ -113,7 +115,8 @@ def test_no_build_one_warning_naming_the_command(monkeypatch, tmp_path, backend)
     fresh_state(monkeypatch)
     monkeypatch.setenv('TORCH_EXTENSIONS_DIR', str(tmp_path))
     monkeypatch.setattr(cpp_extension, 'load', _raise(AssertionError('no build at run time')))
-    from timm_lambda.layers.position_lambda import backends, execution
+    from timm_lambda.layers import execution
+    from timm_lambda.layers.position_lambda import backends
     monkeypatch.setattr(execution, '_WARNED', set())
     backend('auto')
     q, v, table = torch.randn(1, 2, 3, 5, 6), torch.randn(1, 4, 5, 6), torch.randn(3, 1, 5, 5)
@@ -121,7 +124,7 @@ def test_no_build_one_warning_naming_the_command(monkeypatch, tmp_path, backend)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         for dtype in (torch.float32, torch.float64):
-            custom_ops.tiled_op(q.to(dtype), v.to(dtype), table.to(dtype), 1)
+            kernel_call(q.to(dtype), v.to(dtype), table.to(dtype), 1)
     assert {k[1] for k in backends.served_backends()} == {'gemm'}
     lines = [str(w.message) for w in caught if w.category is RuntimeWarning]
     reason = cpu_kernel.unavailable()

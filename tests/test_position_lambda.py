@@ -14,11 +14,12 @@ from _cases import CASES, FORMS, IDS
 from _cases import call as _call
 from _cases import content_reference as _content_reference
 from _cases import inputs as _inputs
+from _kernel_op import kernel_call
 from reference import position_term_reference, tiled_operator_reference
 from timm_lambda._env import env_flag
 from timm_lambda.layers import LambdaLayer
 from timm_lambda.layers import position_lambda as PL
-from timm_lambda.layers.position_lambda import backends, cpu_kernel, custom_ops, gemm, plain_ops
+from timm_lambda.layers.position_lambda import backends, cpu_kernel, gemm, plain_ops
 
 
 @pytest.fixture
@@ -99,8 +100,8 @@ def test_tiled_operator_content_equals_its_term_added(step, execution, monkeypat
         table = torch.randn(6, 2, 7, 5, generator=g, dtype=torch.float64)
         content = torch.randn(b, 6, 43, generator=g, dtype=torch.float64)
         leaves = [t.requires_grad_() for t in (q, v, table, content)]
-        y = custom_ops._tiled(q, v, table, step, content)
-        want = custom_ops._tiled(q, v, table, step) + plain_ops.operator_content_term(q, content)
+        y = kernel_call(q, v, table, step, content)
+        want = kernel_call(q, v, table, step) + plain_ops.operator_content_term(q, content)
         assert ran('tiled')
         torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
         gy = torch.randn(y.shape, generator=g, dtype=torch.float64)
@@ -110,18 +111,23 @@ def test_tiled_operator_content_equals_its_term_added(step, execution, monkeypat
 
 @pytest.mark.parametrize('execution', ['cpu_kernel', 'gemm'])
 @pytest.mark.parametrize('stride', [1, 2])
-def test_tiled_operator_with_a_content_lambda_double_backward(stride, execution, monkeypatch, backend):
-    """create_graph=True through the tiled operator with a content lambda, called directly at step 1 and 2 (the
-    layer passes it at step 1): gradgradcheck over all four inputs."""
-    _use_execution(execution, gemm.CPU_CHUNK_ROWS, monkeypatch, backend)
+def test_lambda_operator_double_backward(stride, execution, monkeypatch, backend):
+    """create_graph=True through the lambda operator (keys, a shared lambda, |u| = 2) at stride 1 and 2: gradgradcheck
+    over all five tensor inputs (the higher-order gradient differentiates the plain-op form)."""
+    ran = _use_execution(execution, gemm.CPU_CHUNK_ROWS, monkeypatch, backend)
     g = torch.Generator().manual_seed(2)
-    q = torch.randn(2, 2, 3, 5, 6, generator=g, dtype=torch.float64)  # [B, h, c, Ho, Wo]
-    v = torch.randn(2, 2 * 4, 5 * stride, 6 * stride, generator=g, dtype=torch.float64)  # |u| = 2, |v| = 4
+    hh, ww = 5, 6
+    q = torch.randn(2, 2, 3, hh * ww, generator=g, dtype=torch.float64)  # [B, h, k, n]
+    keys = torch.randn(2, 2, 3, hh * ww, generator=g, dtype=torch.float64)  # [B, u, k, n]
+    v = torch.randn(2, 2, 4, hh * ww, generator=g, dtype=torch.float64)  # |u| = 2, |v| = 4
     table = torch.randn(3, 2, 5, 5, generator=g, dtype=torch.float64)
-    content = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
-    leaves = [t.requires_grad_() for t in (q, v, table, content)]
-    assert torch.autograd.gradgradcheck(lambda q, v, t, c: custom_ops._tiled(q, v, t, stride, c), leaves,
-                                        fast_mode=True)
+    shared = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    leaves = [t.requires_grad_() for t in (q, keys, v, table, shared)]
+
+    def op(q, keys, v, table, shared):
+        return PL.position_lambdas(q, v, table, hh, ww, 'tiled', False, stride, False, [5, 5], shared, keys)
+    assert torch.autograd.gradgradcheck(op, leaves, fast_mode=True)
+    assert ran('tiled')
 
 
 def require_cpu_kernel():
@@ -206,7 +212,7 @@ def _bf16_call(case, draw):
     inputs = [draw(b, h, c, -(-hh // step), -(-ww // step)), draw(b, u * dv, hh, ww), draw(c, u, scope, scope)]
     inputs += [draw(b, c, dv)] if with_content else []
     leaves = [t.clone().requires_grad_() for t in inputs]
-    y = custom_ops.tiled_op(leaves[0], leaves[1], leaves[2], step, *leaves[3:])
+    y = kernel_call(leaves[0], leaves[1], leaves[2], step, *leaves[3:])
     assert y.dtype == torch.bfloat16 and torch.equal(y, kernel.tiled_forward_bf16(*inputs[:3], *inputs[3:4] or [None],
                                                                                   step))
     gy = draw(*y.shape)
@@ -421,16 +427,20 @@ def test_constant_block_index_equals_the_graph_one(tile, step, kh, kw):
     assert torch.equal(torch.as_tensor(RE._block_index_array(tile, step, kh, kw)), expected)
 
 
-def _operator_inputs(impl, dtype=torch.float64):
-    """Inputs of the custom operator of ``impl``, as test_opcheck_operators's (non-contiguous where it matters)."""
+def _operator_inputs(form, dtype=torch.float64):
+    """The lambda operator and its inputs for ``form`` (non-contiguous where it matters): |h| = 3, |k| = 5, |u| = 2,
+    |v| = 3, a 5x5 table, stride 2 (tiled) or 1 (dense), a 7 x 4 map, keys and a shared lambda."""
     g = torch.Generator().manual_seed(0)
-    if impl == 'tiled':  # |h| = 3, c = 5, |u| = 2, |v| = 3, 5x5 table, step 2: a 7 x 13 image, 4 x 7 outputs
-        q = torch.randn(2, 3, 5, 7, 4, generator=g, dtype=dtype).transpose(3, 4)
-        return (custom_ops._tiled, q, torch.randn(2, 6, 7, 13, generator=g, dtype=dtype).transpose(2, 3)
-                .contiguous().transpose(2, 3), torch.randn(5, 2, 5, 5, generator=g, dtype=dtype), 2)
-    v = torch.randn(3, 8, 4, generator=g, dtype=dtype).transpose(0, 1).contiguous().transpose(0, 1)
-    return (custom_ops._dense, torch.randn(4, 6, 3, generator=g, dtype=dtype), v,
-            torch.randn(4, 3, 8, generator=g, dtype=dtype), 2)
+    hh, ww = 7, 4
+    q = torch.randn(2, 3, 5, ww, hh, generator=g, dtype=dtype).transpose(3, 4).reshape(2, 3, 5, hh * ww)
+    keys = torch.randn(2, 2, 5, hh * ww, generator=g, dtype=dtype)
+    v = torch.randn(2, 2, hh * ww, 3, generator=g, dtype=dtype).transpose(2, 3)
+    table = torch.randn(5, 2, 5, 5, generator=g, dtype=dtype)
+    shared = torch.randn(2, 3, 5, generator=g, dtype=dtype).transpose(1, 2)
+    stride = 2 if form == 'tiled' else 1
+    backend = 'gemm' if form == 'dense' else ''
+    return (torch.ops.timm_lambda.lambda_layer, q, keys, v, table, shared, hh, ww, form, backend, stride, False,
+            'softmax', False)
 
 
 @pytest.mark.parametrize('impl', FORMS)
@@ -449,14 +459,14 @@ def test_autocast_runs_the_operators_in_bfloat16(case, impl, monkeypatch):
     scale = ref.abs().max().item()
     assert (y.double() - _call(impl, case, q, v, table).double()).abs().max() > 1e-3 * scale  # float32: ~1e-6
     torch.testing.assert_close(y.double(), ref, rtol=0, atol=0.03 * scale)
-    op, *inputs = _operator_inputs(impl, torch.float32)
-    leaves = [x.requires_grad_() for x in inputs[:3]]
+    op, *inputs = _operator_inputs(impl if impl in ('dense', 'tiled') else 'tiled', torch.float32)
+    leaves = [x.requires_grad_() for x in inputs[:5]]
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        out = op(*leaves, *inputs[3:])
+        out = op(*leaves, *inputs[5:])
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).bfloat16()
     low = [x.detach().bfloat16().requires_grad_() for x in leaves]
-    want = torch.autograd.grad(op(*low, *inputs[3:]), low, g)
-    f32 = torch.autograd.grad(op(*leaves, *inputs[3:]), leaves, g.float())
+    want = torch.autograd.grad(op(*low, *inputs[5:]), low, g)
+    f32 = torch.autograd.grad(op(*leaves, *inputs[5:]), leaves, g.float())
     for got, bf16, full in zip(torch.autograd.grad(out, leaves, g), want, f32):
         assert got.dtype == torch.float32 and torch.equal(got, bf16.float())
         assert (got - full).abs().max() > 1e-3 * full.abs().max()
@@ -480,7 +490,7 @@ def test_is_exporting_reads_the_flag_not_the_call(monkeypatch):
     trace (pytorch/pytorch#176347): on a GPU with torch 2.11 the layer then took its export branches under
     torch.compile (plain ops instead of the operators, a graph break at ``torch.sym_max``, dynamo recompiling each
     timm block until its limit). The layer reads the flag the call returns instead."""
-    from timm_lambda.layers.position_lambda import execution
+    from timm_lambda.layers import execution
     if not hasattr(torch.compiler, '_is_exporting_flag'):
         pytest.skip('this torch has no torch.compiler._is_exporting_flag')
     monkeypatch.setattr(torch.compiler, 'is_exporting', lambda: True)  # what torch 2.11's dynamo makes of the call
@@ -493,28 +503,25 @@ def test_is_exporting_reads_the_flag_not_the_call(monkeypatch):
 def test_dynamo_captures_the_operators_in_one_graph(stride):
     layer = LambdaLayer(8, dim_k=4, heads=2, scope=5, stride=stride, impl='tiled')
     ops = _graph_ops(layer, torch.randn(2, 8, 17, 18))
-    assert 'timm_lambda.tiled_position_lambdas.default' in ops
+    assert ops.count('timm_lambda.lambda_layer.default') == 1
     layer = LambdaLayer(8, dim_k=4, heads=2, scope=5, stride=stride, impl='dense')
-    assert 'timm_lambda.dense_position_lambdas.default' in _graph_ops(layer, torch.randn(2, 8, 7, 6))
+    assert _graph_ops(layer, torch.randn(2, 8, 7, 6)).count('timm_lambda.lambda_layer.default') == 1
 
 
 def test_opcheck_operators(backend):
-    """torch.library.opcheck: schema, fake (meta) kernels, autograd registration of the custom operators, on
-    non-contiguous inputs; the tiled one also with a content lambda (a non-contiguous one), by the CPU kernel and by
-    the GEMM path."""
-    for impl in FORMS:
-        op, *inputs = _operator_inputs(impl)
-        torch.library.opcheck(op, [x.requires_grad_() if i < 3 else x for i, x in enumerate(inputs)])
+    """torch.library.opcheck: schema, fake (meta) kernels, autograd registration of the lambda operator, on
+    non-contiguous inputs with keys and a shared lambda, in both forms; the tiled one at stride 2 by the CPU kernel
+    and by the GEMM path."""
     for name in ('cpu_kernel', 'gemm'):
         backend(name)
-        op, q, v, table, step = _operator_inputs('tiled')
-        content = torch.randn(2, 3, 5, dtype=q.dtype).transpose(1, 2).requires_grad_()  # [B, c, V], c = 5, V = 3
-        torch.library.opcheck(op, [q.requires_grad_(), v.requires_grad_(), table.requires_grad_(), step, content])
+        for form in (('tiled', 'dense') if name == 'gemm' else ('tiled',)):
+            op, *inputs = _operator_inputs(form)
+            torch.library.opcheck(op, [x.requires_grad_() if i < 5 else x for i, x in enumerate(inputs)])
 
 
 # Double backward where a second-order gradient is disconnected:
 # Double backward (``create_graph=True``, then a gradient of the gradients) through the position lambdas' custom
-# operators against the plain-op forms they hand over to (``custom_ops._plain_vjp``), where the zeros-or-None choice
+# operators against the plain-op forms they hand over to (``custom_ops._higher_order``), where the zeros-or-None choice
 # shows: a first gradient that does not depend on some input (the output is linear in the queries and in the content
 # lambda), so the second-order gradient of that input is disconnected. Autograd's contract, as the plain-op forms
 # give it: None with ``allow_unused=True``, an error without it; not a tensor of zeros. (At stride 2 the pooling's
@@ -572,20 +579,3 @@ def test_a_disconnected_second_order_gradient_is_none_as_in_the_plain_op_forms(i
             torch.testing.assert_close(got, other_form, rtol=1e-10, atol=1e-10, msg=name)
     none = {name for name, got in zip(_DB_NAMES, ops) if got is None}
     assert none == (_PENALISED[penalised] if stride == 1 or penalised == 'content' else set())
-
-
-def test_the_higher_order_backward_gives_none_for_an_input_its_plain_form_does_not_reach():
-    """The operators' create_graph backward (``_plain_vjp``) returns what autograd returns for the plain form: None
-    for an input it does not reach (autograd's zero, which leaves ``.grad`` None), not a tensor of zeros; and None for
-    an input that needs no gradient."""
-    a, b, c = (torch.randn(3, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    grad = torch.randn(3, dtype=torch.float64)
-
-    def plain(a, b, c, step):
-        return a * step * c
-
-    got = custom_ops._plain_vjp(plain, [a, b, c, 2], (0, 1, 2), grad, (True, True, False))
-    want = torch.autograd.grad(plain(a, b, c, 2), (a, b), grad, allow_unused=True)
-    assert got[1] is None and want[1] is None and got[2] is None
-    torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
-    assert got[0].requires_grad  # differentiable again: its graph reaches c

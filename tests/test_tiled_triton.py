@@ -158,7 +158,8 @@ def _broken_triton(monkeypatch):
     way: 'auto' then tries triton_tc first for float32."""
     import torch
 
-    from timm_lambda.layers.position_lambda import backends, cpu_kernel, execution, tiled_triton
+    from timm_lambda.layers import execution
+    from timm_lambda.layers.position_lambda import backends, cpu_kernel, tiled_triton
 
     kernels = dict(query_rows=_Broken(), value_grad=_Broken(), tc_rows=_Broken(), tc_value_grad=_Broken(), tl=torch,
                    triton=types.SimpleNamespace(cdiv=lambda a, b: -(-a // b)))
@@ -207,7 +208,8 @@ def test_a_failing_launch_raises_in_strict_mode_and_for_a_chosen_backend(monkeyp
     from _cases import CASES
     from _cases import call as _call
     from _cases import inputs as _inputs
-    from timm_lambda.layers.position_lambda import execution, tiled_triton
+    from timm_lambda.layers import execution
+    from timm_lambda.layers.position_lambda import tiled_triton
 
     _broken_triton(monkeypatch)
     case = CASES[0]
@@ -259,7 +261,8 @@ def test_only_cannot_run_here_errors_at_the_first_launch_hand_the_call_on(monkey
     from triton.compiler.errors import CompilationError
     from triton.runtime.errors import OutOfResources
 
-    from timm_lambda.layers.position_lambda import execution, tiled_triton
+    from timm_lambda.layers import execution
+    from timm_lambda.layers.position_lambda import tiled_triton
 
     faults = [torch.OutOfMemoryError('CUDA out of memory'), ValueError('a wrong argument'), KeyError('BLOCK_Q'),
               RuntimeError('CUDA error: an illegal memory access was encountered'),

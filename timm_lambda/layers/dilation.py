@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
-from .position_lambda.execution import contiguous
+from .execution import contiguous
 
 __all__ = ['space_to_batch', 'batch_to_space', 'check_dilation']
 

@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from ..._compat import DYNAMO_FOLDS_FUNCTORCH_FLAG
+from .._compat import DYNAMO_FOLDS_FUNCTORCH_FLAG
 
 __all__ = ['is_exporting', 'functorch_active', 'contiguous', 'compiled_copy', 'warn_once',
            'recorder', 'BackendUnusable']

@@ -14,7 +14,6 @@ Intra-depth ``|u|`` (appendix C.4, Fig. 8) adds a dimension to keys, embeddings 
 from typing import Callable, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from torch import nn
 
@@ -30,23 +29,13 @@ from .checks import (
     to_int,
 )
 from .dilation import batch_to_space, check_dilation, space_to_batch
+from .execution import compiled_copy, functorch_active, warn_once
 from .pooling import downsample_pool
-from .position_lambda import POSITION_IMPLS, choose_form, content_term, position_lambdas
-from .position_lambda.execution import compiled_copy, functorch_active, warn_once
+from .position_lambda import KEY_NORMS, POSITION_IMPLS, choose_form, content_term, normalize_keys, position_lambdas
+from .position_lambda.plain_ops import content_lambda_plain
 from .relative_embedding import RelativePositionEmbedding
 
 __all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS']
-
-KEY_NORMS = ('softmax', 'l2', 'none')
-
-
-def normalize_keys(keys: torch.Tensor, key_norm: str, dim: int = -1) -> torch.Tensor:
-    """Normalise keys over the context positions ``dim`` (Table 11)."""
-    if key_norm == 'softmax':
-        return keys.softmax(dim=dim)
-    if key_norm == 'l2':
-        return F.normalize(keys, dim=dim)
-    return keys
 
 
 torch.fx.wrap('check_input')
@@ -221,30 +210,20 @@ class LambdaLayer(nn.Module):
             values = values.clone(memory_format=torch.contiguous_format)
         q = reshape_normed(self.norm_q(q), [B, h, k, n])
         values = reshape_normed(self.norm_v(values), [B, u, v, n])
-        shared: Optional[torch.Tensor] = None  # the part of lambda_n that is the same for every n: [B, k, v]
-        if self.content:
-            keys = normalize_keys(keys.unflatten(1, [u, k]), self.key_norm)
-            # lambda^c [B, k, v] (eq. 1) by one bmm per |u| (torch.matmul's 4-D decomposition reshapes the
-            # transposed values: torch.export would guard on H W != 1); |u| = 1 by views (a select's backward is
-            # a zero fill and a copy)
-            # (compiled: copies, as the views bmm saves for backward broke inductor at symbolic sizes: compiled_copy)
-            if u == 1:
-                shared = torch.bmm(compiled_copy(keys.squeeze(1)), compiled_copy(values.squeeze(1).transpose(1, 2)))
-            else:
-                shared = torch.bmm(compiled_copy(keys[:, 0]), compiled_copy(values[:, 0].transpose(1, 2)))
-                for i in range(1, u):
-                    shared = shared + torch.bmm(compiled_copy(keys[:, i]),
-                                                compiled_copy(values[:, i].transpose(1, 2)))
-        if self.pos_bias is not None:  # lambda^p_n[k, :] += b_k for every n
-            bias = self.pos_bias.unsqueeze(1).expand(k, v).unsqueeze(0).expand(B, k, v)
-            shared = bias if shared is None else shared + bias
-        if self.pos_embedding is None:
-            assert shared is not None
-            return content_term(shared, q, H, W, self.stride, self.pool_count_include_pad)  # eq. 2
+        keys = keys.unflatten(1, [u, k]) if self.content else None  # [B, u, k, n], normalised with the lambda^c
+        shared: Optional[torch.Tensor] = None
+        if self.pos_bias is not None:  # lambda^p_n[k, :] += b_k for every n: a part of lambda_n shared by every n
+            shared = self.pos_bias.unsqueeze(1).expand(k, v).unsqueeze(0).expand(B, k, v)
+        if self.pos_embedding is None:  # the content lambda alone (Table 9)
+            assert keys is not None
+            lam = content_lambda_plain(keys, values, self.key_norm)
+            return content_term(lam if shared is None else lam + shared, q, H, W, self.stride,
+                                self.pool_count_include_pad)  # eq. 2
         d = self.dilation
-        if d == 1:  # the content term with the position lambdas
+        if d == 1:  # everything after the norms: one operator in eager mode and under torch.compile
             return position_lambdas(q, values, self.pos_embedding.weight, H, W, self.impl, self.global_scope,
-                                    self.stride, self.pool_count_include_pad, self.table_size, shared)
+                                    self.stride, self.pool_count_include_pad, self.table_size, shared, keys,
+                                    self.key_norm)
         # the position lambdas on each d x d interleaved sub-grid of a dilated scope, the content term on the whole
         # map (on the sub-grids, lambda^c repeated d d times, AOTInductor packages returned NaN at small sizes)
         qs = space_to_batch(q.reshape(B, h * k, H, W), d)
@@ -254,6 +233,9 @@ class LambdaLayer(nn.Module):
                                self.pos_embedding.weight, hs, ws, self.impl, self.global_scope, self.stride,
                                self.pool_count_include_pad, self.table_size)  # [B d d, h v, hs, ws]
         pos = batch_to_space(pos, d, H, W)
+        if keys is not None:
+            lam = content_lambda_plain(keys, values, self.key_norm)
+            shared = lam if shared is None else lam + shared
         return pos if shared is None else content_term(shared, q, H, W) + pos
 
 

@@ -10,7 +10,7 @@ contiguous, on every device (no branch on the device, which the FX tracers could
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .position_lambda.execution import contiguous
+from .execution import contiguous
 
 __all__ = ['avg_pool_3x3_s2', 'DownsamplePool', 'downsample_pool']
 

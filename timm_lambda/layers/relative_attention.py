@@ -45,8 +45,8 @@ from torch import nn
 
 from .checks import check_heads, check_ratio, check_stride, to_int, to_pair
 from .dilation import batch_to_space, check_dilation, space_to_batch
+from .execution import contiguous
 from .pooling import downsample_pool
-from .position_lambda.execution import contiguous
 
 __all__ = ['rel_to_abs', 'relative_logits_1d', 'relative_table', 'upsample_to',
            'RelPosSelfAttention2d', 'AxialSelfAttention2d', 'LocalSelfAttention2d']

@@ -127,10 +127,17 @@ def dense_embedding_cached(table: torch.Tensor, height: int, width: int, masked:
     """:func:`dense_embedding` with its index built once per input size (kept for inputs up to 45x45, 2^22 entries,
     at most 64 MiB and 16 sizes in all: :data:`DENSE_INDEX_CACHE`): for eager runs. Compiled code builds the index
     in its graph (dynamo does not trace into the cache)."""
-    index = None
+    return dense_embedding(table, height, width, masked,
+                           dense_index_for(height, width, table.shape[2], table.shape[3], masked, table.device))
+
+
+@torch.jit.unused
+def dense_index_for(height: int, width: int, table_h: int, table_w: int, masked: bool,
+                    device: torch.device) -> torch.Tensor:
+    """:func:`dense_index`, kept in :data:`DENSE_INDEX_CACHE` where it may be (eager mode, at most 2^22 entries)."""
     if not torch.compiler.is_compiling() and (height * width) ** 2 <= DENSE_INDEX_MAX_ENTRIES:
-        index = _dense_index_cached(height, width, table.shape[2], table.shape[3], masked, table.device)
-    return dense_embedding(table, height, width, masked, index)
+        return _dense_index_cached(height, width, table_h, table_w, masked, device)
+    return dense_index(height, width, table_h, table_w, masked, device)
 
 
 def block_index(tile: int, step: int, table_h: int, table_w: int, device: torch.device) -> torch.Tensor:

@@ -36,11 +36,11 @@ import torch
 from torch import Tensor
 
 from ..._env import env_choice, env_flag
+from ..execution import warn_once
 from . import cpu_kernel, gemm, tiled_triton
-from .execution import BackendUnusable, recorder, warn_once
 
 __all__ = ['FORMS', 'BACKENDS', 'Call', 'set_backend', 'get_backend', 'is_strict', 'why_not', 'choose',
-           'choose_form', 'dispatch', 'run_tiled', 'record', 'served_backends']
+           'choose_form', 'check_form', 'record', 'served_backends', 'tiled_kernels', 'fail', 'version']
 
 _logger = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ _backend = env_choice('TIMM_LAMBDA_BACKEND', ('auto',) + BACKENDS, 'auto', flags
 _strict = env_flag('TIMM_LAMBDA_STRICT', False)
 _failed: Dict[str, str] = {}  # backend -> why it failed at run time in this process (not in strict mode)
 _SERVED: 'collections.Counter[Tuple[str, str, str, str]]' = collections.Counter()
+_VERSION = [0]  # bumped by every change of the above (:func:`version`)
 
 
 def set_backend(backend: str = 'auto', strict: Optional[bool] = None) -> None:
@@ -61,11 +62,14 @@ def set_backend(backend: str = 'auto', strict: Optional[bool] = None) -> None:
     (None: unchanged): a backend that fails raises instead of handing the call on. Overrides
     ``TIMM_LAMBDA_BACKEND`` and ``TIMM_LAMBDA_STRICT``."""
     global _backend, _strict
-    if backend not in ('auto',) + BACKENDS:
-        raise ValueError(f"backend must be 'auto' or one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
-    _backend = backend
+    name = backend.lower() if isinstance(backend, str) else backend  # the spellings TIMM_LAMBDA_BACKEND accepts
+    if name not in ('auto',) + BACKENDS:
+        raise ValueError(f"backend must be 'auto' or one of {', '.join(map(repr, BACKENDS))} (any case), "
+                         f"got {backend!r}")
+    _backend = name
     if strict is not None:
         _strict = bool(strict)
+    _VERSION[0] += 1
 
 
 def get_backend() -> str:
@@ -98,46 +102,45 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace('torch.', '')
 
 
-def _triton_cannot(call: Call, dtypes) -> Optional[str]:
-    if call.device != 'cuda' and not tiled_triton.INTERPRETED:
-        return "needs CUDA tensors (or Triton's interpreter, TRITON_INTERPRET=1)"
-    if call.dtype not in dtypes:
-        return f"computes {', '.join(map(_dtype_name, dtypes))}"
-    return tiled_triton.unavailable()
-
-
 def _forms_of(backend: str) -> str:
     forms = _FORMS_OF[backend]
     return ' and '.join(forms) + (' forms' if len(forms) > 1 else ' form')
+
+
+def _unusable(backend: str, call: Call) -> Optional[str]:
+    """Why ``backend``, which computes ``call``'s form, dtype and device, cannot run on this machine (its kernel not
+    built, Triton unable to compile here, a failure earlier in this process); None: it can."""
+    if backend in _failed:
+        return _failed[backend]
+    if backend == 'cpu_kernel':
+        return cpu_kernel.unavailable()  # (looked up once per process by cpu_kernel)
+    if backend in ('triton_tc', 'triton_fma'):
+        return tiled_triton.unavailable()
+    return None
 
 
 def _cannot(backend: str, call: Call) -> Optional[str]:
     """Why ``backend`` cannot compute ``call`` at all (None: it can)."""
     if call.form not in _FORMS_OF[backend]:
         return f'computes the {_forms_of(backend)}'
-    if backend in _failed:
-        return _failed[backend]
     if backend == 'cpu_kernel':
         if call.device != 'cpu':
             return 'needs CPU tensors'
         if call.dtype not in _FLOATS:
             return 'computes float16, bfloat16, float32 and float64'
-        reason = cpu_kernel.unavailable()  # (looked up once per process by cpu_kernel)
-        if reason is not None:  # a CPU call without its fast kernel: say so once
-            warn_once('cpu_kernel', reason)
-        return reason
-    if backend == 'triton_tc':
-        return _triton_cannot(call, (torch.float16, torch.bfloat16, torch.float32))
-    if backend == 'triton_fma':
-        return _triton_cannot(call, _FLOATS)
-    return None  # gemm, plain: any device and dtype
+    elif backend in ('triton_tc', 'triton_fma'):
+        if call.device != 'cuda' and not tiled_triton.INTERPRETED:
+            return "needs CUDA tensors (or Triton's interpreter, TRITON_INTERPRET=1)"
+        dtypes = (torch.float16, torch.bfloat16, torch.float32) if backend == 'triton_tc' else _FLOATS
+        if call.dtype not in dtypes:
+            return f"computes {', '.join(map(_dtype_name, dtypes))}"
+    return _unusable(backend, call)
 
 
 def _declines(backend: str, call: Call) -> Optional[str]:
     """Why ``'auto'`` passes over ``backend`` for ``call`` although it could compute it (measured slower there)."""
-    if backend == 'cpu_kernel' and call.step == 2 and call.dtype in _16_BIT and not cpu_kernel.native(call.dtype):
-        return ("auto: a 16-bit stride-2 call without AVX-512 BF16 runs faster as the gemm backend's 16-bit GEMMs "
-                "than in float32 here (docs/benchmarks.md)")
+    if backend == 'cpu_kernel':
+        return cpu_kernel.declines(call.dtype, call.step)
     if backend == 'triton_fma' and not (call.queries <= SMALL_CALL or call.map_in_scope):
         return (f'auto: a call of more than {SMALL_CALL} queries on a map larger than the scope runs faster as the '
                 'gemm backend\'s GEMMs (docs/benchmarks.md, "GPU")')
@@ -158,17 +161,30 @@ def _describe(call: Call) -> str:
 
 
 def choose(call: Call) -> str:
-    """The operator backend that runs ``call`` (an eager or compiled call of the dense or tiled operator): the chosen
-    one, which raises if it cannot, or under ``'auto'`` the first of :data:`BACKENDS` that serves it."""
+    """The backend that runs ``call`` (an eager or compiled call of the lambda operator, :mod:`.plan`): the chosen
+    one, which raises if it cannot, or under ``'auto'`` the first of :data:`BACKENDS` that serves it. Under ``'auto'``
+    a kernel backend that computes the call but cannot run on this machine (a CPU kernel not built, a Triton that
+    cannot compile) is passed over with one warning, or in strict mode raises, naming the remedy."""
     if _backend != 'auto':
         reason = why_not(_backend, call, auto=False)
         if reason is not None:
             raise RuntimeError(f"timm_lambda: the position-lambda backend {_backend!r} cannot run {_describe(call)} "
-                               f"({reason}); set_backend('auto') or TIMM_LAMBDA_BACKEND=auto picks one that can")
+                               f"({reason}); raising, as it was chosen by name: set_backend('auto') or "
+                               "TIMM_LAMBDA_BACKEND=auto picks one that can")
         return _backend
     for backend in BACKENDS:
-        if why_not(backend, call) is None:
+        reason = why_not(backend, call)
+        if reason is None:
             return backend
+        missing = _unusable(backend, call)
+        if missing is not None and missing == reason:
+            if _strict:
+                raise RuntimeError(f'timm_lambda: strict mode: the {backend} backend of the position lambdas cannot '
+                                   f'run {_describe(call)} on this machine ({missing}); raising instead of handing '
+                                   "the call to the next backend: fix the cause, or set_backend(strict=False) / "
+                                   'TIMM_LAMBDA_STRICT=0 to let the next backend run it')
+            warn_once(backend, f'the {backend} backend of the position lambdas cannot run here ({missing}): the next '
+                               'backend of the table runs them instead (correct, slower)')
     raise AssertionError('gemm serves every operator call')
 
 
@@ -198,34 +214,12 @@ def _kernel_chosen() -> bool:
     return _backend in ('cpu_kernel', 'triton_tc', 'triton_fma')
 
 
-def dispatch(impl: str, q: Tensor, height: int, width: int, table_h: int, table_w: int,
-             global_scope: bool) -> Tuple[str, bool]:
-    """``(form, operator)`` for a call of the position lambdas: the form ``impl`` resolves to (:func:`choose_form`) and
-    whether a custom operator runs it (then :func:`choose` picks the backend inside) rather than plain tensor ops:
-    the dense and tiled forms in eager mode and under torch.compile, unless ``plain`` is chosen. TorchScript, graph
-    recorders (jit.trace, the ONNX exporters, torch.export) and torch.func transforms (the operators have no batching
-    rules) record plain tensor ops. A chosen backend that does not compute the form raises."""
-    if torch.jit.is_scripting():
-        return choose_form(impl, height, width, table_h, table_w, global_scope), False
-    return _dispatch(impl, q, height, width, table_h, table_w, global_scope)
-
-
-@torch.jit.ignore
-def _dispatch(impl: str, q: Tensor, height: int, width: int, table_h: int, table_w: int,
-              global_scope: bool) -> Tuple[str, bool]:
-    context = recorder()
-    form = choose_form(impl, height, width, table_h, table_w, global_scope, context in ('jit.trace', 'torch.export'))
-    if _backend != 'auto' and form not in _FORMS_OF[_backend]:
+def check_form(form: str) -> None:
+    """A backend chosen by name that does not compute ``form`` (the form a layer's ``impl`` resolved to) raises."""
+    if _backend not in ('auto', 'plain') and form not in _FORMS_OF[_backend]:
         raise ValueError(f"timm_lambda: the position-lambda backend {_backend!r} computes the "
                          f"{_forms_of(_backend)}, not {form!r}: choose the layer's impl accordingly, or "
                          "set_backend('auto')")
-    if context == 'torch.func' and form in ('dense', 'tiled') and _backend != 'plain':
-        warn_once('functorch', 'inside torch.func transforms the position lambdas run as plain tensor ops (the '
-                               'custom operators have no batching rules): correct, but slower and with more memory')
-    operator = form in ('dense', 'tiled') and _backend != 'plain' and context is None
-    if not operator and not torch.compiler.is_dynamo_compiling():
-        record(form, 'plain', q)
-    return form, operator
 
 
 def record(form: str, backend: str, x: Tensor) -> None:
@@ -247,11 +241,14 @@ def served_backends(reset: bool = False) -> Dict[Tuple[str, str, str, str], int]
     return out
 
 
-# The tiled operator's backends: forward (q, v, table, step, content) -> y; backward (gy, q, v, table, step,
-# content) -> (dq, dv, dtable, dcontent). Layouts: :mod:`.custom_ops`.
+# The tiled form's kernels, by backend: forward (q, v, table, step, content) -> y; backward (gy, q, v, table, step,
+# content) -> (dq, dv, dtable, dcontent). q [B, h, c, Ho, Wo] (a stride-2 layer's 3x3 query patches, c = 9 |k|),
+# v [B, u V, H, W], table [c, u, K_h, K_w], an optional content lambda [B, c, V] applied to the same queries.
 def _triton(backward: bool, tensor_cores: bool) -> Callable:
-    run = tiled_triton.backward if backward else tiled_triton.forward
-    return lambda *args: run(*args, tensor_cores=tensor_cores, chunk_elements=tiled_triton.CHUNK_ELEMENTS)
+    def run(*args):
+        fn = tiled_triton.backward if backward else tiled_triton.forward
+        return fn(*args, tensor_cores=tensor_cores, chunk_elements=tiled_triton.CHUNK_ELEMENTS)
+    return run
 
 
 _TILED: Dict[str, Tuple[Callable, Callable]] = {
@@ -262,29 +259,24 @@ _TILED: Dict[str, Tuple[Callable, Callable]] = {
 }
 
 
-def _tiled_call(q: Tensor, v: Tensor, table: Tensor, step: int) -> Call:
-    b, _, _, ho, wo = q.shape
-    return Call('tiled', q.device.type, q.dtype, step, b * ho * wo,
-                v.shape[2] <= table.shape[2] and v.shape[3] <= table.shape[3])
+def tiled_kernels(backend: str) -> Tuple[Callable, Callable]:
+    """The tiled form's ``(forward, backward)`` kernels of ``backend`` (see the comment above)."""
+    return _TILED[backend]
 
 
-def run_tiled(backward: bool, *args):
-    """The tiled operator's forward (``args``: q, v, table, step, content) or backward (gy, q, v, table, step,
-    content) by the backend :func:`choose` picks. A backend that fails because it cannot run on this machine
-    (:class:`BackendUnusable`) raises in strict mode, else is recorded as failed (one warning) and the call goes to
-    the next backend."""
-    q, v, table, step = args[1:5] if backward else args[:4]
-    call = _tiled_call(q, v, table, step)
-    while True:
-        backend = choose(call)
-        try:
-            out = _TILED[backend][backward](*args)
-        except BackendUnusable as e:
-            if _strict or _backend != 'auto':
-                raise
-            _failed[backend] = f'failed in this process ({e})'
-            warn_once(backend, f'the {backend} backend of the position lambdas failed ({e}); the next backend of the '
-                               f"table runs them instead (correct, slower); set_backend(strict=True) raises instead")
-            continue
-        record('tiled', backend, q)
-        return out
+def fail(backend: str, error: Exception) -> None:
+    """``backend`` raised :class:`BackendUnusable` (it cannot run on this machine): in strict mode, or where it was
+    chosen by name, the error propagates; under ``'auto'`` it is recorded as failed (one warning) and the next plan
+    skips it."""
+    if _strict or _backend != 'auto':
+        raise error
+    _failed[backend] = f'failed in this process ({error})'
+    _VERSION[0] += 1
+    warn_once(backend, f'the {backend} backend of the position lambdas failed ({error}): the next backend of the '
+                       "table runs them instead (correct, slower); set_backend(strict=True) raises instead")
+
+
+def version() -> int:
+    """A number that changes whenever the table's answers may change (a backend chosen, strict mode set, a backend
+    failed): part of the key of every cached plan (:mod:`.plan`)."""
+    return _VERSION[0]

@@ -9,8 +9,13 @@ Each query meets exactly its ``K_h x K_w`` scope (the GEMM path pads it to its b
 bfloat16 itself, at both strides, as a bfloat16 matmul computes: the logits rounded to bfloat16, products of bfloat16
 operands summed in float32 by VDPBF16PS (``tiled_forward_bf16``, ``tiled_backward_bf16``). Other 16-bit calls run in
 float32, the result rounded back. The ``cpu_kernel`` backend of :mod:`.backends`, which says where ``'auto'`` runs it:
-not for 16-bit stride-2 calls without AVX-512 BF16 (the gemm backend's 16-bit GEMM is faster there), nor where the
-kernel is not built (one warning names the command, or the failed build's cause: :func:`unavailable`).
+not where the kernel is not built (one warning names the command, or the failed build's cause: :func:`unavailable`),
+nor where :func:`declines` says the gemm backend is faster.
+
+The kernel's vectors are the compiler target's (``tiled_cpu.h``): 16 float32 lanes with AVX-512, 8 with AVX2 + FMA,
+4 elsewhere, its register tiles sized to the ISA's registers; :func:`isa` reads which from the build. The target is
+``-march=native`` unless ``TIMM_LAMBDA_CPU_ARCH`` names another (:func:`arch`: a separate build, e.g. ``x86-64-v3``
+to measure an AVX2 CPU's kernel on an AVX-512 one; :func:`load_target` loads one beside the serving build).
 
 One build per CPU, torch, Python and kernel source (:func:`_name`) in torch's extension cache
 (``$TORCH_EXTENSIONS_DIR``); a build supersedes those of the same CPU, torch and Python with another source, and

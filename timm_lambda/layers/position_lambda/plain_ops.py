@@ -1,7 +1,7 @@
 """The position lambdas in plain tensor ops: the two reference forms and the plain-op execution of the two fast ones.
 
 Shape arithmetic only (no data-dependent Python branches), so that every tracer, exporter and transform records them
-(:mod:`.execution` says which execution runs where).
+(:mod:`..execution` says which execution runs where).
 """
 from typing import List, Optional, Tuple
 
@@ -10,11 +10,110 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import pooling  # a module, not its name: pooling imports .execution from this package
-from ..relative_embedding import block_embedding, dense_embedding
-from .execution import compiled_copy, contiguous
+from ..execution import compiled_copy, contiguous, is_exporting
+from ..relative_embedding import block_embedding, dense_embedding, table_for_input
 
-__all__ = ['content_term', 'operator_content_term', 'operator_content_grads', 'einsum_form', 'conv_form', 'dense_plain',
-           'tile', 'tiled_plain', 'to_blocks']
+__all__ = ['KEY_NORMS', 'normalize_keys', 'lambdas_plain', 'content_lambda_plain', 'content_term',
+           'operator_content_term', 'operator_content_grads', 'einsum_form', 'conv_form', 'dense_plain', 'tile',
+           'tiled_plain', 'to_blocks']
+
+KEY_NORMS = ('softmax', 'l2', 'none')
+
+
+def normalize_keys(keys: Tensor, key_norm: str, dim: int = -1) -> Tensor:
+    """Normalise keys over the context positions ``dim`` (Table 11)."""
+    if key_norm == 'softmax':
+        return keys.softmax(dim=dim)
+    if key_norm == 'l2':
+        return F.normalize(keys, dim=dim)
+    return keys
+
+
+def content_lambda_plain(keys: Tensor, v: Tensor, key_norm: str) -> Tensor:
+    """lambda^c ``[B, k, V]`` (eq. 1) of the keys ``[B, u, k, n]`` (normalised here) and values ``[B, u, V, n]``: one
+    bmm per |u| (torch.matmul's 4-D decomposition reshapes the transposed values: torch.export would guard on
+    ``H W != 1``); |u| = 1 by views. (Compiled: copies, as the views bmm saves for backward broke inductor at symbolic
+    sizes: :func:`~..execution.compiled_copy`.)"""
+    keys = normalize_keys(keys, key_norm)
+    out = torch.bmm(compiled_copy(keys[:, 0]), compiled_copy(v[:, 0].transpose(1, 2)))
+    for i in range(1, keys.shape[1]):
+        out = out + torch.bmm(compiled_copy(keys[:, i]), compiled_copy(v[:, i].transpose(1, 2)))
+    return out
+
+
+def lambdas_plain(q: Tensor, keys: Optional[Tensor], v: Tensor, table: Optional[Tensor], shared: Optional[Tensor],
+                  height: int, width: int, form: str, stride: int, count_include_pad: bool, key_norm: str,
+                  global_scope: bool, table_size: Optional[List[int]]) -> Tensor:
+    """The lambda computation after the norms (the operator of :mod:`.fused`) in plain tensor ops, for every form:
+    ``q [B, h, k, n]``, ``keys [B, u, k, n]`` or None, ``v [B, u, V, n]``, ``table [k, u, R_h, R_w]`` or None (no
+    position lambdas), ``shared [B, k, V]`` or None -> ``[B, h V, Ho, Wo]``. The full map, then 3x3 average pooling
+    at stride 2 (the pooled contraction's logits matmul, 9 |k| deep on small per-query GEMMs, costs more in
+    onnxruntime than the 4x larger full-resolution one plus AveragePool)."""
+    content = shared
+    if keys is not None:
+        lam = content_lambda_plain(keys, v, key_norm)
+        content = lam if content is None else lam + content
+    if table is None:
+        assert content is not None, 'the content lambda, the position lambdas or both'
+        return content_term(content, q, height, width, stride, count_include_pad)  # eq. 2
+    cut = table_for_input(table, height, width, global_scope)
+    y = position_plain(q, v, cut, height, width, form, global_scope, None if global_scope else table_size)
+    if stride == 2:
+        y = pooling.avg_pool_3x3_s2(y, count_include_pad)
+    # the contiguous term first: the sum takes its layout (y may be a permuted view), which the reshapes after the
+    # layer rely on (a permuted sum made torch.export guard on sizes)
+    return y if content is None else content_term(content, q, height, width, stride, count_include_pad) + y
+
+
+def position_plain(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, form: str, global_scope: bool,
+                   table_size: Optional[List[int]]) -> Tensor:
+    """The position term (eq. 2 with lambda^p) of ``form`` at stride 1: ``[B, h V, H, W]`` (possibly a strided
+    view); ``table``: cut to the input (:func:`table_for_input`)."""
+    b, h = q.shape[0], q.shape[1]
+    dv = v.shape[2]
+    if form == 'tiled':
+        return _tiled_blocks(q, v, table, height, width, table_size)
+    if form == 'dense':
+        n = height * width
+        u = v.shape[1]
+        k = q.shape[2]
+        # copies and views: a reshape of a permuted view makes torch.export guard on n != 1, B != 1
+        emb = dense_embedding(table, height, width, not global_scope).permute(2, 0, 1, 3)
+        y = dense_plain(contiguous(q.permute(3, 0, 1, 2)).view(n, b * h, k),
+                        contiguous(v.transpose(2, 3)).view(b, u * n, dv), contiguous(emb).view(n, k, u * n), h)
+        return y.reshape(b, height, width, h * dv).permute(0, 3, 1, 2)
+    if form == 'einsum':
+        y = einsum_form(q, v, table, height, width, not global_scope)
+    elif form == 'conv':
+        y = conv_form(q, v, table, height, width)
+    else:
+        raise ValueError("impl must be one of 'auto', 'einsum', 'conv', 'dense', 'tiled', got '" + form + "'")
+    return y.reshape(b, h * dv, height, width)
+
+
+def _tiled_blocks(q: Tensor, v: Tensor, table: Tensor, height: int, width: int,
+                  table_size: Optional[List[int]]) -> Tensor:
+    """The tiled form by query blocks (:func:`to_blocks`, :func:`tiled_plain`): ``[B, h V, H, W]``."""
+    b, h, k = q.shape[0], q.shape[1], q.shape[2]
+    u, dv = v.shape[1], v.shape[2]
+    kh, kw = (table.shape[-2], table.shape[-1]) if table_size is None else (table_size[0], table_size[1])
+    t = tile()
+    blocks_y, blocks_x = (height + t - 1) // t, (width + t - 1) // t
+    if not torch.jit.is_scripting() and is_exporting():
+        # torch.export (2.14) guards on a block count of 1 and would specialise the export to inputs with the same
+        # 'one block or more' answer in every layer: at least 2 blocks (the extra one all padding, same results)
+        # (torch.sym_max of two ints is unsupported in strict export before torch 2.14: max() for static sizes)
+        blocks_y = torch.sym_max(blocks_y, 2) if isinstance(blocks_y, torch.SymInt) else max(blocks_y, 2)
+        blocks_x = torch.sym_max(blocks_x, 2) if isinstance(blocks_x, torch.SymInt) else max(blocks_x, 2)
+    qb, vp = to_blocks(q.reshape(b, h, k, height, width), v.reshape(b, u * dv, height, width), kh, kw, t, 1,
+                       blocks_y, blocks_x)
+    oy, ox = torch.arange(height, device=q.device), torch.arange(width, device=q.device)
+    y = tiled_plain(qb, vp, table, t, 1, blocks_y, blocks_x, table_size)
+    row = (((oy // t) * blocks_x)[:, None] * (t * t) + (oy % t)[:, None] * t
+           + ((ox // t) * (t * t) + ox % t)[None, :])
+    # one gather of whole rows, indexed by the 2-D row map (a permute would make torch.export guard on 'one
+    # block', a reshape to [.., ho, wo] on ho * wo != 1)
+    return y.reshape(b, blocks_y * blocks_x * t * t, h * dv)[:, row].permute(0, 3, 1, 2)
 
 
 def content_term(content: Tensor, q: Tensor, height: int, width: int, stride: int = 1,
@@ -30,7 +129,7 @@ def content_term(content: Tensor, q: Tensor, height: int, width: int, stride: in
 
 
 def operator_content_term(q: Tensor, content: Tensor) -> Tensor:
-    """:func:`.plain_ops.content_term` of the operator's queries ``q [B, h, c, Ho, Wo]``: ``[B, h V, Ho, Wo]``."""
+    """:func:`content_term` of the kernels' queries ``q [B, h, c, Ho, Wo]``: ``[B, h V, Ho, Wo]``."""
     b, h, c, ho, wo = q.shape
     return content_term(content, q.reshape(b, h, c, ho * wo), ho, wo)
 

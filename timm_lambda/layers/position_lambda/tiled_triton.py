@@ -34,7 +34,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .execution import BackendUnusable
+from ..execution import BackendUnusable
 from .plain_ops import operator_content_grads, operator_content_term
 
 __all__ = ['forward', 'backward', 'unavailable', 'logit_stride', 'INTERPRETED', 'LAUNCHES', 'CHUNK_ELEMENTS']

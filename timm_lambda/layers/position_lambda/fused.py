@@ -1,0 +1,280 @@
+"""The lambda computation after the query and value norms as one operator's forward and backward (sections 3.1-3.3):
+key normalisation, the content lambda (eq. 1), the position lambdas applied to the queries (eq. 2) with the content
+term in the same accumulators, and at stride 2 the 3x3 average pooling (appendix F.2), by the backend of the call's
+plan (:mod:`.plan`). :mod:`.custom_ops` registers these as ``timm_lambda::lambda_layer`` and its backward.
+
+Inputs (the layer's own maps, views where they are): ``q [B, h, k, n]``, ``keys [B, u, k, n]`` (not normalised; None
+without the content lambda), ``v [B, u, V, n]``, the relative embedding ``table [k, u, R_h, R_w]``, ``shared [B, k, V]``
+(a part of every ``lambda_n`` added to the content lambda, or standing for it without keys; None: none). Output
+``[B, h V, Ho, Wo]``.
+
+Stride 2 (the tiled form) runs at the output resolution: pooling is linear, so output ``o`` is the sum over its 3x3
+window of the inputs' terms divided by the window's in-image count (or 9): the queries' 3x3 patches (one im2col,
+channels ``(k, dy, dx)``) meet a table of the nine shifted tables (:func:`pooled_table`) and the content lambda
+repeated nine times, so that the kernel computes the window sum of both terms at once, 4x fewer queries than the map.
+The dense form (the ``gemm`` backend): the logits of every (query, context) pair, then one GEMM with the values
+(:func:`.plain_ops.dense_plain`), its backward by four more.
+"""
+import functools
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import pooling
+from ..checks import check_max_size
+from ..relative_embedding import dense_index_for
+from . import backends
+
+__all__ = ['forward', 'backward', 'content_lambda', 'pooled_table', 'in_image_counts']
+
+
+def content_lambda(keys: Optional[Tensor], v: Tensor, shared: Optional[Tensor], key_norm: str) -> Tuple[
+        Optional[Tensor], Optional[Tensor]]:
+    """``(lambda^c + shared [B, k, V], the normalised keys [B, u, k, n])`` (eq. 1, Table 11: softmax over the context
+    positions, in float32 at least as autocast computes a softmax). Without keys: ``(shared, None)``."""
+    if keys is None:
+        return shared, None
+    kn = normalized_keys(keys, key_norm)
+    if keys.shape[1] == 1:
+        lam = torch.bmm(kn[:, 0], v[:, 0].transpose(1, 2)) if shared is None else \
+            torch.baddbmm(shared, kn[:, 0], v[:, 0].transpose(1, 2))
+    else:  # sum over |u|: one GEMM of depth |u| |n|
+        b, u, k, n = kn.shape
+        lam = torch.bmm(kn.transpose(1, 2).reshape(b, k, u * n), v.transpose(2, 3).reshape(b, u * n, v.shape[2]))
+        lam = lam if shared is None else lam + shared
+    return lam, kn
+
+
+def normalized_keys(keys: Tensor, key_norm: str) -> Tensor:
+    """The keys normalised over the context positions (the last dimension), in the keys' dtype; a 16-bit softmax is
+    computed in float32 (as under autocast)."""
+    if key_norm == 'softmax':
+        if keys.dtype in (torch.float16, torch.bfloat16):
+            return torch.softmax(keys, -1, dtype=torch.float32).to(keys.dtype)
+        return torch.softmax(keys, -1)
+    if key_norm == 'l2':
+        return F.normalize(keys, dim=-1)
+    return keys
+
+
+def _keys_grad(gkn: Tensor, keys: Tensor, kn: Tensor, key_norm: str) -> Tensor:
+    """The keys' gradient from the normalised keys' ``gkn``."""
+    if key_norm == 'softmax':
+        if keys.dtype in (torch.float16, torch.bfloat16):
+            return torch._softmax_backward_data(gkn.float(), kn.float(), -1, torch.float32).to(keys.dtype)
+        return torch._softmax_backward_data(gkn, kn, -1, keys.dtype)
+    if key_norm == 'l2':
+        with torch.enable_grad():
+            k = keys.detach().requires_grad_()
+            return torch.autograd.grad(F.normalize(k, dim=-1), k, gkn)[0]
+    return gkn
+
+
+@functools.lru_cache(maxsize=64)
+def _pool_index(kh: int, kw: int, device: torch.device) -> Tensor:
+    """Gather index of :func:`pooled_table`: ``[9 (K_h + 2) (K_w + 2)]``, entry ``(d, e)`` the flat table position of
+    offset ``e - d`` (``d = (dy, dx)`` in 3x3, ``e`` in the pooled scope), or ``K_h K_w`` (a zero slot) outside."""
+    d = torch.arange(3)
+    ey, ex = torch.arange(kh + 2), torch.arange(kw + 2)
+    ty = ey[None, :] - d[:, None]  # [dy, ey]
+    tx = ex[None, :] - d[:, None]
+    inside = ((ty >= 0) & (ty < kh))[:, None, :, None] & ((tx >= 0) & (tx < kw))[None, :, None, :]
+    index = torch.where(inside, ty[:, None, :, None] * kw + tx[None, :, None, :], kh * kw)
+    with torch.inference_mode(False):
+        return index.reshape(-1).to(device)
+
+
+def pooled_table(table: Tensor) -> Tensor:
+    """The table of a stride-2 layer's query patches: ``[k, u, K_h, K_w] -> [9 k, u, K_h + 2, K_w + 2]``, rows
+    ``(k, dy, dx)`` (the order of ``F.unfold``'s channels), ``out[(k, d), u, e] = table[k, u, e - d]`` (zero outside).
+    One pad and one gather (and a copy for |u| > 1)."""
+    k, u, kh, kw = table.shape
+    flat = F.pad(table.reshape(k, u, kh * kw), [0, 1])
+    out = flat.index_select(2, _pool_index(kh, kw, table.device)).view(k, u, 9, kh + 2, kw + 2)
+    return out.transpose(1, 2).reshape(9 * k, u, kh + 2, kw + 2)
+
+
+def _pooled_table_grad(g: Tensor, kh: int, kw: int) -> Tensor:
+    """The table's gradient from :func:`pooled_table`'s ``g [9 k, u, K_h + 2, K_w + 2]``."""
+    k, u = g.shape[0] // 9, g.shape[1]
+    g = g.view(k, 9, u, -1).transpose(1, 2).reshape(k, u, -1)
+    out = g.new_zeros(k, u, kh * kw + 1).index_add_(2, _pool_index(kh, kw, g.device), g)
+    return out[:, :, :kh * kw].reshape(k, u, kh, kw)
+
+
+def in_image_counts(height: int, width: int, like: Tensor) -> Tensor:
+    """``[Ho, Wo]``: the in-image inputs of each stride-2 output's 3x3 window (whole numbers, exact in every dtype),
+    built once a size, dtype and device (eager mode; at most 32 kept, each ``Ho Wo`` elements)."""
+    if torch.compiler.is_compiling():
+        return _count_in_image(height, width, like.device, like.dtype)
+    return _in_image_counts_cached(height, width, like.device, like.dtype)
+
+
+@functools.lru_cache(maxsize=32)
+def _in_image_counts_cached(height: int, width: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    with torch.inference_mode(False):
+        return _count_in_image(height, width, device, dtype)
+
+
+def _count_in_image(height: int, width: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    ho, wo = (height + 1) // 2, (width + 1) // 2
+    oy, ox = torch.arange(ho, device=device), torch.arange(wo, device=device)
+    in_rows = 3 - (oy == 0).to(dtype) - (2 * oy + 1 >= height).to(dtype)
+    in_cols = 3 - (ox == 0).to(dtype) - (2 * ox + 1 >= width).to(dtype)
+    return in_rows[:, None] * in_cols[None, :]
+
+
+def _patches(q: Tensor, height: int, width: int) -> Tensor:
+    """``q [B, h, k, n] -> [B, h, 9 k, Ho, Wo]``: the 3x3 patches (padding 1, stride 2) of the queries, channels
+    ``(k, dy, dx)``: one im2col."""
+    b, h, k = q.shape[0], q.shape[1], q.shape[2]
+    cols = F.unfold(q.reshape(b, h * k, height, width), 3, padding=1, stride=2)
+    return cols.view(b, h, 9 * k, (height + 1) // 2, (width + 1) // 2)
+
+
+def _repeat9(lam: Optional[Tensor]) -> Optional[Tensor]:
+    """The content lambda for the patches' channels ``(k, d)``: ``[B, k, V] -> [B, 9 k, V]``."""
+    if lam is None:
+        return None
+    b, k, dv = lam.shape
+    return lam.unsqueeze(2).expand(b, k, 9, dv).reshape(b, 9 * k, dv)
+
+
+def _reach(table: Tensor, height: int, width: int, global_scope: bool) -> Tensor:
+    """The offsets of ``table [k, u, R_h, R_w]`` that an ``height x width`` map reaches, ``|dy| <= H - 1``, ``|dx|
+    <= W - 1``: a centred window (a view) of ``min(R, 2 H - 1)`` rows and ``min(R, 2 W - 1)`` columns; the offsets
+    past it meet only zero padding. A global table covers at most its ``max_size`` (else a ValueError naming it); a
+    local one any size (its window: at most the scope, the same result with less work on maps smaller than it,
+    e.g. 7x7 of a 23x23 scope at c5 of a 224 px image)."""
+    kh, kw = table.shape[2], table.shape[3]
+    ch, cw = (kh - 1) // 2, (kw - 1) // 2
+    if global_scope:
+        check_max_size(height, width, ch + 1, cw + 1)
+    rh, rw = min(ch, height - 1), min(cw, width - 1)
+    if (rh, rw) == (ch, cw):
+        return table
+    return table[:, :, ch - rh:ch + rh + 1, cw - rw:cw + rw + 1]
+
+
+def _reach_grad(g: Tensor, table: Tensor) -> Tensor:
+    """The whole table's gradient from that of its window :func:`_reach` (zero outside)."""
+    if g.shape == table.shape:
+        return g
+    out = g.new_zeros(table.shape)
+    rh, rw = (g.shape[2] - 1) // 2, (g.shape[3] - 1) // 2
+    ch, cw = (table.shape[2] - 1) // 2, (table.shape[3] - 1) // 2
+    out[:, :, ch - rh:ch + rh + 1, cw - rw:cw + rw + 1] = g
+    return out
+
+
+def forward(backend: str, form: str, q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor,
+            shared: Optional[Tensor], height: int, width: int, stride: int, count_include_pad: bool, key_norm: str,
+            global_scope: bool) -> Tensor:
+    """The layer's output after its norms, ``[B, h V, Ho, Wo]`` (contiguous), by ``backend`` in ``form``."""
+    b, h, k = q.shape[0], q.shape[1], q.shape[2]
+    u, dv = v.shape[1], v.shape[2]
+    lam, _ = content_lambda(keys, v, shared, key_norm)
+    table = _reach(table, height, width, global_scope)
+    if form == 'dense':
+        qd, vd, emb, _ = _dense_operands(q, v, table, height, width, global_scope)
+        y = torch.bmm(_dense_logits(qd, emb, b, h), vd)  # [B, n h, V]
+        y = y.view(b, height * width, h * dv).transpose(1, 2).reshape(b, h, dv, height * width)
+        if lam is not None:  # + (lambda^c)^T q_n^h (eq. 2)
+            y = torch.matmul(lam.transpose(1, 2).unsqueeze(1), q).add_(y)
+        y = y.view(b, h * dv, height, width)
+        return pooling.avg_pool_3x3_s2(y, count_include_pad) if stride == 2 else y
+    kernel = backends.tiled_kernels(backend)[0]
+    v4 = v.reshape(b, u * dv, height, width)
+    if stride == 1:
+        return kernel(q.reshape(b, h, k, height, width), v4, table, 1, lam)
+    y = kernel(_patches(q, height, width), v4, pooled_table(table), 2, _repeat9(lam))
+    return y.div_(9) if count_include_pad else y.div_(in_image_counts(height, width, y))
+
+
+def backward(backend: str, form: str, gy: Tensor, q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor,
+             shared: Optional[Tensor], height: int, width: int, stride: int, count_include_pad: bool, key_norm: str,
+             global_scope: bool) -> List[Optional[Tensor]]:
+    """The gradients of ``q``, ``keys``, ``v``, ``table`` and ``shared`` (None for an input that is None)."""
+    b, h, k = q.shape[0], q.shape[1], q.shape[2]
+    u, dv = v.shape[1], v.shape[2]
+    lam, kn = content_lambda(keys, v, shared, key_norm)
+    full = table
+    table = _reach(table, height, width, global_scope)
+    if form == 'dense':
+        gq, gv, gtable, glam = _dense_backward(gy, q, v, table, lam, height, width, stride, count_include_pad,
+                                               global_scope)
+    elif stride == 1:
+        kernel = backends.tiled_kernels(backend)[1]
+        v4 = v.reshape(b, u * dv, height, width)
+        gq, gv, gtable, glam = kernel(gy, q.reshape(b, h, k, height, width), v4, table, 1, lam)
+    else:
+        kernel = backends.tiled_kernels(backend)[1]
+        v4 = v.reshape(b, u * dv, height, width)
+        gy = gy / 9 if count_include_pad else gy / in_image_counts(height, width, gy)
+        gp, gv, gtable, glam = kernel(gy, _patches(q, height, width), v4, pooled_table(table), 2, _repeat9(lam))
+        gq = F.fold(gp.reshape(b, h * 9 * k, -1), (height, width), 3, padding=1, stride=2)
+        gtable = _pooled_table_grad(gtable, table.shape[2], table.shape[3])
+        if lam is not None:
+            glam = glam.view(b, k, 9, dv).sum(2)
+    gtable = _reach_grad(gtable, full)
+    gq = gq.view(b, h, k, height * width)
+    gv = gv.view(b, u, dv, height * width)
+    gkeys = None
+    if keys is not None:  # lambda^c = sum_u K_u V_u^T (eq. 1)
+        if u == 1:
+            gkn = torch.bmm(glam, v[:, 0]).unsqueeze(1)
+            gv = torch.baddbmm(gv[:, 0], glam.transpose(1, 2), kn[:, 0]).unsqueeze(1)
+        else:
+            gkn = torch.matmul(glam.unsqueeze(1), v)
+            gv = gv + torch.matmul(glam.transpose(1, 2).unsqueeze(1), kn)
+        gkeys = _keys_grad(gkn, keys, kn, key_norm)
+    return [gq, gkeys, gv, gtable, None if shared is None else glam]
+
+
+def _dense_operands(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, global_scope: bool):
+    """The dense form's GEMM operands: ``q [n, B h, k]``, ``v [B, u m, V]``, the embeddings ``E [n, k, u m]``
+    (``E_nm = R[m - n]``, zero outside a local scope) and their gather index."""
+    b, h, k, n = q.shape
+    u, dv = v.shape[1], v.shape[2]
+    masked = not global_scope
+    index = dense_index_for(height, width, table.shape[2], table.shape[3], masked, table.device)
+    flat = table.reshape(k, u, -1)
+    flat = F.pad(flat, [0, 1]) if masked else flat  # slot R_h R_w: zero outside the scope
+    emb = flat.index_select(2, index).view(k, u, n, n).permute(2, 0, 1, 3).reshape(n, k, u * n)
+    return (q.permute(3, 0, 1, 2).reshape(n, b * h, k), v.transpose(2, 3).reshape(b, u * n, dv), emb, index)
+
+
+def _dense_logits(qd: Tensor, emb: Tensor, b: int, h: int) -> Tensor:
+    """``[B, n h, u m]``: the logits of every (query, context) pair."""
+    n = qd.shape[0]
+    return torch.bmm(qd, emb).view(n, b, h, -1).transpose(0, 1).reshape(b, n * h, -1)
+
+
+def _dense_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, lam: Optional[Tensor], height: int, width: int,
+                    stride: int, count_include_pad: bool, global_scope: bool):
+    """The dense form's gradients of ``q``, ``v``, the (reached) table and the content lambda."""
+    b, h, k, n = q.shape
+    u, dv = v.shape[1], v.shape[2]
+    if stride == 2:
+        full = gy.new_empty(b, h * dv, height, width)
+        gy = torch.ops.aten.avg_pool2d_backward(gy, full, [3, 3], [2, 2], [1, 1], False, count_include_pad, None)
+    gy4 = gy.reshape(b, h, dv, n)
+    glam = None
+    gq = None
+    if lam is not None:  # the content term's
+        glam = torch.matmul(q, gy4.transpose(2, 3)).sum(1)
+        gq = torch.matmul(lam.unsqueeze(1), gy4)
+    qd, vd, emb, index = _dense_operands(q, v, table, height, width, global_scope)
+    gyd = gy4.permute(0, 3, 1, 2).reshape(b, n * h, dv)  # [B, n h, V]
+    logits = _dense_logits(qd, emb, b, h)  # recomputed
+    gv = torch.bmm(logits.transpose(1, 2), gyd).view(b, u, n, dv).transpose(2, 3)
+    glogits = torch.bmm(gyd, vd.transpose(1, 2)).view(b, n, h, -1).transpose(0, 1).reshape(n, b * h, -1)
+    gqd = torch.bmm(glogits, emb.transpose(1, 2)).view(n, b, h, k).permute(1, 2, 3, 0)
+    gq = gqd if gq is None else gq + gqd
+    gemb = torch.bmm(qd.transpose(1, 2), glogits).view(n, k, u, n).permute(1, 2, 0, 3).reshape(k, u, n * n)
+    slots = table.shape[2] * table.shape[3] + (0 if global_scope else 1)
+    gflat = gemb.new_zeros(k, u, slots).index_add_(2, index, gemb)
+    gtable = gflat[:, :, :table.shape[2] * table.shape[3]].reshape(table.shape)
+    return gq, gv, gtable, glam
