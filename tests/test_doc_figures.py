@@ -359,7 +359,27 @@ the convs {} / {} / {} ms: **{}x summed** (run 4: {}x; eager {}x).""",
      lambda: [cases(load('gpu_h200_graphs.json')['results'])['auto 256ch 64px s1'][k]
               for k in ('eager_ms', 'graphed_ms')]
      + [cases(_run5_layer()['cuda_graphs_batch1'])['auto 256ch 64px s1'][k] for k in ('eager_ms', 'graphed_ms')]),
+    ('README.md', 'its AVX2 + FMA build took {}x the conv in training (float32; bfloat16 {}x)',
+     lambda: [_isa_summed('cpu_isa.json', f'train {d}', 'cpu_kernel[x86-64-v3]') for d in ('float32', 'bfloat16')]),
+    ('docs/benchmarks.md', "On AVX2 the kernel's training step is {}x / {}x / {}x the conv ({}x summed) in float32",
+     lambda: _isa_rows('cpu_isa.json', 'train', 'float32', 'cpu_kernel[x86-64-v3]')
+     + [_isa_summed('cpu_isa.json', 'train float32', 'cpu_kernel[x86-64-v3]')]),
+    ('docs/benchmarks.md', """float32: the AVX2 kernel's training step {}x / {}x / {}x the conv
+(CPU time {}x / {}x / {}x), {}x summed (AVX-512 build {}x, gemm backend {}x); eval {}x summed ({}x, {}x)""",
+     lambda: _isa_rows('cpu_isa_avx2_libraries.json', 'train', 'float32', 'cpu_kernel[x86-64-v3]')
+     + _isa_rows('cpu_isa_avx2_libraries.json', 'train', 'float32', 'cpu_kernel[x86-64-v3]', 'cpu_ratio')
+     + [_isa_summed('cpu_isa_avx2_libraries.json', f'{m} float32', k) for m in ('train', 'eval')
+        for k in ('cpu_kernel[x86-64-v3]', 'cpu_kernel[native]', 'gemm')]),
 ]
+
+
+def _isa_rows(name, mode, dtype, candidate, key='ratio'):
+    """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
+    return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
+
+
+def _isa_summed(name, setting, candidate):
+    return load(name)['summed_ratio'][setting][candidate]
 
 
 def _spaced(text: str) -> str:
