@@ -178,7 +178,9 @@ def content_formula(qs, vs, ts, dtype, precision='ieee', sms=None) -> dict:
     m = meta['rows']
     programs = _cdiv(wo, m['BLOCK_Q']) * _cdiv(ho, m['BLOCK_Y']) * b
     r = m['BLOCK_Y'] * m['BLOCK_H'] * m['BLOCK_Q']
-    return dict(issued=programs * r * m['BLOCK_C'] * m['BLOCK_V'], needed=b * ho * wo * h * c * (uv // u))
+    return dict(issued=programs * r * m['BLOCK_C'] * m['BLOCK_V'], needed=b * ho * wo * h * c * (uv // u),
+                note='the forward\'s content dot (CONTENT), where the caller passes a content lambda of depth c; not '
+                'in the position totals')
 
 
 def _in_image(size: int, queries: int, step: int, k: int) -> int:
