@@ -231,10 +231,18 @@ def summarize(sites: dict, grids: dict, need: dict) -> dict:
         part = SITES.get((kernel, dot), 'logits')  # (the GEMMs: logits, dq and dR, each one pass of the logits)
         rows.append({'pass': pass_, 'kernel': kernel, 'dot': dot, 'part': part, **grids[(pass_, kernel)],
                      'issued': macs, 'needed': need[part], 'ratio': round(macs / need[part], 3)})
+    kernels = {}
+    for r in rows:  # per kernel (its dot sites together; the GEMMs each their own)
+        name = f"{r['pass']} {r['kernel'] if r['kernel'] != 'gemm' else 'gemm ' + r['dot']}"
+        k = kernels.setdefault(name, dict(issued=0, needed=0))
+        k['issued'] += r['issued']
+        k['needed'] += r['needed']
+    for k in kernels.values():
+        k['ratio'] = round(k['issued'] / k['needed'], 3)
     tot = {p: sum(m for k, m in sites.items() if k[0] == p) for p in ('forward', 'backward')}
     tot['train'] = tot['forward'] + tot['backward']
-    return dict(sites=rows, issued=tot, needed={k: need[k] for k in ('logits', 'values', 'forward', 'backward',
-                                                                       'train')},
+    return dict(kernels=kernels, sites=rows, issued=tot,
+                needed={k: need[k] for k in ('logits', 'values', 'forward', 'backward', 'train')},
                 ratio={k: round(tot[k] / need[k], 3) for k in tot})
 
 
@@ -399,7 +407,8 @@ def main(argv=None):
     rows = table()
     for r in rows:
         print(f"{r['shape']:6s} {r['dtype']:8s} issued/needed: forward {r['ratio']['forward']:.2f}x, backward "
-              f"{r['ratio']['backward']:.2f}x, training step {r['ratio']['train']:.2f}x")
+              f"{r['ratio']['backward']:.2f}x, training step {r['ratio']['train']:.2f}x; per kernel: "
+              + ', '.join(f"{k} {v['ratio']:.2f}x" for k, v in r['kernels'].items()))
         for x in r['sites']:
             print(f"    {x['pass']:8s} {x['kernel']:21s} {x['dot']:20s} {x['part']:6s} {x['issued'] / 1e9:8.2f} G of "
                   f"{x['needed'] / 1e9:7.2f} G: {x['ratio']:.2f}x")
