@@ -253,6 +253,18 @@ def host_time(commit):
     return [d['load_before'][0]] + [r['us_per_step']['autograd.Function'] for r in d['rows']]
 
 
+def runs_1_to_3_models():
+    """Runs 1-3's model table: per row (backbone float32, bfloat16; classifier float32, bfloat16) the three runs."""
+    runs = [load(f'gpu_h200_models_{n}.json')['results'] for n in ('before', 'fold', 'triton')]
+    out = []
+    for comparison, a, b in (('backbone', 'LambdaResNet-101', 'ResNet-RS-101+SE'),
+                             ('classification', 'LambdaResNet-50', "timm's lambda_resnet50ts")):
+        for d in ('torch.float32', 'torch.bfloat16'):
+            for run in runs:
+                out += both(pick(run, comparison=comparison, dtype=d), a, b)
+    return out
+
+
 # (page, passage with {} for each figure, the figures from the JSON)
 FIGURES = [
     ('README.md', """| one lambda layer / its 3x3 conv, 1024 px shapes summed, batch 8, TF32 / bf16 autocast |
@@ -370,6 +382,12 @@ the convs {} / {} / {} ms: **{}x summed** (run 4: {}x; eager {}x).""",
      + _isa_rows('cpu_isa_avx2_libraries.json', 'train', 'float32', 'cpu_kernel[x86-64-v3]', 'cpu_ratio')
      + [_isa_summed('cpu_isa_avx2_libraries.json', f'{m} float32', k) for m in ('train', 'eval')
         for k in ('cpu_kernel[x86-64-v3]', 'cpu_kernel[native]', 'gemm')]),
+    ('docs/benchmarks.md', """| LambdaResNet-101 vs RS-101+SE, 1024 px, batch 4, float32 | {}x / {}x | **{}x / {}x** |
+{}x / {}x |
+| same, bfloat16 | {}x / {}x | **{}x / {}x** | {}x / {}x |
+| LambdaResNet-50 vs timm's `lambda_resnet50ts`, 224 px, batch 64, float32 | {}x / {}x | {}x / {}x |
+**{}x / {}x** |
+| same, bfloat16 | {}x / {}x | {}x / {}x | **{}x / {}x** |""", runs_1_to_3_models),
 ]
 
 
