@@ -382,6 +382,11 @@ the convs {} / {} / {} ms: **{}x summed** (run 4: {}x; eager {}x).""",
      + _isa_rows('cpu_isa_avx2_libraries.json', 'train', 'float32', 'cpu_kernel[x86-64-v3]', 'cpu_ratio')
      + [_isa_summed('cpu_isa_avx2_libraries.json', f'{m} float32', k) for m in ('train', 'eval')
         for k in ('cpu_kernel[x86-64-v3]', 'cpu_kernel[native]', 'gemm')]),
+    ('docs/benchmarks.md', 'docs/results/cpu_isa_avx2_libraries_s2.json`, load {}): the AVX2 kernel {}x the conv, the '
+     'AVX-512 build {}x, the\ngemm backend {}x',
+     lambda: [float(load('cpu_isa_avx2_libraries_s2.json')['load_before'].split()[0])]
+     + [load('cpu_isa_avx2_libraries_s2.json')['results'][0][k]['ratio']
+        for k in ('cpu_kernel[x86-64-v3]', 'cpu_kernel[native]', 'gemm')]),
     ('docs/benchmarks.md', """| LambdaResNet-101 vs RS-101+SE, 1024 px, batch 4, float32 | {}x / {}x | **{}x / {}x** |
 {}x / {}x |
 | same, bfloat16 | {}x / {}x | **{}x / {}x** | {}x / {}x |

@@ -39,6 +39,8 @@ def _args(argv=None):
     p.add_argument('--modes', nargs='+', default=['train', 'eval'], choices=['train', 'eval'])
     p.add_argument('--dtypes', nargs='+', default=['float32', 'bfloat16'], choices=['float32', 'bfloat16'])
     p.add_argument('--image-size', type=int, default=1024)
+    p.add_argument('--shapes', nargs='+', type=int, choices=[0, 1, 2], default=[0, 1, 2],
+                   help='which of the three shapes (0: c4, 1: the stride-2 first c5 block, 2: c5)')
     p.add_argument('--threads', type=int, default=2)
     p.add_argument('--repeats', type=int, default=5)
     p.add_argument('--no-auto', action='store_true', help="leave out the 'auto' candidates")
@@ -116,7 +118,7 @@ def main(argv=None):
         return run
 
     results = []
-    for width, size, stride in backbone_shapes(args.image_size):
+    for width, size, stride in [backbone_shapes(args.image_size)[i] for i in args.shapes]:
         for mode in args.modes:
             for dtype_name in args.dtypes:
                 dtype = getattr(torch, dtype_name)
