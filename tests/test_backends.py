@@ -64,8 +64,10 @@ def test_a_chosen_backend_that_cannot_serve_raises_with_the_reason(backend):
     with pytest.raises(ValueError, match="backend 'gemm' computes the dense and tiled forms, not 'conv'"):
         C.call('conv', case, q, v, table)
     with pytest.raises(ValueError, match=r"^backend must be 'auto' or one of 'cpu_kernel', 'triton_tc', "
-                                         r"'triton_fma', 'gemm', 'plain', got 'triton'$"):
+                                         r"'triton_fma', 'gemm', 'plain' \(any case\), got 'triton'$"):
         PL.set_backend('triton')
+    assert PL.get_backend() == 'gemm'
+    PL.set_backend('GEMM')  # the spellings TIMM_LAMBDA_BACKEND accepts
     assert PL.get_backend() == 'gemm'
 
 

@@ -1,5 +1,6 @@
 """Multiply-add counts (the README model table's GMACs column, ``dev.docs.forward_macs``): torch's FlopCounterMode
-counts the position-lambda custom operators by their registered FLOP formulas, on the meta device as on a CPU."""
+counts the lambda operator (``timm_lambda::lambda_layer``) by its registered FLOP formula, on the meta device as on a
+CPU."""
 
 import pytest
 import timm
@@ -25,13 +26,14 @@ def test_meta_device_counts_as_a_cpu_does():
     size = meta_model.pretrained_cfg['input_size']
     on_meta = forward_macs(meta_model, size)
     counts = _counts(timm.create_model('resnet26_lambda_cifar').eval(), torch.randn(1, *size))
-    assert counts['timm_lambda.tiled_position_lambdas'] > 0 and counts['timm_lambda.dense_position_lambdas'] > 0
+    assert counts['timm_lambda.lambda_layer'] > 0
     assert on_meta == sum(counts.values())
 
 
 def test_dense_operator_counts_as_torch_counts_its_plain_ops(backend):
-    """The dense operator's formula against torch's own count of the same arithmetic in plain tensor ops (the form
-    that traces and exports run): equal, layer for layer. Without the formula the operator would count 0."""
+    """The lambda operator's formula in the dense form against torch's own count of the same arithmetic in plain
+    tensor ops (the form that traces and exports run): equal in all. Without the formula the operator would count
+    0."""
     model = timm.create_model('resnet26_lambda_cifar', device='meta').eval()
     for layer in model.modules():
         if isinstance(layer, LambdaLayer):
@@ -40,10 +42,10 @@ def test_dense_operator_counts_as_torch_counts_its_plain_ops(backend):
     ops = _counts(model, x)
     backend('plain')
     plain = _counts(model, x)
-    assert 'timm_lambda.dense_position_lambdas' not in plain
-    position = ops.pop('timm_lambda.dense_position_lambdas')
-    assert position > 0.4 * sum(ops.values())  # the position lambdas are a large share: a missing formula shows
-    assert sum(ops.values()) + position == sum(plain.values())
+    assert 'timm_lambda.lambda_layer' not in plain
+    lambdas = ops.pop('timm_lambda.lambda_layer')
+    assert lambdas > 0.4 * sum(ops.values())  # the lambda computation is a large share: a missing formula shows
+    assert sum(ops.values()) + lambdas == sum(plain.values())
 
 
 @pytest.mark.parametrize('impl', ['dense', 'tiled'])
@@ -52,15 +54,15 @@ def test_position_lambda_count_by_hand(impl):
     pair: logits |n| |h| |n| |k| and output |n| |h| |n| |v|. tiled: 2x2 blocks of 8x8 queries, each
     query against its own 7x7 scope (the CPU kernel's exact arithmetic): logits |k| per offset, output |v| per offset
     inside the image (along each axis 16 x 7 offsets minus 3 + 2 + 1 at each border = 100), and the content term
-    that the operator applies inside, |k| |v| per query and head."""
+    that the operator applies inside, |k| |v| per query and head; both forms also the content lambda, |k| |n| |v|."""
     layer = LambdaLayer(64, dim_k=16, heads=4, scope=7, impl=impl, device='meta').eval()
     counts = _counts(layer, torch.zeros(1, 64, 16, 16, device='meta'))
     n, h, k, v = 16 * 16, 4, 16, 16
     if impl == 'dense':
-        expected = n * h * n * (k + v)
+        expected = n * h * n * (k + v) + n * h * k * v
     else:
         expected = n * h * 7 * 7 * k + h * 100 * 100 * v + n * h * k * v
-    assert counts[f'timm_lambda.{impl}_position_lambdas'] == expected
+    assert counts['timm_lambda.lambda_layer'] == expected + k * n * v
 
 
 def test_paper_counts_a_multiply_add_as_two_flops():

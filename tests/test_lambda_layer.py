@@ -410,9 +410,10 @@ def test_flop_counter_counts_every_form(impl, kw, size):
             y.sum().backward()
         ops = {str(op): n for op, n in counter.get_flop_counts()['Global'].items()}
         first, second = _position_macs(layer, 2, *size, impl)
-        # the tiled operator applies the content lambda inside at stride 1
-        content = 2 * _content_macs(layer, 2, *size) if impl == 'tiled' and layer.stride == 1 else 0
-        assert ops[f'timm_lambda.{impl}_position_lambdas_backward'] == 2 * (3 * first + 2 * second + content)
+        # the operator computes the content lambda and its term inside, their gradients twice each
+        n = size[0] * size[1]
+        content = 2 * (_content_macs(layer, 2, *size) + 2 * layer.dim_u * layer.dim_k * n * layer.dim_v)
+        assert ops['timm_lambda.lambda_layer_backward'] == 2 * (3 * first + 2 * second + content)
 
 
 @CUSTOM_OP_FLOPS

@@ -118,8 +118,14 @@ def test_no_build_one_warning_naming_the_command(monkeypatch, tmp_path, backend)
     from timm_lambda.layers import execution
     from timm_lambda.layers.position_lambda import backends
     monkeypatch.setattr(execution, '_WARNED', set())
-    backend('auto')
     q, v, table = torch.randn(1, 2, 3, 5, 6), torch.randn(1, 4, 5, 6), torch.randn(3, 1, 5, 5)
+    backend('auto', strict=True)  # strict: auto raises too, naming the cause and the remedy, not the fallback
+    with pytest.raises(RuntimeError, match=r"^timm_lambda: strict mode: the cpu_kernel backend of the position "
+                                           r"lambdas cannot run the tiled form on cpu in float32 on this machine "
+                                           r"\(the tiled form's CPU kernel is not built .* build it once with .*; "
+                                           r"raising instead of handing the call to the next backend"):
+        kernel_call(q, v, table, 1)
+    backend('auto', strict=False)
     backends.served_backends(reset=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')

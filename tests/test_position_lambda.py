@@ -579,3 +579,38 @@ def test_a_disconnected_second_order_gradient_is_none_as_in_the_plain_op_forms(i
             torch.testing.assert_close(got, other_form, rtol=1e-10, atol=1e-10, msg=name)
     none = {name for name, got in zip(_DB_NAMES, ops) if got is None}
     assert none == (_PENALISED[penalised] if stride == 1 or penalised == 'content' else set())
+
+
+@pytest.mark.parametrize('execution', ['cpu_kernel', 'gemm'])
+@pytest.mark.parametrize('patched', [True, False])
+@pytest.mark.parametrize('cip,scope', [(False, 5), (True, 7), (False, None)], ids=['local', 'include_pad', 'global'])
+def test_stride_two_on_patches_and_on_the_full_map_equal_the_plain_ops(patched, cip, scope, execution, monkeypatch,
+                                                                       backend):
+    """The lambda operator at stride 2 both ways (:func:`fused.patched` forced: the queries' 3x3 patches against the
+    pooled table with the content lambda repeated nine times, divided by the in-image counts; or the full map pooled
+    after): output and the gradients of q, keys, v, the table and a shared lambda equal the plain ops' (float64,
+    |u| = 2, an odd map, keys and a shared lambda), and the chosen way ran."""
+    from timm_lambda.layers.position_lambda import fused
+    ran = _use_execution(execution, 64, monkeypatch, backend)
+    calls = []
+    monkeypatch.setattr(fused, 'patched', lambda *a: calls.append(a) or patched)
+    unfold = []
+    monkeypatch.setattr(fused, '_patches', lambda *a, f=fused._patches: unfold.append(1) or f(*a))
+    g = torch.Generator().manual_seed(7)
+    hh, ww, k, u, dv = 7, 9, 3, 2, 5
+    table = torch.randn(k, u, *((scope, scope) if scope else (2 * hh - 1, 2 * ww - 1)), generator=g,
+                        dtype=torch.float64)
+    leaves = [torch.randn(*s, generator=g, dtype=torch.float64).requires_grad_() for s in
+              [(2, 2, k, hh * ww), (2, u, k, hh * ww), (2, u, dv, hh * ww), tuple(table.shape), (2, k, dv)]]
+
+    def run():
+        q, keys, v, t, shared = leaves
+        y = PL.position_lambdas(q, v, t, hh, ww, 'tiled', scope is None, 2, cip, None, shared, keys)
+        gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=y.dtype)
+        return [y] + list(torch.autograd.grad(y, leaves, gy))
+
+    got = run()
+    assert ran('tiled') and calls and bool(unfold) == patched
+    backend('plain')
+    for a, b in zip(got, run()):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

@@ -1,5 +1,5 @@
-"""The execution context of the position lambdas (eager, compiled, recorded, transformed) and the one-time warnings
-about it (docs/execution_modes.md); the backend table that reads it: :mod:`.backends`."""
+"""The execution context of the layers (eager, compiled, recorded, transformed) and the one-time warnings about it
+(docs/execution_modes.md); the plan that reads it: :mod:`.position_lambda.plan`."""
 import warnings
 from typing import Optional
 
@@ -73,8 +73,8 @@ def recorder() -> Optional[str]:
 
 class BackendUnusable(RuntimeError):
     """A backend of the position lambdas cannot run on this machine (a Triton that cannot compile kernels here, a CPU
-    kernel that did not build): :func:`.backends.run_tiled` hands the call to the next backend, or raises in strict
-    mode."""
+    kernel that did not build): the lambda operator hands the call to the next backend
+    (:func:`.position_lambda.backends.fail`), or raises in strict mode."""
 
 
 _WARNED = set()

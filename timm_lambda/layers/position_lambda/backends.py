@@ -160,6 +160,11 @@ def _describe(call: Call) -> str:
         ' at step 2' if call.step == 2 else '')
 
 
+def _cause(reason: str) -> str:
+    """A reason without what a fallback to the GEMMs would do (the CPU kernel's say it): for messages that raise."""
+    return reason.split('; the position lambdas run as batched GEMMs instead', 1)[0]
+
+
 def choose(call: Call) -> str:
     """The backend that runs ``call`` (an eager or compiled call of the lambda operator, :mod:`.plan`): the chosen
     one, which raises if it cannot, or under ``'auto'`` the first of :data:`BACKENDS` that serves it. Under ``'auto'``
@@ -169,7 +174,7 @@ def choose(call: Call) -> str:
         reason = why_not(_backend, call, auto=False)
         if reason is not None:
             raise RuntimeError(f"timm_lambda: the position-lambda backend {_backend!r} cannot run {_describe(call)} "
-                               f"({reason}); raising, as it was chosen by name: set_backend('auto') or "
+                               f"({_cause(reason)}); raising, as it was chosen by name: set_backend('auto') or "
                                "TIMM_LAMBDA_BACKEND=auto picks one that can")
         return _backend
     for backend in BACKENDS:
@@ -180,11 +185,12 @@ def choose(call: Call) -> str:
         if missing is not None and missing == reason:
             if _strict:
                 raise RuntimeError(f'timm_lambda: strict mode: the {backend} backend of the position lambdas cannot '
-                                   f'run {_describe(call)} on this machine ({missing}); raising instead of handing '
-                                   "the call to the next backend: fix the cause, or set_backend(strict=False) / "
-                                   'TIMM_LAMBDA_STRICT=0 to let the next backend run it')
-            warn_once(backend, f'the {backend} backend of the position lambdas cannot run here ({missing}): the next '
-                               'backend of the table runs them instead (correct, slower)')
+                                   f'run {_describe(call)} on this machine ({_cause(missing)}); raising instead of '
+                                   'handing the call to the next backend: fix the cause, or set_backend(strict=False) '
+                                   '/ TIMM_LAMBDA_STRICT=0 to let the next backend run it')
+            warn_once(backend, missing if backend == 'cpu_kernel' else  # (its reason says what runs instead)
+                      f'the {backend} backend of the position lambdas cannot run here ({missing}): the next backend '
+                      'of the table runs them instead (correct, slower)')
     raise AssertionError('gemm serves every operator call')
 
 

@@ -81,7 +81,7 @@ def _op_backward(gy: Tensor, q: Tensor, keys: Optional[Tensor], v: Tensor, table
 
 @_op_backward.register_fake
 def _(gy, q, keys, v, table, shared, *args):
-    return [x.new_empty(0) if x is None else x.new_empty(x.shape) for x in (q, keys, v, table, shared)]
+    return [gy.new_empty(0) if x is None else x.new_empty(x.shape) for x in (q, keys, v, table, shared)]
 
 
 def _setup(ctx, inputs, output) -> None:

@@ -8,7 +8,8 @@ without the content lambda), ``v [B, u, V, n]``, the relative embedding ``table 
 (a part of every ``lambda_n`` added to the content lambda, or standing for it without keys; None: none). Output
 ``[B, h V, Ho, Wo]``.
 
-Stride 2 (the tiled form) runs at the output resolution: pooling is linear, so output ``o`` is the sum over its 3x3
+Stride 2 (the tiled form) runs at the output resolution where that is fewer multiply-adds (:func:`patched`; else on
+the full map, pooled after): pooling is linear, so output ``o`` is the sum over its 3x3
 window of the inputs' terms divided by the window's in-image count (or 9): the queries' 3x3 patches (one im2col,
 channels ``(k, dy, dx)``) meet a table of the nine shifted tables (:func:`pooled_table`) and the content lambda
 repeated nine times, so that the kernel computes the window sum of both terms at once, 4x fewer queries than the map.
@@ -27,7 +28,7 @@ from ..checks import check_max_size
 from ..relative_embedding import dense_index_for
 from . import backends
 
-__all__ = ['forward', 'backward', 'content_lambda', 'pooled_table', 'in_image_counts']
+__all__ = ['forward', 'backward', 'content_lambda', 'patched', 'pooled_table', 'in_image_counts']
 
 
 def content_lambda(keys: Optional[Tensor], v: Tensor, shared: Optional[Tensor], key_norm: str) -> Tuple[
@@ -99,7 +100,8 @@ def pooled_table(table: Tensor) -> Tensor:
 def _pooled_table_grad(g: Tensor, kh: int, kw: int) -> Tensor:
     """The table's gradient from :func:`pooled_table`'s ``g [9 k, u, K_h + 2, K_w + 2]``."""
     k, u = g.shape[0] // 9, g.shape[1]
-    g = g.view(k, 9, u, -1).transpose(1, 2).reshape(k, u, -1)
+    e = g.shape[2] * g.shape[3]
+    g = g.view(k, 9, u, e).transpose(1, 2).reshape(k, u, 9 * e)
     out = g.new_zeros(k, u, kh * kw + 1).index_add_(2, _pool_index(kh, kw, g.device), g)
     return out[:, :, :kh * kw].reshape(k, u, kh, kw)
 
@@ -124,6 +126,15 @@ def _count_in_image(height: int, width: int, device: torch.device, dtype: torch.
     in_rows = 3 - (oy == 0).to(dtype) - (2 * oy + 1 >= height).to(dtype)
     in_cols = 3 - (ox == 0).to(dtype) - (2 * ox + 1 >= width).to(dtype)
     return in_rows[:, None] * in_cols[None, :]
+
+
+def patched(k: int, dv: int, kh: int, kw: int) -> bool:
+    """Whether a stride-2 call runs on the queries' 3x3 patches at the output resolution (fewer multiply-adds a
+    pooled output: ``9 |k| (K_h + 2)(K_w + 2)`` logits and ``(K_h + 2)(K_w + 2) |v|`` value products against the
+    full map's ``4 K_h K_w (|k| + |v|)``: c5 of LambdaResNet-101 at 1024 px, 170k against 305k) rather than on the
+    full map, pooled after (a small map's reached table or a small |v|: the 4x4 map of 16 channels, 7x7 offsets,
+    12k against 4k)."""
+    return 9 * k * (kh + 2) * (kw + 2) + (kh + 2) * (kw + 2) * dv < 4 * kh * kw * (k + dv)
 
 
 def _patches(q: Tensor, height: int, width: int) -> Tensor:
@@ -187,8 +198,9 @@ def forward(backend: str, form: str, q: Tensor, keys: Optional[Tensor], v: Tenso
         return pooling.avg_pool_3x3_s2(y, count_include_pad) if stride == 2 else y
     kernel = backends.tiled_kernels(backend)[0]
     v4 = v.reshape(b, u * dv, height, width)
-    if stride == 1:
-        return kernel(q.reshape(b, h, k, height, width), v4, table, 1, lam)
+    if stride == 1 or not patched(k, dv, table.shape[2], table.shape[3]):
+        y = kernel(q.reshape(b, h, k, height, width), v4, table, 1, lam)
+        return y if stride == 1 else pooling.avg_pool_3x3_s2(y, count_include_pad)
     y = kernel(_patches(q, height, width), v4, pooled_table(table), 2, _repeat9(lam))
     return y.div_(9) if count_include_pad else y.div_(in_image_counts(height, width, y))
 
@@ -200,25 +212,28 @@ def backward(backend: str, form: str, gy: Tensor, q: Tensor, keys: Optional[Tens
     b, h, k = q.shape[0], q.shape[1], q.shape[2]
     u, dv = v.shape[1], v.shape[2]
     lam, kn = content_lambda(keys, v, shared, key_norm)
-    full = table
+    whole = table
     table = _reach(table, height, width, global_scope)
     if form == 'dense':
         gq, gv, gtable, glam = _dense_backward(gy, q, v, table, lam, height, width, stride, count_include_pad,
                                                global_scope)
-    elif stride == 1:
+    elif stride == 1 or not patched(k, dv, table.shape[2], table.shape[3]):
         kernel = backends.tiled_kernels(backend)[1]
         v4 = v.reshape(b, u * dv, height, width)
+        if stride == 2:
+            full = gy.new_empty(b, h * dv, height, width)
+            gy = torch.ops.aten.avg_pool2d_backward(gy, full, [3, 3], [2, 2], [1, 1], False, count_include_pad, None)
         gq, gv, gtable, glam = kernel(gy, q.reshape(b, h, k, height, width), v4, table, 1, lam)
     else:
         kernel = backends.tiled_kernels(backend)[1]
         v4 = v.reshape(b, u * dv, height, width)
         gy = gy / 9 if count_include_pad else gy / in_image_counts(height, width, gy)
         gp, gv, gtable, glam = kernel(gy, _patches(q, height, width), v4, pooled_table(table), 2, _repeat9(lam))
-        gq = F.fold(gp.reshape(b, h * 9 * k, -1), (height, width), 3, padding=1, stride=2)
+        gq = F.fold(gp.reshape(b, h * 9 * k, gp.shape[3] * gp.shape[4]), (height, width), 3, padding=1, stride=2)
         gtable = _pooled_table_grad(gtable, table.shape[2], table.shape[3])
         if lam is not None:
             glam = glam.view(b, k, 9, dv).sum(2)
-    gtable = _reach_grad(gtable, full)
+    gtable = _reach_grad(gtable, whole)
     gq = gq.view(b, h, k, height * width)
     gv = gv.view(b, u, dv, height * width)
     gkeys = None
@@ -240,7 +255,7 @@ def _dense_operands(q: Tensor, v: Tensor, table: Tensor, height: int, width: int
     u, dv = v.shape[1], v.shape[2]
     masked = not global_scope
     index = dense_index_for(height, width, table.shape[2], table.shape[3], masked, table.device)
-    flat = table.reshape(k, u, -1)
+    flat = table.reshape(k, u, table.shape[2] * table.shape[3])
     flat = F.pad(flat, [0, 1]) if masked else flat  # slot R_h R_w: zero outside the scope
     emb = flat.index_select(2, index).view(k, u, n, n).permute(2, 0, 1, 3).reshape(n, k, u * n)
     return (q.permute(3, 0, 1, 2).reshape(n, b * h, k), v.transpose(2, 3).reshape(b, u * n, dv), emb, index)
@@ -249,7 +264,8 @@ def _dense_operands(q: Tensor, v: Tensor, table: Tensor, height: int, width: int
 def _dense_logits(qd: Tensor, emb: Tensor, b: int, h: int) -> Tensor:
     """``[B, n h, u m]``: the logits of every (query, context) pair."""
     n = qd.shape[0]
-    return torch.bmm(qd, emb).view(n, b, h, -1).transpose(0, 1).reshape(b, n * h, -1)
+    m = emb.shape[2]
+    return torch.bmm(qd, emb).view(n, b, h, m).transpose(0, 1).reshape(b, n * h, m)
 
 
 def _dense_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, lam: Optional[Tensor], height: int, width: int,
@@ -270,7 +286,7 @@ def _dense_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, lam: Option
     gyd = gy4.permute(0, 3, 1, 2).reshape(b, n * h, dv)  # [B, n h, V]
     logits = _dense_logits(qd, emb, b, h)  # recomputed
     gv = torch.bmm(logits.transpose(1, 2), gyd).view(b, u, n, dv).transpose(2, 3)
-    glogits = torch.bmm(gyd, vd.transpose(1, 2)).view(b, n, h, -1).transpose(0, 1).reshape(n, b * h, -1)
+    glogits = torch.bmm(gyd, vd.transpose(1, 2)).view(b, n, h, u * n).transpose(0, 1).reshape(n, b * h, u * n)
     gqd = torch.bmm(glogits, emb.transpose(1, 2)).view(n, b, h, k).permute(1, 2, 3, 0)
     gq = gqd if gq is None else gq + gqd
     gemb = torch.bmm(qd.transpose(1, 2), glogits).view(n, k, u, n).permute(1, 2, 0, 3).reshape(k, u, n * n)

@@ -8,7 +8,7 @@
   minus what was allocated before the step. On the CPU it is read from the allocator itself: the step runs
   under ``torch.profiler.profile(profile_memory=True)``, whose ``[memory]`` events record every block the CPU
   allocator hands out or takes back, inside custom operators and kernels as well (a convolution's scratch,
-  the temporaries of ``timm_lambda::dense_position_lambdas``), and the peak of their running sum is the figure
+  the temporaries of ``timm_lambda::lambda_layer``), and the peak of their running sum is the figure
   (:func:`peak_of_memory_events`). Blocks that existed before the step (parameters, inputs, gradients kept
   from an earlier step) are not counted; memory a library takes from ``malloc`` directly, or allocates on a
   thread the profiler does not follow, is not visible.
