@@ -388,7 +388,7 @@ _ISA_OF_MACROS = (('avx512_bf16', {'__AVX512BF16__', '__AVX512F__'}), ('avx512',
 _ISA_OF_FLAGS = (('avx512_bf16', {'avx512_bf16', 'avx512f'}), ('avx512', {'avx512f'}), ('avx2', {'avx2', 'fma'}),
                  ('neon', {'asimd'}))
 ISA_NAMES = dict(avx512_bf16='AVX-512 BF16', avx512='AVX-512', avx2='AVX2 + FMA', neon='NEON',
-                 none='no AVX2 + FMA')
+                 none='16-byte vectors (SSE or baseline)')
 FAST_ISAS = ('avx512_bf16', 'avx512', 'avx2')  # where the kernel's vectors outrun the gemm backend's GEMMs
 _16_BIT = (torch.float16, torch.bfloat16)
 
@@ -423,8 +423,8 @@ def declines(dtype: torch.dtype, step: int) -> Optional[str]:
     kernel's float32 is the faster (tools/benchmark_cpu_isa.py)."""
     name = isa()
     if name not in FAST_ISAS:
-        return (f"auto: the CPU kernel was built for {ISA_NAMES[name]} ({arch()}), without AVX2 and FMA; the gemm "
-                "backend's GEMMs are faster here (docs/benchmarks.md)")
+        return (f"auto: the CPU kernel was built for {ISA_NAMES[name]} (-march={arch()}), without AVX2 + FMA; the "
+                "gemm backend's GEMMs are faster here (docs/benchmarks.md)")
     if step == 2 and dtype in _16_BIT and not native(dtype) and _bf16_gemms():
         return (f"auto: the CPU kernel was built for {ISA_NAMES[name]}, without AVX-512 BF16: a 16-bit stride-2 call "
                 "runs faster as the gemm backend's 16-bit GEMMs (on this CPU's AVX-512 BF16) than in float32 here "
