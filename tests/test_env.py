@@ -82,7 +82,8 @@ def test_every_variable_of_the_package_is_in_the_table():
             if path.suffix in ('.py', '.sh'):
                 found |= set(re.findall(r'TIMM_LAMBDA_[A-Z0-9_]+', path.read_text()))
     found |= set(re.findall(r'TIMM_LAMBDA_[A-Z0-9_]+', (REPO / 'timm_lambda_autoload.py').read_text()))
-    paths = {'TIMM_LAMBDA_WHEEL_CACHE', 'TIMM_LAMBDA_CACHE', 'TIMM_LAMBDA_COMMIT'}  # values, not switches
+    # values, not switches (the CPU kernel's -march= target: cpu_kernel.arch checks it)
+    paths = {'TIMM_LAMBDA_WHEEL_CACHE', 'TIMM_LAMBDA_CACHE', 'TIMM_LAMBDA_COMMIT', 'TIMM_LAMBDA_CPU_ARCH'}
     assert found - paths - {'TIMM_LAMBDA_'} <= set(_env.VARIABLES) | set(_env.RETIRED), found
     from timm_lambda.layers.position_lambda import backends
     assert _env.VARIABLES['TIMM_LAMBDA_BACKEND'][:3] == ('name', 'auto', ('auto',) + backends.BACKENDS)

@@ -75,3 +75,16 @@ def test_tiled_triton_launch_constant_caches_are_bounded():
     for side in range(1, T.SIZE_CACHE + 40):
         T.tc_launch_meta(4, 16, 64, side, side, 23, 1, torch.float32, side, 'ieee')
     assert T._tc_launch_meta.cache_info().currsize <= T.SIZE_CACHE
+
+
+def test_the_stride_two_counts_cache_stays_within_its_bytes():
+    """The stride-2 windows' in-image counts (position_lambda/fused.py): 40 sizes leave at most 32 entries and 8 MiB;
+    each equals a count built per call."""
+    from timm_lambda.layers.position_lambda import fused
+    cache = fused.IN_IMAGE_COUNTS
+    cache.clear()
+    like = torch.zeros(1)
+    for i in range(40):
+        got = fused.in_image_counts(40 + i, 7 + i, like)
+        assert torch.equal(got, fused._count_in_image(40 + i, 7 + i, like.device, like.dtype))
+    assert len(cache) <= 32 and cache.nbytes <= 8 << 20

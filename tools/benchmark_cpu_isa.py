@@ -74,14 +74,10 @@ def main(argv=None):
     env = dict(CAPS if args.cap_libraries else {}, **(dict(OMP_WAIT_POLICY='PASSIVE') if args.passive else {}))
     if any(os.environ.get(k) != v for k, v in env.items()):
         os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, **env))  # before torch loads
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path.insert(0, here)
-    sys.path.insert(0, os.path.dirname(here))
     import torch
     from torch import nn
 
-    from benchmark_lambda_layer import _step, backbone_shapes
-    from dev.benchmarks.measure import commit, cpu_model, load_average, machine, spread
+    from dev.benchmarks.measure import backbone_shapes, commit, cpu_model, layer_step, load_average, machine, spread
     from timm_lambda.layers import LambdaLayer
     from timm_lambda.layers.position_lambda import backends, cpu_kernel
 
@@ -126,16 +122,16 @@ def main(argv=None):
                 x = torch.randn(1, width, size, size, requires_grad=mode == 'train')
                 conv = nn.Conv2d(width, width, 3, stride, 1, bias=False).train(mode == 'train')
                 layer = LambdaLayer(width, width, dim_k=16, heads=4, scope=23, stride=stride).train(mode == 'train')
-                steps = {'conv3x3': _step(conv, x, dtype, mode)}
+                steps = {'conv3x3': layer_step(conv, x, dtype, mode)}
                 figures = {'conv3x3': dict(isa='library')}
                 for target, kernel in kernels.items():
-                    steps[f'cpu_kernel[{target}]'] = served(kernel, 'cpu_kernel', _step(layer, x, dtype, mode))
+                    steps[f'cpu_kernel[{target}]'] = served(kernel, 'cpu_kernel', layer_step(layer, x, dtype, mode))
                     figures[f'cpu_kernel[{target}]'] = dict(isa=builds[target]['isa'])
-                steps['gemm'] = served(None, 'gemm', _step(layer, x, dtype, mode))
+                steps['gemm'] = served(None, 'gemm', layer_step(layer, x, dtype, mode))
                 figures['gemm'] = dict(isa='library')
                 if not args.no_auto:
                     for target, kernel in kernels.items():
-                        steps[f'auto[{target}]'] = served(kernel, 'auto', _step(layer, x, dtype, mode))
+                        steps[f'auto[{target}]'] = served(kernel, 'auto', layer_step(layer, x, dtype, mode))
                         figures[f'auto[{target}]'] = dict(isa=builds[target]['isa'])
                 for name, step in steps.items():  # which backends serve each candidate (once, untimed)
                     backends.served_backends(reset=True)

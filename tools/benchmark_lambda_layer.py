@@ -45,9 +45,11 @@ import torch
 from torch import nn
 
 from dev.benchmarks.measure import (
+    backbone_shapes,
     commit,
     graphed_step,
     interleaved_times,
+    layer_step,
     load_average,
     machine,
     peak_step_bytes,
@@ -56,29 +58,6 @@ from dev.benchmarks.measure import (
 )
 from dev.benchmarks.peak import fma_peak_gmacs
 from timm_lambda.layers import LambdaLayer
-
-
-def backbone_shapes(image_size: int = 1024):
-    """(width, input side, stride) of a LambdaResNet-101's lambda layers at ``image_size``: c4 (stride 16), the
-    stride-2 first c5 block, the other c5 blocks (stride 32)."""
-    c4, c5 = -(-image_size // 16), -(-image_size // 32)
-    return [(256, c4, 1), (512, c4, 2), (512, c5, 1)]
-
-
-def _step(layer, x, dtype, mode='train'):
-    """One training step (forward + backward, the input needing grad) or, ``mode='eval'``, one eval-mode
-    inference (``torch.no_grad``)."""
-    def run():
-        x.grad = None
-        layer.zero_grad(set_to_none=True)
-        with torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
-            y = layer(x)
-        y.float().sum().backward()
-
-    def infer():
-        with torch.no_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
-            layer(x)
-    return run if mode == 'train' else infer
 
 
 def _candidates(width, stride, impls, device, scope=23, dim_u=1):
@@ -95,7 +74,7 @@ def measure(width, size, stride, batch, impls, device, dtype, repeats, max_secon
     torch.manual_seed(0)
     x = torch.randn(batch, width, size, size, device=device, requires_grad=mode == 'train')
     layers = _candidates(width, stride, impls, device, scope, dim_u)
-    steps = {k: _step(m.train(mode == 'train'), x, dtype, mode) for k, m in layers.items()}
+    steps = {k: layer_step(m.train(mode == 'train'), x, dtype, mode) for k, m in layers.items()}
     if repeats == 0:  # memory only
         return {k: dict(peak_mib=peak_step_bytes(step, device=device) / 2 ** 20) for k, step in steps.items()}
     times = interleaved_times(steps, repeats=repeats, device=device, max_seconds=max_seconds)

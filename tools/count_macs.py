@@ -31,8 +31,6 @@ import time
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, 'tools'))
 
 from timm_lambda.layers.position_lambda import custom_ops  # noqa: E402
 from timm_lambda.layers.position_lambda import tiled_triton as T  # noqa: E402

@@ -443,7 +443,8 @@ def _module():
 
 
 def _to(x: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
-    return None if x is None else x.to(dtype)
+    """``x`` in ``dtype`` (None stays None; no call where it already is: ``.to`` costs ~2 us of host time a call)."""
+    return x if x is None or x.dtype == dtype else x.to(dtype)
 
 
 def forward(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, step: int,
@@ -452,7 +453,7 @@ def forward(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, step: int,
     kernel, c = _module(), compute_dtype(q.dtype)
     if c == torch.bfloat16:
         return kernel.tiled_forward_bf16(q, v, table, content, step)
-    return kernel.tiled_forward(q.to(c), v.to(c), table.to(c), _to(content, c), step).to(q.dtype)
+    return _to(kernel.tiled_forward(_to(q, c), _to(v, c), _to(table, c), _to(content, c), step), q.dtype)
 
 
 def backward(gy: torch.Tensor, q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, step: int,
@@ -461,9 +462,9 @@ def backward(gy: torch.Tensor, q: torch.Tensor, v: torch.Tensor, table: torch.Te
     (a bfloat16 call's computed from its bfloat16 operands, summed in float32)."""
     kernel, c = _module(), compute_dtype(q.dtype)
     if c == torch.bfloat16:
-        gq, gv, gtable, gcontent = kernel.tiled_backward_bf16(gy.to(c), q, v, table, content, step)
+        gq, gv, gtable, gcontent = kernel.tiled_backward_bf16(_to(gy, c), q, v, table, content, step)
     else:
-        gq, gv, gtable, gcontent = kernel.tiled_backward(gy.to(c), q.to(c), v.to(c), table.to(c), _to(content, c),
-                                                         step)
-    return (gq.to(q.dtype), gv.to(v.dtype), gtable.to(table.dtype),
-            gcontent.to(v.dtype if content is None else content.dtype))
+        gq, gv, gtable, gcontent = kernel.tiled_backward(_to(gy, c), _to(q, c), _to(v, c), _to(table, c),
+                                                         _to(content, c), step)
+    return (_to(gq, q.dtype), _to(gv, v.dtype), _to(gtable, table.dtype),
+            _to(gcontent, v.dtype if content is None else content.dtype))

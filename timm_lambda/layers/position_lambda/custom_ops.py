@@ -25,7 +25,7 @@ _LIB = torch.library.Library('timm_lambda', 'FRAGMENT')  # the autocast rule's r
 _TENSORS = (0, 1, 2, 3, 4)  # q, keys, v, table, shared: the inputs with gradients
 
 
-def _run(backward: bool, backend: str, args: Sequence) -> tuple:
+def _run(backward: bool, backend: str, args: Sequence, saved: Optional[dict] = None) -> tuple:
     """``(result, backend)``: :func:`.fused.forward` (``args``: the operator's) or :func:`.fused.backward` (``gy``
     first) by ``backend`` (``''``: the plan's at run time). A backend that cannot run on this machine
     (:class:`BackendUnusable`) raises in strict mode or where it was chosen by name, else hands the call to the next
@@ -36,7 +36,7 @@ def _run(backward: bool, backend: str, args: Sequence) -> tuple:
         if not backend:
             backend = plan.backend_at_run_time(form, q, height, width, table.shape[-2], table.shape[-1], stride)
         try:
-            out = (fused.backward if backward else fused.forward)(backend, *_fused_args(args, backward))
+            out = (fused.backward if backward else fused.forward)(backend, *_fused_args(args, backward), saved=saved)
         except BackendUnusable as e:
             backends.fail(backend, e)
             backend = ''
@@ -139,7 +139,8 @@ class _Eager(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *args):
-        out, backend = _run(False, args[8], args)
+        ctx.kept = {}  # the content lambda and the normalised keys, not recomputed in the backward
+        out, backend = _run(False, args[8], args, ctx.kept)
         ctx.save_for_backward(*(args[i] for i in _TENSORS))
         ctx.args = list(args[5:])
         ctx.args[3] = backend  # the backward runs the backend that ran the forward
@@ -151,7 +152,7 @@ class _Eager(torch.autograd.Function):
         if torch.is_grad_enabled():
             grads = _higher_order(ctx, gy, inputs)
         else:
-            grads = _run(True, ctx.args[3], [gy] + inputs + ctx.args)[0]
+            grads = _run(True, ctx.args[3], [gy] + inputs + ctx.args, ctx.kept)[0]
         return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:5])) + (None,) * 8
 
 

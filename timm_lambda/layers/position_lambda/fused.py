@@ -26,6 +26,7 @@ from torch import Tensor
 from .. import pooling
 from ..checks import check_max_size
 from ..relative_embedding import dense_index_for
+from ..size_cache import SizeCache
 from . import backends
 
 __all__ = ['forward', 'backward', 'content_lambda', 'patched', 'pooled_table', 'in_image_counts']
@@ -106,18 +107,20 @@ def _pooled_table_grad(g: Tensor, kh: int, kw: int) -> Tensor:
     return out[:, :, :kh * kw].reshape(k, u, kh, kw)
 
 
+# the stride-2 windows' in-image counts per size, dtype and device ([Ho, Wo] each): at most 8 MiB and 32 entries
+IN_IMAGE_COUNTS = SizeCache(max_bytes=8 << 20, max_entries=32)
+
+
 def in_image_counts(height: int, width: int, like: Tensor) -> Tensor:
     """``[Ho, Wo]``: the in-image inputs of each stride-2 output's 3x3 window (whole numbers, exact in every dtype),
-    built once a size, dtype and device (eager mode; at most 32 kept, each ``Ho Wo`` elements)."""
+    built once a size, dtype and device in eager mode (:data:`IN_IMAGE_COUNTS`)."""
     if torch.compiler.is_compiling():
         return _count_in_image(height, width, like.device, like.dtype)
-    return _in_image_counts_cached(height, width, like.device, like.dtype)
 
-
-@functools.lru_cache(maxsize=32)
-def _in_image_counts_cached(height: int, width: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-    with torch.inference_mode(False):
-        return _count_in_image(height, width, device, dtype)
+    def build():
+        with torch.inference_mode(False):  # a later training step saves it for backward
+            return _count_in_image(height, width, like.device, like.dtype)
+    return IN_IMAGE_COUNTS.get((height, width, like.device, like.dtype), build)
 
 
 def _count_in_image(height: int, width: int, device: torch.device, dtype: torch.dtype) -> Tensor:
@@ -182,11 +185,14 @@ def _reach_grad(g: Tensor, table: Tensor) -> Tensor:
 
 def forward(backend: str, form: str, q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor,
             shared: Optional[Tensor], height: int, width: int, stride: int, count_include_pad: bool, key_norm: str,
-            global_scope: bool) -> Tensor:
-    """The layer's output after its norms, ``[B, h V, Ho, Wo]`` (contiguous), by ``backend`` in ``form``."""
+            global_scope: bool, saved: Optional[dict] = None) -> Tensor:
+    """The layer's output after its norms, ``[B, h V, Ho, Wo]`` (contiguous), by ``backend`` in ``form``. ``saved``: a
+    dict that keeps the content lambda and the normalised keys for :func:`backward` (else it recomputes them)."""
     b, h, k = q.shape[0], q.shape[1], q.shape[2]
     u, dv = v.shape[1], v.shape[2]
-    lam, _ = content_lambda(keys, v, shared, key_norm)
+    lam, kn = content_lambda(keys, v, shared, key_norm)
+    if saved is not None:
+        saved['lam'], saved['kn'] = lam, kn
     table = _reach(table, height, width, global_scope)
     if form == 'dense':
         qd, vd, emb, _ = _dense_operands(q, v, table, height, width, global_scope)
@@ -207,11 +213,12 @@ def forward(backend: str, form: str, q: Tensor, keys: Optional[Tensor], v: Tenso
 
 def backward(backend: str, form: str, gy: Tensor, q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor,
              shared: Optional[Tensor], height: int, width: int, stride: int, count_include_pad: bool, key_norm: str,
-             global_scope: bool) -> List[Optional[Tensor]]:
-    """The gradients of ``q``, ``keys``, ``v``, ``table`` and ``shared`` (None for an input that is None)."""
+             global_scope: bool, saved: Optional[dict] = None) -> List[Optional[Tensor]]:
+    """The gradients of ``q``, ``keys``, ``v``, ``table`` and ``shared`` (None for an input that is None); ``saved``:
+    what :func:`forward` kept."""
     b, h, k = q.shape[0], q.shape[1], q.shape[2]
     u, dv = v.shape[1], v.shape[2]
-    lam, kn = content_lambda(keys, v, shared, key_norm)
+    lam, kn = (saved['lam'], saved['kn']) if saved else content_lambda(keys, v, shared, key_norm)
     whole = table
     table = _reach(table, height, width, global_scope)
     if form == 'dense':

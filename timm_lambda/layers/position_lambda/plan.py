@@ -2,9 +2,10 @@
 
 :func:`plan_for` reads the call's shape, dtype (autocast's where it applies), device, execution mode
 (:func:`~..execution.recorder`) and the switches of :mod:`.backends` (``set_backend``, strict mode) and answers a
-:class:`Plan`, cached per combination in eager mode (256 plans of a few ints). The operator's forward runs the plan's backend and its backward
-the same one (:mod:`.custom_ops` keeps it for the backward); under torch.compile, where the graph is traced before
-any tensor exists, the operator asks :func:`backend_at_run_time` (the same cached answer) when it runs.
+:class:`Plan`, cached per combination in eager mode (256 plans of a few ints). The operator's forward runs the
+plan's backend and its backward the same one (:mod:`.custom_ops` keeps it for the backward); under torch.compile,
+where the graph is traced before any tensor exists, the operator asks :func:`backend_at_run_time` (the same cached
+answer) when it runs.
 """
 import functools
 from typing import NamedTuple

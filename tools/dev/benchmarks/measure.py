@@ -24,8 +24,8 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
 
-__all__ = ['peak_step_bytes', 'peak_of_memory_events', 'interleaved_times', 'median', 'machine', 'load_average',
-           'synchronize', 'spread', 'step_macs']
+__all__ = ['backbone_shapes', 'layer_step', 'peak_step_bytes', 'peak_of_memory_events', 'interleaved_times', 'median',
+           'machine', 'load_average', 'synchronize', 'spread', 'step_macs']
 
 
 def load_average() -> str:
@@ -219,3 +219,26 @@ def graphed_step(label: str, module, shape, device: str, dry_run: bool = False, 
         row['ratio_compiled'] = round(median(times['compiled']) / eager, 3)
     print(row, flush=True)
     return row
+
+
+def backbone_shapes(image_size: int = 1024):
+    """(width, input side, stride) of a LambdaResNet-101's lambda layers at ``image_size``: c4 (stride 16), the
+    stride-2 first c5 block, the other c5 blocks (stride 32)."""
+    c4, c5 = -(-image_size // 16), -(-image_size // 32)
+    return [(256, c4, 1), (512, c4, 2), (512, c5, 1)]
+
+
+def layer_step(layer, x, dtype, mode='train'):
+    """One training step (forward + backward, the input needing grad) or, ``mode='eval'``, one eval-mode
+    inference (``torch.no_grad``)."""
+    def run():
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        with torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
+            y = layer(x)
+        y.float().sum().backward()
+
+    def infer():
+        with torch.no_grad(), torch.autocast(x.device.type, dtype=dtype, enabled=dtype != torch.float32):
+            layer(x)
+    return run if mode == 'train' else infer
