@@ -167,20 +167,15 @@ def _reach(table: Tensor, height: int, width: int, global_scope: bool) -> Tensor
     if global_scope:
         check_max_size(height, width, ch + 1, cw + 1)
     rh, rw = min(ch, height - 1), min(cw, width - 1)
-    if (rh, rw) == (ch, cw):
-        return table
-    return table[:, :, ch - rh:ch + rh + 1, cw - rw:cw + rw + 1]
+    if rh != ch:
+        table = table.narrow(2, ch - rh, 2 * rh + 1)
+    return table if rw == cw else table.narrow(3, cw - rw, 2 * rw + 1)
 
 
 def _reach_grad(g: Tensor, table: Tensor) -> Tensor:
     """The whole table's gradient from that of its window :func:`_reach` (zero outside)."""
-    if g.shape == table.shape:
-        return g
-    out = g.new_zeros(table.shape)
-    rh, rw = (g.shape[2] - 1) // 2, (g.shape[3] - 1) // 2
-    ch, cw = (table.shape[2] - 1) // 2, (table.shape[3] - 1) // 2
-    out[:, :, ch - rh:ch + rh + 1, cw - rw:cw + rw + 1] = g
-    return out
+    py, px = (table.shape[2] - g.shape[2]) // 2, (table.shape[3] - g.shape[3]) // 2
+    return F.pad(g, [px, px, py, py]) if py or px else g
 
 
 def forward(backend: str, form: str, q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor,
