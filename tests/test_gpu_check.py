@@ -288,3 +288,20 @@ def test_gpu_check_all_is_both_halves_in_order_of_value():
     assert gpu_check.BUDGET + 30 <= 600
     setting = gpu_check.mask_rcnn_setting(dry_run=False)  # the mission's own setting, not a smoke test
     assert (setting['image_size'], setting['amp'], setting['batch'], setting['iterations']) == (1024, True, 2, 30)
+
+
+def test_mask_rcnn_timing_from_mmengines_log(tmp_path):
+    """Seconds an iteration: the median of mmengine's per-iteration ``time`` after the warm-up; peak memory: the
+    largest ``memory`` (MiB) logged; the options log every iteration unsmoothed and keep the config's LSJ pipeline."""
+    import gpu_check
+    vis = tmp_path / '20261129_000000' / 'vis_data'
+    vis.mkdir(parents=True)
+    rows = [dict(iter=i, loss=2.0 - i / 10, time=9.0 if i <= 2 else 0.3 + i / 100, data_time=0.01, memory=1000 + i)
+            for i in range(1, 8)]
+    (vis / 'scalars.json').write_text('\n'.join(json.dumps(r) for r in rows) + '\n')
+    t = gpu_check.mmdet_timing(str(tmp_path), warmup=2)
+    assert (t['last_iter'], t['timed_iterations'], t['s_per_iter'], t['peak_memory_mib']) == (7, 5, 0.35, 1007), t
+    options = gpu_check.mmdet_options(str(tmp_path), gpu_check.mask_rcnn_setting(dry_run=False), checkpoint=False)
+    assert 'log_processor.window_size=1' in options and 'train_cfg.max_iters=35' in options
+    assert 'train_dataloader.dataset.pipeline.2.scale=(1024,1024)' in options  # LSJ's RandomResize at 1024
+    assert 'default_hooks.checkpoint.save_last=False' in options and 'train_dataloader.batch_size=2' in options
