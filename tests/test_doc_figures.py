@@ -266,7 +266,49 @@ def runs_1_to_3_models():
 
 
 # (page, passage with {} for each figure, the figures from the JSON)
+
+def one_operator_counts():
+    """The one-operator section's count table and LambdaResNet-101 shapes' triton_tc kernels in all."""
+    rows = {(r['shape'], r['mode']): r for r in load('launches_one_operator.json')['rows']}
+    out = []
+    for mode in ('train f32', 'eval f32'):
+        s1, s2 = rows[('16ch 4x4', mode)], rows[('16ch 4x4 stride 2', mode)]
+        out += [s1['backends']['cpu_kernel']['operators'], s2['backends']['cpu_kernel']['operators'],
+                s1['backends']['cpu_kernel']['aten'], s2['backends']['cpu_kernel']['aten'],
+                s1['backends']['triton_tc']['aten'], s1['backends']['triton_tc']['triton'],
+                s2['backends']['triton_tc']['aten'], s2['backends']['triton_tc']['triton']]
+    for shape in ('c4 256ch', 'c5 512ch stride 2', 'c5 512ch'):
+        t = rows[(shape, 'train f32')]['backends']['triton_tc']
+        out += [t['aten'], t['triton']]
+    return out
+
+
+def one_operator_times():
+    """The one-operator section's host-time table: load, then per row conv, 269e94e's layer, this layer, ratio."""
+    now, before = load('host_time_one_operator.json'), load('host_time_before_one_operator.json')
+    assert before['commit'].startswith('269e94e')
+    out = [now['load_before'][0]]
+    for a, b in zip(now['rows'], before['rows']):
+        assert (a['stride'], a['mode']) == (b['stride'], b['mode'])
+        out += [a['us']['conv'], b['us']['lambda'], a['us']['lambda'], a['us']['lambda'] / a['us']['conv']]
+    return out
+
 FIGURES = [
+    ('docs/benchmarks.md', """| training, float32 | 4 | {} / {} | {} / {} | {} + {} / {} + {} |
+| eval | 1 | {} / {} | {} / {} | {} + {} / {} + {} |
+
+(269e94e's operators: the issue's count, 17 / 44 and 6 / 18.) At LambdaResNet-101's shapes the operators are the
+same 11 and 4; `triton_tc`'s kernels in all: c4 {} + {}, c5 stride 2 {} + {}, c5 {} + {}""", one_operator_counts),
+    ('docs/benchmarks.md', """load {} (others' jobs: CPU time, not wall time), medians in us; """
+     """269e94e's layer timed by the same tool in a process
+right after (`results/host_time_before_one_operator.json`), this one in `results/host_time_one_operator.json`:
+
+| step | conv | layer 269e94e | layer now | now / conv |
+|---|---:|---:|---:|---:|
+| training, stride 1 | {} | {} | {} | {} |
+| eval, stride 1 | {} | {} | {} | {} |
+| training, stride 2 | {} | {} | {} | {} |
+| eval, stride 2 | {} | {} | {} | {} |""", one_operator_times),
     ('README.md', """| one lambda layer / its 3x3 conv, 1024 px shapes summed, batch 8, TF32 / bf16 autocast |
 {} / {} | {} / {} |
 | the same, batch 1; replayed from CUDA graphs (TF32) | {}; graphed {} | {} |
