@@ -428,13 +428,13 @@ def test_constant_block_index_equals_the_graph_one(tile, step, kh, kw):
 
 
 def _operator_inputs(form, dtype=torch.float64):
-    """The lambda operator and its inputs for ``form`` (non-contiguous where it matters): |h| = 3, |k| = 5, |u| = 2,
-    |v| = 3, a 5x5 table, stride 2 (tiled) or 1 (dense), a 7 x 4 map, keys and a shared lambda."""
+    """The lambda operator and its inputs (the layer's maps, non-contiguous where it matters) for ``form``: |h| = 3,
+    |k| = 5, |u| = 2, |v| = 3, a 5x5 table, stride 2 (tiled) or 1 (dense), a 7 x 4 map, keys and a shared lambda."""
     g = torch.Generator().manual_seed(0)
     hh, ww = 7, 4
-    q = torch.randn(2, 3, 5, ww, hh, generator=g, dtype=dtype).transpose(3, 4).reshape(2, 3, 5, hh * ww)
-    keys = torch.randn(2, 2, 5, hh * ww, generator=g, dtype=dtype)
-    v = torch.randn(2, 2, hh * ww, 3, generator=g, dtype=dtype).transpose(2, 3)
+    q = torch.randn(2, 15, ww, hh, generator=g, dtype=dtype).transpose(2, 3)  # the layer's maps [B, h k, H, W]
+    keys = torch.randn(2, 10, hh, ww, generator=g, dtype=dtype)  # [B, u k, H, W]
+    v = torch.randn(2, 6, ww, hh, generator=g, dtype=dtype).transpose(2, 3)  # [B, u V, H, W]
     table = torch.randn(5, 2, 5, 5, generator=g, dtype=dtype)
     shared = torch.randn(2, 3, 5, generator=g, dtype=dtype).transpose(1, 2)
     stride = 2 if form == 'tiled' else 1

@@ -7,7 +7,7 @@ import torch
 
 from .._compat import DYNAMO_FOLDS_FUNCTORCH_FLAG
 
-__all__ = ['is_exporting', 'functorch_active', 'contiguous', 'compiled_copy', 'warn_once',
+__all__ = ['is_exporting', 'functorch_active', 'contiguous', 'compiled_copy', 'compiling', 'warn_once',
            'recorder', 'BackendUnusable']
 
 
@@ -56,6 +56,12 @@ def compiled_copy(x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() and not is_exporting():
             return x.clone(memory_format=torch.contiguous_format)
     return x
+
+
+@torch.jit.ignore
+def compiling() -> bool:
+    """torch.compile traces the code (not torch.export)."""
+    return torch.compiler.is_compiling() and not is_exporting()
 
 
 def recorder() -> Optional[str]:

@@ -14,6 +14,7 @@ Intra-depth ``|u|`` (appendix C.4, Fig. 8) adds a dimension to keys, embeddings 
 from typing import Callable, List, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from torch import nn
 
@@ -29,9 +30,17 @@ from .checks import (
     to_int,
 )
 from .dilation import batch_to_space, check_dilation, space_to_batch
-from .execution import compiled_copy, functorch_active, warn_once
+from .execution import compiling, functorch_active, warn_once
 from .pooling import downsample_pool
-from .position_lambda import KEY_NORMS, POSITION_IMPLS, choose_form, content_term, normalize_keys, position_lambdas
+from .position_lambda import (
+    KEY_NORMS,
+    POSITION_IMPLS,
+    choose_form,
+    content_term,
+    lambdas,
+    normalize_keys,
+    position_lambdas,
+)
 from .position_lambda.plain_ops import content_lambda_plain
 from .relative_embedding import RelativePositionEmbedding
 
@@ -40,6 +49,7 @@ __all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS']
 
 torch.fx.wrap('check_input')
 torch.fx.wrap('position_lambdas')
+torch.fx.wrap('lambdas')
 torch.fx.wrap('space_to_batch')
 torch.fx.wrap('batch_to_space')
 register_notrace_function(check_input)
@@ -194,36 +204,42 @@ class LambdaLayer(nn.Module):
         B, _, H, W = x.shape
         n = H * W
         k, u, v, h = self.dim_k, self.dim_u, self.dim_v, self.heads
-        qkv = self.qkv(x)
-        # one split of the flattened projection (its backward is one concatenation; three slices were six launches
-        # and two sums), each part a view: q and the values back to 4-D for their norms, the keys [B, u, k, n]
-        # (a reshape of a 4-D channel slice makes torch.export guard on sizes of 1 even with backed_size_oblivious:
-        # docs/execution_modes.md)
-        q, keys, values = qkv.flatten(2).split([h * k, k * u, v * u], dim=1)
-        # (compiled: copies, as the norms save these channel-slice views for backward and inductor cannot order
-        # their strides at symbolic sizes with B = 1: compiled_copy)
-        q, values = compiled_copy(q.unflatten(2, [H, W])), compiled_copy(values.unflatten(2, [H, W]))
+        if not torch.jit.is_scripting() and compiling():
+            # compiled: one 1x1 convolution each (slices of the one weight), no channel-slice views of an activation:
+            # inductor orders a saved view's strides by sympy comparisons it cannot decide at symbolic sizes with
+            # B = 1 and a square map (``128*s**2 < 128*s``: an InductorError with dynamic=True, issue 51)
+            w = self.qkv.weight
+            q = F.conv2d(x, w[:h * k])
+            keys = F.conv2d(x, w[h * k:h * k + k * u])
+            values = F.conv2d(x, w[h * k + k * u:])
+        else:
+            # one split of the flattened projection (its backward is one concatenation; three slices were six
+            # launches and two sums), each part a view, back to 4-D (a reshape of a 4-D channel slice makes
+            # torch.export guard on sizes of 1 even with backed_size_oblivious: docs/execution_modes.md)
+            q, keys, values = self.qkv(x).flatten(2).split([h * k, k * u, v * u], dim=1)
+            q, keys, values = q.unflatten(2, [H, W]), keys.unflatten(2, [H, W]), values.unflatten(2, [H, W])
         if not torch.jit.is_scripting() and functorch_active():
             # torch <= 2.13: torch.func.vmap of group_norm fails on a channel slice ("Expected X.is_contiguous"),
             # and .contiguous() is no copy there (the slice is contiguous per sample)
             q = q.clone(memory_format=torch.contiguous_format)
             values = values.clone(memory_format=torch.contiguous_format)
-        q = reshape_normed(self.norm_q(q), [B, h, k, n])
-        values = reshape_normed(self.norm_v(values), [B, u, v, n])
-        keys = keys.unflatten(1, [u, k]) if self.content else None  # [B, u, k, n], normalised with the lambda^c
+        q, values = self.norm_q(q), self.norm_v(values)  # [B, h k, H, W], [B, u v, H, W]
         shared: Optional[torch.Tensor] = None
         if self.pos_bias is not None:  # lambda^p_n[k, :] += b_k for every n: a part of lambda_n shared by every n
             shared = self.pos_bias.unsqueeze(1).expand(k, v).unsqueeze(0).expand(B, k, v)
-        if self.pos_embedding is None:  # the content lambda alone (Table 9)
-            assert keys is not None
-            lam = content_lambda_plain(keys, values, self.key_norm)
-            return content_term(lam if shared is None else lam + shared, q, H, W, self.stride,
-                                self.pool_count_include_pad)  # eq. 2
         d = self.dilation
-        if d == 1:  # everything after the norms: one operator in eager mode and under torch.compile
-            return position_lambdas(q, values, self.pos_embedding.weight, H, W, self.impl, self.global_scope,
-                                    self.stride, self.pool_count_include_pad, self.table_size, shared, keys,
-                                    self.key_norm)
+        if self.pos_embedding is not None and d == 1:  # everything after the norms: one operator (eager, compiled)
+            return lambdas(q, keys if self.content else None, values, self.pos_embedding.weight, shared, H, W,
+                           self.impl, self.global_scope, self.stride, self.pool_count_include_pad, self.table_size,
+                           self.key_norm)
+        q = reshape_normed(q, [B, h, k, n])
+        values = reshape_normed(values, [B, u, v, n])
+        if self.content:  # lambda^c (eq. 1), here the part of every lambda_n shared by every n
+            lam = content_lambda_plain(keys.reshape(B, u, k, n), values, self.key_norm)
+            shared = lam if shared is None else lam + shared
+        if self.pos_embedding is None:  # the content lambda alone (Table 9)
+            assert shared is not None
+            return content_term(shared, q, H, W, self.stride, self.pool_count_include_pad)  # eq. 2
         # the position lambdas on each d x d interleaved sub-grid of a dilated scope, the content term on the whole
         # map (on the sub-grids, lambda^c repeated d d times, AOTInductor packages returned NaN at small sizes)
         qs = space_to_batch(q.reshape(B, h * k, H, W), d)
@@ -233,9 +249,6 @@ class LambdaLayer(nn.Module):
                                self.pos_embedding.weight, hs, ws, self.impl, self.global_scope, self.stride,
                                self.pool_count_include_pad, self.table_size)  # [B d d, h v, hs, ws]
         pos = batch_to_space(pos, d, H, W)
-        if keys is not None:
-            lam = content_lambda_plain(keys, values, self.key_norm)
-            shared = lam if shared is None else lam + shared
         return pos if shared is None else content_term(shared, q, H, W) + pos
 
 

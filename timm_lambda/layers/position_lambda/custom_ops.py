@@ -65,8 +65,8 @@ def _op(q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor, shared: Opt
 
 @_op.register_fake
 def _(q, keys, v, table, shared, height, width, form, backend, stride, count_include_pad, key_norm, global_scope):
-    b, h = q.shape[0], q.shape[1]
-    return v.new_empty(b, h * v.shape[2], (height + stride - 1) // stride, (width + stride - 1) // stride)
+    channels = q.shape[1] // table.shape[0] * (v.shape[1] // table.shape[1])  # |h| |v|
+    return v.new_empty(q.shape[0], channels, (height + stride - 1) // stride, (width + stride - 1) // stride)
 
 
 @torch.library.custom_op('timm_lambda::lambda_layer_backward', mutates_args=())
@@ -97,7 +97,9 @@ def _higher_order(ctx, gy: Tensor, inputs: list) -> tuple:
     height, width, form, _, stride, cip, key_norm, global_scope = ctx.args
     needs = [ctx.needs_input_grad[i] and inputs[i] is not None for i in _TENSORS]
     with torch.enable_grad():
-        out = lambdas_plain(*inputs, height, width, form, stride, cip, key_norm, global_scope, None)
+        q, keys, v = fused.views(inputs[0], inputs[1], inputs[2], inputs[3], height, width)
+        out = lambdas_plain(q, keys, v, inputs[3], inputs[4], height, width, form, stride, cip, key_norm,
+                            global_scope, None)
     wrt = [x for x, need in zip(inputs, needs) if need]
     got = iter(torch.autograd.grad(out, wrt, gy, create_graph=True, allow_unused=True))
     return tuple(next(got) if need else None for need in needs)
@@ -167,8 +169,9 @@ def _eager(device: str) -> bool:
 def lambda_op(q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor, shared: Optional[Tensor], height: int,
               width: int, form: str, backend: str, stride: int, count_include_pad: bool, key_norm: str,
               global_scope: bool) -> Tensor:
-    """``timm_lambda::lambda_layer`` (:mod:`.fused`: shapes and meaning of the arguments), in eager mode without its
-    dispatch. ``backend``: the plan's (``''``: decided when the operator runs)."""
+    """``timm_lambda::lambda_layer`` (:mod:`.fused`: the layer's maps ``q [B, h k, H, W]``, ``keys [B, u k, H, W]``,
+    ``v [B, u V, H, W]``), in eager mode without its dispatch. ``backend``: the plan's (``''``: decided when the
+    operator runs)."""
     args = [q, keys, v, table, shared, height, width, form, backend, stride, count_include_pad, key_norm,
             global_scope]
     device = q.device.type
@@ -201,7 +204,8 @@ def _in_image(size: int, queries: int, step: int, k: int) -> int:
 
 def _flops(q, keys, v, table, shared, height, width, form, backend, stride, cip, key_norm, global_scope,
            out_shape=None, backward=False) -> int:
-    (b, h, k, n), (_, u, dv, _) = q, v
+    (b, hk, _, _), (_, uv, _, _), (k, u) = q, v, table[:2]
+    h, dv, n = hk // k, uv // u, height * width
     ho, wo = (height + stride - 1) // stride, (width + stride - 1) // stride
     content = 0 if keys is None else b * u * k * n * dv
     if keys is not None or shared is not None:

@@ -3,10 +3,11 @@ key normalisation, the content lambda (eq. 1), the position lambdas applied to t
 term in the same accumulators, and at stride 2 the 3x3 average pooling (appendix F.2), by the backend of the call's
 plan (:mod:`.plan`). :mod:`.custom_ops` registers these as ``timm_lambda::lambda_layer`` and its backward.
 
-Inputs (the layer's own maps, views where they are): ``q [B, h, k, n]``, ``keys [B, u, k, n]`` (not normalised; None
-without the content lambda), ``v [B, u, V, n]``, the relative embedding ``table [k, u, R_h, R_w]``, ``shared [B, k, V]``
-(a part of every ``lambda_n`` added to the content lambda, or standing for it without keys; None: none). Output
-``[B, h V, Ho, Wo]``.
+Inputs (the layer's own maps): ``q [B, h k, H, W]``, ``keys [B, u k, H, W]`` (not normalised; None without the
+content lambda), ``v [B, u V, H, W]``, the relative embedding ``table [k, u, R_h, R_w]``, ``shared [B, k, V]`` (a part
+of every ``lambda_n`` added to the content lambda, or standing for it without keys; None: none). Output ``[B, h V, Ho,
+Wo]``; the gradients in the inputs' shapes. (Maps, not views of them: under torch.compile a view that the backward
+saves made inductor compare symbolic strides it cannot order at batch 1, issue 51.)
 
 Stride 2 (the tiled form) runs at the output resolution where that is fewer multiply-adds (:func:`patched`; else on
 the full map, pooled after): pooling is linear, so output ``o`` is the sum over its 3x3
@@ -29,7 +30,7 @@ from ..relative_embedding import dense_index_for
 from ..size_cache import SizeCache
 from . import backends
 
-__all__ = ['forward', 'backward', 'content_lambda', 'patched', 'pooled_table', 'in_image_counts']
+__all__ = ['forward', 'backward', 'views', 'content_lambda', 'patched', 'pooled_table', 'in_image_counts']
 
 
 def content_lambda(keys: Optional[Tensor], v: Tensor, shared: Optional[Tensor], key_norm: str) -> Tuple[
@@ -183,6 +184,7 @@ def forward(backend: str, form: str, q: Tensor, keys: Optional[Tensor], v: Tenso
             global_scope: bool, saved: Optional[dict] = None) -> Tensor:
     """The layer's output after its norms, ``[B, h V, Ho, Wo]`` (contiguous), by ``backend`` in ``form``. ``saved``: a
     dict that keeps the content lambda and the normalised keys for :func:`backward` (else it recomputes them)."""
+    q, keys, v = views(q, keys, v, table, height, width)
     b, h, k = q.shape[0], q.shape[1], q.shape[2]
     u, dv = v.shape[1], v.shape[2]
     lam, kn = content_lambda(keys, v, shared, key_norm)
@@ -211,6 +213,8 @@ def backward(backend: str, form: str, gy: Tensor, q: Tensor, keys: Optional[Tens
              global_scope: bool, saved: Optional[dict] = None) -> List[Optional[Tensor]]:
     """The gradients of ``q``, ``keys``, ``v``, ``table`` and ``shared`` (None for an input that is None); ``saved``:
     what :func:`forward` kept."""
+    shapes = [q.shape, None if keys is None else keys.shape, v.shape]
+    q, keys, v = views(q, keys, v, table, height, width)
     b, h, k = q.shape[0], q.shape[1], q.shape[2]
     u, dv = v.shape[1], v.shape[2]
     lam, kn = (saved['lam'], saved['kn']) if saved else content_lambda(keys, v, shared, key_norm)
@@ -247,7 +251,15 @@ def backward(backend: str, form: str, gy: Tensor, q: Tensor, keys: Optional[Tens
             gkn = torch.matmul(glam.unsqueeze(1), v)
             gv = gv + torch.matmul(glam.transpose(1, 2).unsqueeze(1), kn)
         gkeys = _keys_grad(gkn, keys, kn, key_norm)
-    return [gq, gkeys, gv, gtable, None if shared is None else glam]
+    return [gq.reshape(shapes[0]), None if gkeys is None else gkeys.reshape(shapes[1]), gv.reshape(shapes[2]), gtable,
+            None if shared is None else glam]
+
+
+def views(q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor, height: int, width: int):
+    """The maps as ``q [B, h, k, n]``, ``keys [B, u, k, n]``, ``v [B, u, V, n]`` (views)."""
+    b, k, u, n = q.shape[0], table.shape[0], table.shape[1], height * width
+    return (q.reshape(b, q.shape[1] // k, k, n), None if keys is None else keys.reshape(b, u, k, n),
+            v.reshape(b, u, v.shape[1] // u, n))
 
 
 def _dense_operands(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, global_scope: bool):
