@@ -10,6 +10,7 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import tarfile
 
 import pytest
@@ -435,6 +436,186 @@ the convs {} / {} / {} ms: **{}x summed** (run 4: {}x; eager {}x).""",
 | LambdaResNet-50 vs timm's `lambda_resnet50ts`, 224 px, batch 64, float32 | {}x / {}x | {}x / {}x |
 **{}x / {}x** |
 | same, bfloat16 | {}x / {}x | {}x / {}x | **{}x / {}x** |""", runs_1_to_3_models),
+]
+
+
+# Sections added after the first registry: CPU bfloat16, torch.compile, ONNX Runtime, classifiers.
+
+def at_commit(commit: str, name: str):
+    """A result JSON as committed at ``commit`` (git history); the test is skipped where the history is absent (a
+    shallow clone, an unpacked archive)."""
+    try:
+        out = subprocess.run(['git', 'show', f'{commit}:docs/results/{name}'], cwd=ROOT, capture_output=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip(f'docs/results/{name} at {commit}: no git history here')
+    return json.loads(out)
+
+
+def _summed(rows):
+    return sum(r['auto']['ms'] for r in rows) / sum(r['conv3x3']['ms'] for r in rows)
+
+
+BF16_LAYER = ('lambda_layer_bf16.json', 'lambda_layer_eval_bf16.json', 'lambda_layer_512_bf16.json')
+# The run an hour before (b5d9f00): the files as committed before d52904a replaced them.
+BF16_BEFORE = 'd52904a^'
+
+
+def bf16_layer_table():
+    """Per shape and column (1024 px training, eval, 512 px training): the layer's ms, x the conv, the earlier run's
+    ratio, G/s; then the totals, each with the earlier run's."""
+    now = [load(f)['results'] for f in BF16_LAYER]
+    before = [at_commit(BF16_BEFORE, f)['results'] for f in BF16_LAYER]
+    out = []
+    for i in range(3):
+        for rows, old in zip(now, before):
+            r, o = rows[i], old[i]
+            out += [r['auto']['ms'], r['auto']['ms'] / r['conv3x3']['ms'], o['auto']['ms'] / o['conv3x3']['ms'],
+                    r['auto']['gmac_per_s']]
+    for rows, old in zip(now, before):
+        out += [_summed(rows), _summed(old)]
+    return out
+
+
+def bf16_conv_moves():
+    """The stride-2 bfloat16 conv's median, the earlier run's and this one's, at 1024 and 512 px."""
+    out = []
+    for f in ('lambda_layer_bf16.json', 'lambda_layer_512_bf16.json'):
+        out += [at_commit(BF16_BEFORE, f)['results'][1]['conv3x3']['ms'], load(f)['results'][1]['conv3x3']['ms']]
+    return out
+
+
+def _med(entry, key):
+    return statistics.median(entry['times'][key])
+
+
+def _loads(entry):
+    return [float(entry['load_before'].split()[0]), float(entry['load_after'].split()[0])]
+
+
+def c4_bf16():
+    e = load('c4_512_bf16.json')[0]
+    old = at_commit(BF16_BEFORE, 'c4_512_bf16.json')[0]
+    c4 = 'LambdaResNet-101-C4'
+    twin, skip = f'{c4} conv twin', f'{c4}, lambda layers skipped'
+    return (_loads(e) + [ratio(e, c4, twin, 'training step'), _med(e, f'{c4}/training step'),
+                         _med(e, f'{twin}/training step'), ratio(e, c4, twin, 'inference'),
+                         _med(e, f'{c4}/inference'), _med(e, f'{twin}/inference')]
+            + both(old, c4, twin) + [e['peak_mib'][c4], e['peak_mib'][twin]] + both(e, skip, twin))
+
+
+def backbone_bf16():
+    e = load('backbone_1024_bf16.json')[0]
+    lam = 'LambdaResNet-101'
+    return (_loads(e) + both(e, lam, 'ResNet-RS-101+SE') + both(e, lam, 'LambdaResNet-101 conv twin')
+            + both(e, 'LambdaResNet-101, lambda layers skipped', 'ResNet-RS-101+SE'))
+
+
+def compile_table(name):
+    """Load before and after; per row min / median / max and x the compiled baseline; how much faster compiled is
+    than eager (%); the first compiled steps and their ratio."""
+    e = load(name)[0]
+    lc, sc, le = 'LambdaResNet-101 compiled', 'ResNet-RS-101+SE compiled', 'LambdaResNet-101 eager'
+    out = _loads(e)
+    for k in (lc, sc, le):
+        t = e['times'][k]
+        out += [min(t), statistics.median(t), max(t)] + ([] if k == sc else [ratio(e, k, sc)])
+    first = e['first_step_s']
+    return out + [100 * (1 - ratio(e, lc, le)), first['LambdaResNet-101'], first['ResNet-RS-101+SE'],
+                  first['LambdaResNet-101'] / first['ResNet-RS-101+SE']]
+
+
+def onnx_table():
+    """Per size and exporter: LambdaResNet-101 min / median / max, RS-101+SE's, the ratio, the lambda side's error."""
+    out = []
+    for e in load('onnx.json'):
+        for x in ('legacy', 'dynamo'):
+            lam, se = e['times'][f'LambdaResNet-101 {x}'], e['times'][f'ResNet-RS-101+SE {x}']
+            out += [min(lam), statistics.median(lam), max(lam), min(se), statistics.median(se), max(se),
+                    statistics.median(lam) / statistics.median(se), e['max_rel_error'][f'LambdaResNet-101 {x}'] * 1e7]
+    return out
+
+
+def classifiers():
+    c, f = load('classification_224.json')[0], load('cifar.json')[0]
+    lam, se, g, r50 = 'LambdaResNet-101', 'ResNet-RS-101+SE', 'resnet50_lambda global', 'ResNet-50'
+    out = _loads(c)
+    for mode in ('training step', 'inference'):
+        out += [_med(c, f'{lam}/{mode}'), _med(c, f'{se}/{mode}'), ratio(c, lam, se, mode)]
+    out += [c['peak_mib'][lam], c['peak_mib'][se], c['peak_mib'][lam] / c['peak_mib'][se]] + _loads(f)
+    for mode in ('training step', 'inference'):
+        out += [_med(f, f'{g}/{mode}'), _med(f, f'{r50}/{mode}'), ratio(f, g, r50, mode)]
+    return out
+
+FIGURES += [
+    ('docs/benchmarks.md', """at
+a6360ae (the JSON files; load {}-{} before), and in brackets the ratios of the run at b5d9f00 an hour earlier
+(load {}-{}; the same kernels but for the pair GEMMs' row count):
+
+| shape | 1024 px training | 1024 px eval | 512 px training |
+|---|---|---|---|
+| c4, stride 1 | {} ({}x) [{}x], {} G/s | {} ({}x) [{}x], {} G/s | {} ({}x) [{}x], {} G/s |
+| first c5 block, stride 2 | {} ({}x) [{}x], {} G/s | {} ({}x) [{}x], {} G/s | {} ({}x) [{}x], {} G/s |
+| c5, stride 1 | {} ({}x) [{}x], {} G/s | {} ({}x) [{}x], {} G/s | {} ({}x) [{}x], {} G/s |
+| **total, x the bfloat16 conv** | **{}x** [{}x] | **{}x** [{}x] | **{}x** [{}x] |""",
+     lambda: (lambda now, old: [min(now), max(now), min(old), max(old)])(
+         [float(load(f)['load_before'].split()[0]) for f in BF16_LAYER],
+         [float(at_commit(BF16_BEFORE, f)['load_before'].split()[0]) for f in BF16_LAYER]) + bf16_layer_table()),
+    ('docs/benchmarks.md', '(the stride-2 one {} -> {} ms at\n1024 px, {} -> {} ms at 512 px)', bf16_conv_moves),
+    ('docs/benchmarks.md', """at 1024 px
+  {} MiB (c4, was 24), {} MiB (stride 2, the conv {}), {} MiB (c5, was 14)""",
+     lambda: (lambda r: [r[0]['auto']['peak_mib'], r[1]['auto']['peak_mib'], r[1]['conv3x3']['peak_mib'],
+                         r[2]['auto']['peak_mib']])(load('lambda_layer_bf16.json')['results'])),
+    ('docs/benchmarks.md', """docs/results/c4_512_bf16.json` at a6360ae, load {} before, {} after):
+  training **{}x** ({} vs {} s), inference **{}x** ({} vs {} s); at b5d9f00 (`--repeats 7`) {}x /
+  {}x, peak memory {} vs {} MiB. The network with its lambda layers skipped is at {}x / {}x""", c4_bf16),
+    ('docs/benchmarks.md', """docs/results/backbone_1024_bf16.json` at 18c20c1, load {} before, {} after):
+  {}x / {}x ResNet-RS-101+SE (training / inference), {}x / {}x its conv twin; with its six lambda layers
+  skipped {}x / {}x.""", backbone_bf16),
+    ('docs/benchmarks.md', """AMD
+EPYC family 25 model 17, load {} before, {} after:
+
+| model | training step, min / median / max (s) | x compiled RS-101+SE |
+|---|---|---|
+| LambdaResNet-101, compiled | {} / {} / {} | **{}x** |
+| ResNet-RS-101 + SE, compiled | {} / {} / {} | 1.00 |
+| LambdaResNet-101, eager | {} / {} / {} | {}x |
+
+Compiled LambdaResNet-101 is {}% faster than eager LambdaResNet-101 (each custom operator is one opaque node of the
+compiled graph, its CPU kernel inside, and inductor compiles the glue around it). Its first compiled step
+(compilation included) took {} s against {} s for ResNet-RS-101 + SE: **{}x**.""",
+     lambda: compile_table('compile_512.json')),
+    ('docs/benchmarks.md', """AMD EPYC family 25 model 17, load {} before, {} after;
+same models, training step, batch 1, 5 rounds):
+
+| model | training step, min / median / max (s) | x compiled RS-101+SE |
+|---|---|---|
+| LambdaResNet-101, compiled | {} / {} / {} | **{}x** |
+| ResNet-RS-101 + SE, compiled | {} / {} / {} | 1.00 |
+| LambdaResNet-101, eager | {} / {} / {} | {}x |
+
+Compiled LambdaResNet-101 is {}% faster than eager in this run""",
+     lambda: compile_table('compile_1024.json')[:-3]),
+    ('docs/benchmarks.md', """(eager here is slower than in the backbone run
+above, {} s: the spread between runs); its first compiled step took {} s against {} s (**{}x**).""",
+     lambda: [_med(load('backbone_1024.json')[0], 'LambdaResNet-101/training step')]
+     + compile_table('compile_1024.json')[-3:]),
+    ('docs/benchmarks.md', """AMD EPYC family 25 model 17; load
+{} before, {} after""",
+     lambda: [_loads(load('onnx.json')[0])[0], _loads(load('onnx.json')[-1])[1]]),
+    ('docs/benchmarks.md', """| 224 px | legacy | {} / {} / {} | {} / {} / {} | {}x | {}e-7 |
+| 224 px | dynamo | {} / {} / {} | {} / {} / {} | {}x | {}e-7 |
+| 512 px | legacy | {} / {} / {} | {} / {} / {} | **{}x** | {}e-7 |
+| 512 px | dynamo | {} / {} / {} | {} / {} / {} | **{}x** | {}e-7 |""", onnx_table),
+    ('docs/benchmarks.md', """(2026-11-23, load {} before, {} after): LambdaResNet-101 vs ResNet-RS-101 + SE,
+batch 2: training step {} vs {} s median (**{}x**), inference {} vs {} s (**{}x**), peak training-step
+memory {} vs {} MiB ({}x;
+re-measured 2026-11-24 with the allocator method, `python tools/benchmark_models.py classification --memory-only
+--json docs/results/classification_224.json`; the old counter gave 333 vs 409).
+
+`python tools/benchmark_models.py cifar --repeats 7 --json docs/results/cifar.json` (2026-11-23, load {} before,
+{} after): `resnet50_lambda` with a global scope at 32x32 vs timm's `resnet50`, 10 classes, batch 64: training
+step {} vs {} s (**{}x**), inference {} vs {} s ({}x).""", classifiers),
 ]
 
 
