@@ -619,6 +619,64 @@ step {} vs {} s (**{}x**), inference {} vs {} s ({}x).""", classifiers),
 ]
 
 
+
+# The launch-count table's columns: (file, commit of the file's version or None for the file as it is, the commit
+# its JSON records).
+LAUNCH_COLUMNS = [('launches_fbeda22.json', None, 'fbeda22'), ('launches.json', '9597bcd', '21a31bb'),
+                  ('launches.json', '7390277', '7202888'), ('launches.json', '055a928', '1496807'),
+                  ('launches.json', None, '7e0a69a+dirty')]
+
+
+def launch_table():
+    """Per row: the conv's count, ``triton_tc``'s aten + Triton counts in each column, ``gemm``'s at fbeda22,
+    21a31bb and now (1d29a77); each JSON must name the column's commit."""
+    runs = []
+    for name, version, commit in LAUNCH_COLUMNS:
+        d = load(name) if version is None else at_commit(version, name)
+        assert d['commit'] == commit, (name, version, d['commit'])
+        runs.append({(r['shape'], r['mode']): r for r in d['rows']})
+    out = []
+    for key in (('c4 256ch', 'train f32'), ('c4 256ch', 'eval f32'), ('c5 512ch stride 2', 'train f32'),
+                ('c5 512ch stride 2', 'eval f32'), ('c5 512ch', 'train f32')):
+        out.append(runs[-1][key]['conv'])
+        for run in runs:
+            tc = run[key]['backends']['triton_tc']
+            out += [tc['aten'], tc['triton']]
+        out += [runs[i][key]['backends']['gemm']['aten'] for i in (0, 1, 4)]
+    return out
+
+
+def autocast_casts():
+    """The casts (``_to_copy``) a 16-bit training step adds for ``triton_tc`` and ``gemm`` at each shape (the gemm
+    backend's step also has an mm or two more), and the conv's added kernels."""
+    rows = {(r['shape'], r['mode']): r for r in load('launches.json')['rows']}
+    added = set()
+    for shape in ('c4 256ch', 'c5 512ch stride 2', 'c5 512ch'):
+        lo, hi = rows[(shape, 'train f32')], rows[(shape, 'train 16-bit')]
+        added |= {hi['backends'][b]['ops'].get('_to_copy', 0) - lo['backends'][b]['ops'].get('_to_copy', 0)
+                  for b in ('triton_tc', 'gemm')}
+    assert len(added) == 1, added
+    return [added.pop(), rows[('c4 256ch', 'train 16-bit')]['conv'] - rows[('c4 256ch', 'train f32')]['conv']]
+
+FIGURES += [
+    ('docs/benchmarks.md', """| c4, 256 ch | training, float32 | {} |
+{} + {} | {} + {} | {} + {} | {} + {} | {} + {} | {} | {} | {} |
+| c4, 256 ch | eval | {} | {} + {} | {} + {} | {} + {} | {} + {} | {} + {} | {} | {} | {} |
+| c5, 512 ch, stride 2 | training, float32 | {} | {} + {} | {} + {} | {} + {} | {} + {} | {} + {} | {} | {} | {} |
+| c5, 512 ch, stride 2 | eval | {} | {} + {} | {} + {} | {} + {} | {} + {} | {} + {} | {} | {} | {} |
+| c5, 512 ch | training, float32 | {} | {} + {} | {} + {} | {} + {} | {} + {} | {} + {} | {} | {} | {} |""",
+     launch_table),
+    ('docs/benchmarks.md', "a 16-bit training step adds autocast's {} casts to each, {} to the conv's", autocast_casts),
+    ('docs/benchmarks.md', """a stride-1 training step {} + {} -> {} + {}, eval {} + {} -> {} + {}""",
+     lambda: (lambda a, b: [a[('c4 256ch', 'train f32')]['aten'], a[('c4 256ch', 'train f32')]['triton'],
+                            b[('c4 256ch', 'train f32')]['aten'], b[('c4 256ch', 'train f32')]['triton'],
+                            a[('c4 256ch', 'eval f32')]['aten'], a[('c4 256ch', 'eval f32')]['triton'],
+                            b[('c4 256ch', 'eval f32')]['aten'], b[('c4 256ch', 'eval f32')]['triton']])(
+         *[{(r['shape'], r['mode']): r['backends']['triton_tc'] for r in d['rows']}
+           for d in (at_commit('055a928', 'launches.json'), load('launches.json'))])),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
