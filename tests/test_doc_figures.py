@@ -677,6 +677,34 @@ FIGURES += [
 ]
 
 
+def host_time_b7e5ec6():
+    """The first host-time run (b7e5ec6+dirty), ``results/host_time.json`` as committed at 0401396: loads, then per
+    row the custom operator's and the ``autograd.Function``'s median (min) and the ratio of medians."""
+    d = at_commit('0401396', 'host_time.json')
+    assert d['commit'].startswith('b7e5ec6') and d['commit'].endswith('+dirty'), d['commit']
+    out = [d['load_before'][0], d['load_after'][0]]
+    for i, r in enumerate(d['rows']):
+        med, low = r['us_per_step'], r['min_us']
+        out += [med['custom operator'], low['custom operator'], med['autograd.Function'], low['autograd.Function'],
+                med['autograd.Function'] / med['custom operator']]
+        if i == 0:
+            out.append(low['autograd.Function'] / low['custom operator'])
+    return out
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """load {} -> {},
+commit b7e5ec6+dirty (figures of code since changed: this run's JSON is `results/host_time.json` as committed at
+0401396, in git history; the file now holds the 1d29a77 run below); median (min) us a step:
+
+| backend, form | custom operator | `autograd.Function` | ratio of medians |
+|---|---:|---:|---:|
+| `triton_tc`, tiled (launches stubbed) | {} ({}) | {} ({}) | {} (min {}) |
+| `cpu_kernel`, tiled | {} ({}) | {} ({}) | {} |
+| `gemm`, dense | {} ({}) | {} ({}) | {} |""", host_time_b7e5ec6),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
