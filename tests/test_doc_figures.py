@@ -705,6 +705,48 @@ commit b7e5ec6+dirty (figures of code since changed: this run's JSON is `results
 ]
 
 
+def sm90_table():
+    """The sm_90 compile table, before (e58816d) -> after (ea780c4+dirty, ``sm90_kernels.json`` as committed at
+    70d9b63): per shape and dtype the three kernels' registers, spilled bytes and ``cp.async`` counts; a cell that
+    shows one figure for the three shows their common value."""
+    before = load('sm90_kernels_e58816d.json')
+    after = at_commit('70d9b63', 'sm90_kernels.json')
+    assert before['commit'] == 'e58816d' and after['commit'].startswith('ea780c4'), after['commit']
+    assert after['commit'].endswith('+dirty'), after['commit']
+    kernels = ('tc_rows', 'tc_rows (logit grad)', 'tc_value_grad')
+
+    def three(d, shape, dtype, key):
+        rows = {r['kernel']: r for r in d['rows'] if r['shape'] == shape and r['dtype'] == dtype
+                and r['precision'] == ('tf32' if dtype == 'fp32' else 'ieee')}
+        return [rows[k][key] for k in kernels]
+
+    def one(values):
+        assert len(set(values)) == 1, values
+        return [values[0]]
+    out = []
+    for shape in ('c4', 'c5_s2', 'c5'):
+        for dtype in ('bf16', 'fp32'):
+            b, a = (lambda key: three(before, shape, dtype, key)), (lambda key: three(after, shape, dtype, key))
+            out += b('registers') + a('registers') + b('spill_stores') + one(a('spill_stores'))
+            out += one(b('cp_async')) + one(a('cp_async')) if dtype == 'bf16' else b('cp_async') + a('cp_async')
+    return out
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """| c4 | bf16 | tc_rows / logit grad / tc_value_grad | {} / {} / {} -> {} / {} / {} |
+{} / {} / {} -> {} | {} -> {} |
+| c4 | fp32 (TF32) | the same | {} / {} / {} -> {} / {} / {} | {} / {} / {} -> {} |
+{} / {} / {} -> {} / {} / {} |
+| c5, stride 2 | bf16 | the same | {} / {} / {} -> {} / {} / {} | {} / {} / {} -> {} | {} -> {} |
+| c5, stride 2 | fp32 (TF32) | the same | {} / {} / {} -> {} / {} / {} | {} / {} / {} -> {} |
+{} / {} / {} -> {} / {} / {} |
+| c5 | bf16 | the same | {} / {} / {} -> {} / {} / {} | {} / {} / {} -> {} | {} -> {} |
+| c5 | fp32 (TF32) | the same | {} / {} / {} -> {} / {} / {} | {} / {} / {} -> {} |
+{} / {} / {} -> {} / {} / {} |""",
+     sm90_table),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
