@@ -747,6 +747,87 @@ FIGURES += [
 ]
 
 
+def _run3_tables():
+    """Run 3's layer tables by (dtype, batch, mode, triton)."""
+    d = load('gpu_h200_lambda_layer_triton.json')
+    assert d['commit'] == '8ed91f4', d['commit']
+    return {(x['settings']['dtype'], x['settings']['batch'], x['settings']['mode'], x['triton']): x['results']
+            for x in d['tables']}
+
+
+def run3_layer_table():
+    """Run 3's table: per shape the conv's medians of the two tables (a range, or one figure where they round
+    alike), the GEMM path's and Triton's ms, x their conv, MiB; the totals (training, then eval)."""
+    tabs = _run3_tables()
+    out = []
+    for batch, single in ((1, (2,)), (8, (2,))):
+        gemm, tri = tabs[('float32', batch, 'train', False)], tabs[('float32', batch, 'train', True)]
+        for i in range(3):
+            convs = sorted([gemm[i]['conv3x3']['ms'], tri[i]['conv3x3']['ms']])
+            if i in single:
+                assert round(convs[0], 1) == round(convs[1], 1), convs
+                convs = convs[:1]
+            out += convs
+            for r in (gemm[i], tri[i]):
+                out += [r['auto']['ms'], r['auto']['ms'] / r['conv3x3']['ms'], r['auto']['peak_mib']]
+        out += [_summed(gemm), _summed(tri), _summed(tabs[('float32', batch, 'eval', False)]),
+                _summed(tabs[('float32', batch, 'eval', True)])]
+    return out
+
+
+def _tmacs(rows, key):
+    return [r[key]['gmac_per_s'] / 1000 for r in rows]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """| 256 ch 64x64 | 1, training | {}-{} | {} ({}x), {} MiB | {} ({}x), {} MiB |
+| 512 ch 64x64 s2 | 1, training | {}-{} | {} ({}x), {} MiB | {} ({}x), {} MiB |
+| 512 ch 32x32 | 1, training | {} | {} ({}x), {} MiB | {} ({}x), {} MiB |
+| **total** | 1, training | | **{}x** | **{}x** |
+| total | 1, eval | | {}x | {}x |
+| 256 ch 64x64 | 8, training | {}-{} | {} ({}x), {} MiB | {} ({}x), {} MiB |
+| 512 ch 64x64 s2 | 8, training | {}-{} | {} ({}x), {} MiB | {} ({}x), {} MiB |
+| 512 ch 32x32 | 8, training | {} | {} ({}x), {} MiB | {} ({}x), {} MiB |
+| **total** | 8, training | | **{}x** | **{}x** |
+| total | 8, eval | | {}x | {}x |""", run3_layer_table),
+    ('docs/benchmarks.md', """bfloat16 autocast (Triton, run 3): {}x / {}x the bfloat16 conv at batch 1
+  (training / eval), {}x / {}x at batch 8""",
+     lambda: [_summed(_run3_tables()[('bfloat16', b, m, True)]) for b in (1, 8) for m in ('train', 'eval')]),
+    ('docs/benchmarks.md', """the conv {}-{} TMAC/s at batch 8 (TF32 tensor
+  cores), the GEMM path {}-{}, Triton {}-{}""",
+     lambda: (lambda t: (lambda c, g, r: [min(c), max(c), min(g), max(g), min(r), max(r)])(
+         [x for m in ('train', 'eval') for tr in (False, True) for x in _tmacs(t[('float32', 8, m, tr)], 'conv3x3')],
+         [x for m in ('train', 'eval') for x in _tmacs(t[('float32', 8, m, False)], 'auto')],
+         [x for m in ('train', 'eval') for x in _tmacs(t[('float32', 8, m, True)], 'auto')]))(_run3_tables())),
+]
+
+
+def _gemm_before(name, commit):
+    d = load(name)
+    assert d['commit'] == commit, d['commit']
+    tabs = {(x['settings']['batch'], x['settings']['mode']): x['results'] for x in d['tables']
+            if x['settings']['dtype'] == 'float32' and x['precision'] == 'tf32'}
+    return [_summed(tabs[k]) for k in ((1, 'train'), (8, 'train'), (8, 'eval'))]
+
+
+def _triton_over_gemm(batch, mode):
+    t = _run3_tables()
+    return [r['auto']['ms'] / g['auto']['ms']
+            for g, r in zip(t[('float32', batch, mode, False)], t[('float32', batch, mode, True)])]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """(run 1, same shapes, TF32): {}x the conv in training at batch 1, {}x at
+  batch 8, {}x in eval at batch 8; run 2's GEMM path (whole-image chunks, one `F.fold`): {}x, {}x, {}x.""",
+     lambda: _gemm_before('gpu_h200_lambda_layer_before.json', 'f83640c')
+     + _gemm_before('gpu_h200_lambda_layer_fold.json', 'e36aae0')),
+    ('docs/benchmarks.md', """Triton {}-{}x the GEMM path in training, {}-{}x in eval)""",
+     lambda: [f(_triton_over_gemm(1, m)) for m in ('train', 'eval') for f in (min, max)]),
+    ('docs/benchmarks.md', 'the GEMM path above ({}-{}x faster than Triton at batch 8)',
+     lambda: (lambda r: [min(r), max(r)])(_triton_over_gemm(8, 'train') + _triton_over_gemm(8, 'eval'))),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
