@@ -828,6 +828,32 @@ FIGURES += [
 ]
 
 
+def _run5_mmdet():
+    m = load('gpu_h200_run5_check_mission_mmdet.json')
+    steps = {s['name']: s for s in m['steps']}
+    rc = m['results']['mask_rcnn']
+    return [rc['iterations'], steps['mmdet_train']['seconds'], rc['losses']['first'], rc['losses']['last']]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """- **Tests**: the {} kernel tests passed at 8a76ab4""",
+     lambda: [_run5_layer()['cuda_tests_kernels']['passed']]),
+    ('docs/benchmarks.md', """through mmdet's own `tools/train.py`, {} iterations in
+  {} s (loss {} -> {})""", _run5_mmdet),
+    ('docs/benchmarks.md', """per shape at batch 8, TF32,
+training: {} / {} / {}:""",
+     lambda: [s['layer_ms'] / s['conv_ms'] for s in pick(_run5_layer()['layer_vs_conv'], execution='triton_tc',
+                                                        dtype='float32', batch=8, mode='train')['shapes'].values()]),
+    ('docs/benchmarks.md', """Peak training-step memory at 1024 px, batch 1: LambdaResNet-101 {} MiB, RS-101+SE {},
+RS-101 without SE {}. Without SE""",
+     lambda: [pick(load('gpu_h200_run5_models_backbone_b1.json'), comparison='backbone', batch=1)['peak_mib'][m]
+              for m in ('LambdaResNet-101', 'ResNet-RS-101+SE', 'ResNet-RS-101 without SE')]),
+    ('docs/benchmarks.md', 'above: {}x faster than eager for LambdaResNet-101 at\n1024 px)',
+     lambda: (lambda g: [g['eager_ms'] / g['graphed_ms']])(
+         cases(_run5_layer()['models']['models_graphs'][0]['rows'])['LambdaResNet-101 features 1024px'])),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
