@@ -854,6 +854,37 @@ RS-101 without SE {}. Without SE""",
 ]
 
 
+def _run4_layer_ms(batch):
+    r = load('gpu_h200_check_layer.json')['results']
+    ms = [s['layer_ms'] for s in pick(r['layer_vs_conv'], execution='tensor_cores', dtype='float32', batch=batch,
+                                      mode='train')['shapes'].values()]
+    return [min(ms), max(ms)]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """all {} CUDA tests pass, strict (a kernel that fails to launch fails its test):
+the {} kernel tests""",
+     lambda: (lambda k, m: [k + m, k])(load('gpu_h200_check_layer.json')['results']['cuda_tests_kernels']['passed'],
+                                       load('gpu_h200_cuda_tests_models.json')['tests'])),
+    ('docs/benchmarks.md', 'and the {} model tests (a training step of every registered model',
+     lambda: [load('gpu_h200_cuda_tests_models.json')['tests']]),
+    ('docs/benchmarks.md', 'loss {} -> {} in the LSJ warm-up',
+     lambda: (lambda x: [x['first'], x['last']])(
+         load('gpu_h200_check_mission.json')['results']['mask_rcnn']['losses'])),
+    ('docs/benchmarks.md', """At batch 8 the tensor-core layer takes {}-{} ms
+a training step, hardly more than at batch 1 ({}-{} ms)""", lambda: _run4_layer_ms(8) + _run4_layer_ms(1)),
+    ('docs/benchmarks.md', """Peak training-step memory at 1024 px, batch 1: LambdaResNet-101 {} MiB, RS-101+SE {},
+RS-101 without SE {}.
+
+What this says""",
+     lambda: [load('gpu_h200_check_layer.json')['results']['models']['models_backbone_b1'][0]['peak_mib'][m]
+              for m in ('LambdaResNet-101', 'ResNet-RS-101+SE', 'ResNet-RS-101 without SE')]),
+    ('docs/benchmarks.md', 'halve the step here ({} -> {} ms, LambdaResNet-101 at 1024 px)',
+     lambda: [cases(load('gpu_h200_graphs.json')['results'])['LambdaResNet-101 features 1024px'][k]
+              for k in ('eager_ms', 'graphed_ms')]),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
