@@ -885,6 +885,36 @@ What this says""",
 ]
 
 
+def table4_memory():
+    """docs/table4.md's JSON columns per row: the paper's memory (where given), the analytic and measured memory,
+    the paper's time ratio (where given), the parameters."""
+    out = []
+    for r in load('table4_memory.json')['rows']:
+        out += ([r['paper_gb']] if r['paper_gb'] is not None else []) + [r['analytic_gib'], r['measured_gib']]
+        out += ([r['paper_ratio']] if r['paper_ratio'] is not None and r['paper_ratio'] != 1.0 else [])
+        out.append(r['params_m'])
+    return out
+
+
+FIGURES += [
+    ('docs/table4.md', """| Global self-attention | `resnet50_global_attn` | Θ(blhm²) | {} | {} |
+{} | OOM | 12.74 | 12.62 | 11.10 | {} | OOM |
+| Axial self-attention | `resnet50_axial_attn` | Θ(blhn√n) | {} | {} | {} | {} | 0.90 | 1.23 | 0.79 | {} | 77.5 |
+| Local self-attention (7x7) | `resnet50_local_attn7` | Θ(blhnm) | - | {} | {} | {} | 4.44 | 4.65 | 3.87 | {} | 77.4 |
+| Lambda layer | `resnet50_lambda` | Θ(lkn²) | {} | {} | {} | 1.00 | 1.00 | 1.00 | 0.87 | {} | 78.4 |
+| Lambda layer (\\|k\\|=8) | `resnet50_lambda_k8` | Θ(lkn²) | {} | {} | {} | {} | 0.97 | 0.95 | 0.85 | {} | 77.9 |
+| Lambda layer (shared embeddings) | `resnet50_lambda_shared` | Θ(kn²) | {} | {} |
+{} | {} | 0.98 | 1.01 | 0.86 | {} | 78 |
+| Lambda convolution (7x7) | `resnet50_lambda_conv7` | Θ(lknm) | - | {} | {} | {} | 0.61 | 0.62 | 0.53 | {} | 78.1 |""",
+     table4_memory),
+    ('docs/attention_baselines.md', """global attention is {}x
+the lambda layer's step memory already at batch 2, local attention {}x""",
+     lambda: (lambda r: [r['Global self-attention']['measured_gib'] / r['Lambda layer']['measured_gib'],
+                         r['Local self-attention (7x7)']['measured_gib'] / r['Lambda layer']['measured_gib']])(
+         {x['layer']: x for x in load('table4_memory.json')['rows']})),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
