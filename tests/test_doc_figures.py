@@ -915,6 +915,54 @@ the lambda layer's step memory already at batch 2, local attention {}x""",
 ]
 
 
+FIGURES += [
+    ('docs/benchmarks.md', """LambdaResNet-101 /
+  ResNet-RS-101+SE, backbone 1024 px, batch 4, float32 / bfloat16 (GEMM path) {} / {}, {} / {};
+  LambdaResNet-50 / timm's `lambda_resnet50ts`, 224 px, batch 64, float32 / bfloat16 (Triton) {} / {},
+  {} / {}.""",
+     lambda: [x for d in ('torch.float32', 'torch.bfloat16')
+              for x in both(pick(load('gpu_h200_models_fold.json')['results'], comparison='backbone', dtype=d),
+                            'LambdaResNet-101', 'ResNet-RS-101+SE')]
+     + [x for d in ('torch.float32', 'torch.bfloat16')
+        for x in both(pick(load('gpu_h200_models_triton.json')['results'], comparison='classification', dtype=d),
+                      'LambdaResNet-50', "timm's lambda_resnet50ts")]),
+]
+
+
+def _compile_before(commit, name):
+    e = at_commit(commit, name)[0]
+    lc, sc = 'LambdaResNet-101 compiled', 'ResNet-RS-101+SE compiled'
+    first = e['first_step_s']
+    return [_loads(e)[0], ratio(e, lc, sc), ratio(e, 'LambdaResNet-101 eager', sc),
+            first['LambdaResNet-101'] / first['ResNet-RS-101+SE']]
+
+
+def _onnx_before():
+    return [ratio(e, f'LambdaResNet-101 {x}', f'ResNet-RS-101+SE {x}') for e in at_commit('51b30a7', 'onnx.json')
+            for x in ('legacy', 'dynamo')]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """for ResNet-RS-101 + SE: **{}x**. The run of
+2026-11-23 (the GEMM path, load {} before) gave {}x, eager {}x, first step {}x.""",
+     lambda: compile_table('compile_512.json')[-1:] + _compile_before('4dd5b5d', 'compile_512.json')),
+    ('docs/benchmarks.md', """The run of
+2026-11-23 (the GEMM path, load {} before) gave {}x, eager {}x, first step {}x. Against""",
+     lambda: _compile_before('51b30a7', 'compile_1024.json')),
+    ('docs/benchmarks.md', """gave {}x / {}x at 224 px and {}x / {}x at
+512 px (legacy / dynamo)""", _onnx_before),
+    ('docs/benchmarks.md', """ONNX Runtime, legacy / dynamo exporter, a day before the run above (2026-11-23):
+  {} / {} at 224 px, {} / {} at 512 px""", _onnx_before),
+    ('docs/benchmarks.md', """LambdaResNet-101 against ResNet-RS-101 without SE: training {}x, inference {}x;
+against its own conv twin {}x and {}x.""", lambda: (lambda b: both(b, 'LambdaResNet-101', 'ResNet-RS-101 without SE')
+                      + both(b, 'LambdaResNet-101', 'LambdaResNet-101 conv twin'))(load('backbone_1024.json')[0])),
+    ('docs/benchmarks.md', """({} and {} in the run above); against ResNet-RS-101 without SE 0.94x-1.05x
+  in earlier runs ({}x / {}x above)""", lambda: (lambda b: both(b, 'LambdaResNet-101', 'ResNet-RS-101+SE')
+                                                 + both(b, 'LambdaResNet-101', 'ResNet-RS-101 without SE'))(
+         load('backbone_1024.json')[0])),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
