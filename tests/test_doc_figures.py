@@ -963,6 +963,65 @@ against its own conv twin {}x and {}x.""", lambda: (lambda b: both(b, 'LambdaRes
 ]
 
 
+ISA_SHAPES = (('c4, 256 ch 64x64', 256, 64, 1), ('first c5, 512 ch 64x64 s2', 512, 64, 2),
+              ('c5, 512 ch 32x32', 512, 32, 1))
+ISA_STEPS = (('train', 'float32'), ('train', 'bfloat16'), ('eval', 'float32'), ('eval', 'bfloat16'))
+ISA_CANDIDATES = ('cpu_kernel[native]', 'cpu_kernel[x86-64-v3]', 'gemm', 'auto[native]', 'auto[x86-64-v3]')
+# What ``auto`` served in each row of the table, AVX-512 build and AVX2 build (shape-major, then ISA_STEPS).
+ISA_SERVED = [('kernel', 'kernel')] * 5 + [('kernel', 'gemm'), ('kernel', 'kernel'), ('kernel', 'gemm')] + [
+    ('kernel', 'kernel')] * 4
+
+
+def _isa_passage():
+    rows = []
+    for (label, *_), served in zip([s for s in ISA_SHAPES for _ in ISA_STEPS], ISA_SERVED):
+        step = ISA_STEPS[len(rows) % 4]
+        rows.append(f'| {label} | {step[0]}, {step[1]} | {{}} | {{}} ({{}}x) | {{}} ({{}}x) | {{}} ({{}}x) | '
+                    f'{{}} ({{}}x) {served[0]} | {{}} ({{}}x) {served[1]} |')
+    rows += [f'| **3 shapes summed** | {m} {d} | 1 | **{{}}x** | **{{}}x** | **{{}}x** | **{{}}x** | **{{}}x** |'
+             for m, d in ISA_STEPS]
+    return '\n'.join(rows)
+
+
+def isa_table():
+    """tools/benchmark_cpu_isa.py's table: per row the conv's ms, each candidate's ms (x the conv), ``auto``'s
+    backend as the page names it; then the summed ratios."""
+    res = load('cpu_isa.json')
+    rows = {(r['width'], r['size'], r['stride'], r['mode'], r['dtype']): r for r in res['results']}
+    out, i = [], 0
+    for _, w, s, st in ISA_SHAPES:
+        for mode, dtype in ISA_STEPS:
+            r = rows[(w, s, st, mode, dtype)]
+            out.append(r['conv3x3']['ms'])
+            for c in ISA_CANDIDATES:
+                out += [r[c]['ms'], r[c]['ratio']]
+            served = [{'cpu_kernel': 'kernel'}.get(b, b) for c in ISA_CANDIDATES[3:] for b in r[c]['served']]
+            assert tuple(served) == ISA_SERVED[i], (served, ISA_SERVED[i])
+            i += 1
+    for mode, dtype in ISA_STEPS:
+        out += [res['summed_ratio'][f'{mode} {dtype}'][c] for c in ISA_CANDIDATES]
+    return out
+
+
+FIGURES += [('docs/benchmarks.md', _isa_passage(), isa_table)]
+
+
+def _isa_s2_bf16():
+    r = [x for x in load('cpu_isa.json')['results'] if x['stride'] == 2 and x['mode'] == 'train'
+         and x['dtype'] == 'bfloat16'][0]
+    k, g = r['cpu_kernel[x86-64-v3]'], r['gemm']
+    return [k['ratio'], g['ratio'], k['cpu_ratio'], g['cpu_ratio']]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """({}x the conv against the gemm backend's
+{}x, CPU time {}x against {}x)""", _isa_s2_bf16),
+    ('docs/benchmarks.md', '({}x / {}x summed for the two builds)',
+     lambda: [_isa_summed('cpu_isa.json', 'train bfloat16, CPU time', k)
+              for k in ('cpu_kernel[native]', 'cpu_kernel[x86-64-v3]')]),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
