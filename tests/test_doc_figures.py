@@ -1022,6 +1022,40 @@ FIGURES += [
 ]
 
 
+def goal_table():
+    """The model-level targets table: per goal the lambda layers' time, what the goal leaves them, their G
+    multiply-adds, the rate needed and its share of the limit (``goal_budgets`` of the two runs' JSON)."""
+    c4, bb = load('c4_512.json')[0]['goal_budgets'], load('backbone_1024.json')[0]['goal_budgets']
+    out = []
+    for g in c4 + bb:
+        rate = g['lambda_gmacs'] / g['budget_s'] if g['budget_s'] > 0 else None
+        out += [g['lambda_s']] + ([g['budget_s']] if g['budget_s'] > 0 else []) + [g['lambda_gmacs']]
+        if rate is not None:
+            out += [rate] + ([100 * rate / g['limit_gmac_per_s']] if rate > g['lambda_gmacs'] / g['lambda_s'] else [])
+    return out
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """| LambdaResNet-101-C4 <= 0.8x its conv twin | training step | {} | {} | {} | {} | {}% |
+| LambdaResNet-101-C4 <= 0.8x its conv twin | inference | {} | {} | {} | {} | {}% |
+| LambdaResNet-101 <= 0.9x RS-101 + SE | training step | {} (noise, see above) | < 0 | {} | out of reach | - |
+| LambdaResNet-101 <= 0.92x RS-101 + SE | inference | {} | {} | {} | {} | {}% |
+| LambdaResNet-101 <= 1.0x RS-101 without SE | training step | {} (noise) | {} | {} | {} | {}% |
+| LambdaResNet-101 <= 1.0x RS-101 without SE | inference | {} | {} | {} | met ({}) | - |""", goal_table),
+]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', '`tools/dev/benchmarks/peak.py`: {} G multiply-adds/s on these two cores',
+     lambda: [load('c4_512.json')[0]['goal_budgets'][0]['limit_gmac_per_s']]),
+    ('docs/benchmarks.md', """ran at {} G multiply-adds/s in both modes
+  ({} G in {} s, {} G in {} s: {}% of the limit)""",
+     lambda: (lambda t, e: [t['lambda_gmacs'] / t['lambda_s'], t['lambda_gmacs'], t['lambda_s'], e['lambda_gmacs'],
+                            e['lambda_s'], 100 * t['lambda_gmacs'] / t['lambda_s'] / t['limit_gmac_per_s']])(
+         *load('c4_512.json')[0]['goal_budgets'])),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
