@@ -1056,6 +1056,39 @@ FIGURES += [
 ]
 
 
+SWEEP_23 = """| 3x3 conv | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |
+| dense | **{}** | **{}** | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |
+| tiled | {} | {} | **{}** | **{}** | **{}** | **{}** | **{}** | **{}** | **{}** | **{}** | **{}** | **{}** |"""
+SWEEP_7 = """| 3x3 conv | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |
+| dense | **{}** | ~{} | ~{} | {} | {} | {} | {} | {} | {} | {} |
+| tiled | {} | ~{} | ~{} | **{}** | **{}** | **{}** | **{}** | **{}** | **{}** | **{}** |"""
+
+
+def sweep(name, passage, sizes):
+    """The auto rule's sweep table: medians of the conv, dense and tiled forms at each size; the page's marks (bold:
+    the form whose median beats the other's fastest round; ~: within each other's spread) must follow from the
+    JSON."""
+    rows = {r['size']: r for r in load(name)['results']}
+    marks = re.findall(r'(\*\*\{\}\*\*|~\{\}|\{\})', passage.split('\n', 1)[1])
+    out = [rows[s]['conv3x3']['ms'] for s in sizes]
+    for i, form in enumerate(('dense', 'tiled')):
+        other = ('tiled', 'dense')[i]
+        for j, s in enumerate(sizes):
+            a, b = rows[s][form], rows[s][other]
+            want = '**{}**' if a['ms'] < b['min_ms'] else '{}' if b['ms'] < a['min_ms'] else '~{}'
+            assert marks[i * len(sizes) + j] == want, (name, form, s, marks[i * len(sizes) + j], want)
+            out.append(a['ms'])
+    return out
+
+
+FIGURES += [
+    ('docs/benchmarks.md', SWEEP_23,
+     lambda: sweep('sweep_scope23.json', SWEEP_23, (8, 12, 14, 16, 18, 20, 22, 24, 28, 32, 40, 48))),
+    ('docs/benchmarks.md', SWEEP_7,
+     lambda: sweep('sweep_scope7_u4.json', SWEEP_7, (5, 6, 7, 8, 9, 10, 12, 14, 16, 20))),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
