@@ -1089,6 +1089,20 @@ FIGURES += [
 ]
 
 
+def _run4_tests():
+    return [load('gpu_h200_check_layer.json')['results']['cuda_tests_kernels']['passed']
+            + load('gpu_h200_cuda_tests_models.json')['tests']]
+
+
+FIGURES += [
+    ('docs/install.md', """(2026-11-27, at 069be9b, the
+tensor-core kernels): {} passed""", _run4_tests),
+    ('docs/execution_modes.md', """(run 5, 2026-11-27, at 8a76ab4: the {} kernel tests passed; the model tests
+last ran in run 4, {} of {})""", lambda: [_run5_layer()['cuda_tests_kernels']['passed']]
+     + (lambda m: [m['tests'] - m['failures'] - m['errors'], m['tests']])(load('gpu_h200_cuda_tests_models.json'))),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
