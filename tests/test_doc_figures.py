@@ -1103,6 +1103,38 @@ last ran in run 4, {} of {})""", lambda: [_run5_layer()['cuda_tests_kernels']['p
 ]
 
 
+# Earlier runs of the backbone and C4 commands: (the version of the JSON in git history, the commit the page names).
+BACKBONE_EARLIER = [('4942607', '3a80e2c'), ('f3a9c75', '5337708'), ('0196dd1', '876ac7a'), ('9a9be92', '66cc058'),
+                    ('7732ac4', '2d201d3')]
+C4_EARLIER = [('4942607', '3a80e2c'), ('66abbb4', '761c799'), ('0196dd1', '876ac7a'), ('9a9be92', '66cc058'),
+              ('7732ac4', '2d201d3')]
+
+
+def earlier(name, versions, a, b, memory_at=None):
+    out = []
+    for version, _ in versions:
+        e = at_commit(version, name)[0]
+        out += both(e, a, b) + ([e['peak_mib'][a]] if version == memory_at else [])
+    return out
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """2026-11-25 at b26304f's kernel (the backward's logit gradients by query
+lanes), AMD EPYC family 25 model 17 (Zen 4, the kernel's AVX-512 build), load {} before, {} after the timing""",
+     lambda: _loads(load('backbone_1024.json')[0])),
+    ('docs/benchmarks.md', """(2026-11-25, the same kernel,
+load {} before, {} after the timing)""", lambda: _loads(load('c4_512.json')[0])),
+    ('docs/benchmarks.md', """training {}x /
+inference {}x RS-101 + SE at 3a80e2c, {}x / {}x at 5337708 (the same morning), {}x / {}x at 876ac7a,
+{}x / {}x at 66cc058, {}x / {}x at 2d201d3 (the GEMM path).""",
+     lambda: earlier('backbone_1024.json', BACKBONE_EARLIER, 'LambdaResNet-101', 'ResNet-RS-101+SE')),
+    ('docs/benchmarks.md', """Earlier runs: {}x / {}x at 3a80e2c (the content lambda inside the kernel),
+{}x / {}x at 761c799, {}x / {}x at 876ac7a (blocked operands, {} MiB), {}x / {}x at 66cc058 (the first kernel),
+{}x / {}x at 2d201d3 (the GEMM path).""",
+     lambda: earlier('c4_512.json', C4_EARLIER, 'LambdaResNet-101-C4', 'LambdaResNet-101-C4 conv twin', '0196dd1')),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
