@@ -1135,6 +1135,48 @@ inference {}x RS-101 + SE at 3a80e2c, {}x / {}x at 5337708 (the same morning), {
 ]
 
 
+def layer_at(version, name='lambda_layer.json', loads=False):
+    """An earlier layer run (the JSON in git history): the three shapes' ratios to the conv and the summed one;
+    with ``loads``, its load before first."""
+    d = at_commit(version, name)
+    rows = d['results'] if isinstance(d, dict) else d
+    out = [float(d['load_before'].split()[0])] if loads else []
+    return out + [r['auto']['ms'] / r['conv3x3']['ms'] for r in rows] + [_summed(rows)]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """the run at afff4a2, before
+the change below, {}x ({}x / {}x / {}x), with the stride-2 layer at {} ms""",
+     lambda: (lambda r: [r[3], *r[:3]])(layer_at('afff4a2'))
+     + [at_commit('afff4a2', 'lambda_layer.json')['results'][1]['auto']['ms']]),
+    ('docs/benchmarks.md', """That run
+  (0ab16d8, load {} / {} before): training {}x / {}x / {}x, eval {}x / {}x / {}x.""",
+     lambda: [layer_at('960a30f', loads=True)[0], layer_at('960a30f', 'lambda_layer_eval.json', True)[0]]
+     + layer_at('960a30f')[:3] + layer_at('960a30f', 'lambda_layer_eval.json')[:3]),
+    ('docs/benchmarks.md', """The run before (3a80e2c, load {} / {} before): training {}x / {}x / {}x, total {}x;
+eval {}x / {}x / {}x, total {}x.""",
+     lambda: [layer_at('4942607', loads=True)[0], layer_at('4942607', 'lambda_layer_eval.json', True)[0]]
+     + layer_at('4942607') + layer_at('4942607', 'lambda_layer_eval.json')),
+    ('docs/benchmarks.md', """Before that (5337708, the same kernel without the content lambda, load {} / {}):
+training {}x / {}x / {}x, total {}x; eval {}x / {}x / {}x, total {}x;""",
+     lambda: [layer_at('f3a9c75', loads=True)[0], layer_at('f3a9c75', 'lambda_layer_eval.json', True)[0]]
+     + layer_at('f3a9c75') + layer_at('f3a9c75', 'lambda_layer_eval.json')),
+    ('docs/benchmarks.md', """at 761c799
+(2026-11-24, the same kernel) {}x / {}x / {}x and {}x training, {}x / {}x / {}x and {}x eval; at
+876ac7a (blocked operands) {}x / {}x / {}x and {}x training, {}x / {}x / {}x and {}x eval; at
+0dd9084 (before the kernel skipped the scope offsets that meet padding) {}x / {}x / {}x and {}x training,
+{}x / {}x / {}x and {}x eval; at 66cc058 (the first kernel) {}x / {}x / {}x and {}x, {}x / {}x
+/ {}x and {}x.""",
+     lambda: [x for v in ('66abbb4', '0196dd1', '159bc27', '9a9be92')
+              for x in layer_at(v) + layer_at(v, 'lambda_layer_eval.json')]),
+    ('docs/benchmarks.md', """The run of 2026-11-24 at 2d201d3 (the GEMM path, 15 rounds, load {}-{}) gave
+{}x / {}x / {}x and {}x in total for training, {}x / {}x / {}x and {}x for eval; the run of 2026-11-23 (older code,
+training only, `--repeats 7`, load {}) {}x / {}x / {}x and {}x.""",
+     lambda: sorted([layer_at('7732ac4', loads=True)[0], layer_at('7732ac4', 'lambda_layer_eval.json', True)[0]])
+     + layer_at('7732ac4') + layer_at('7732ac4', 'lambda_layer_eval.json') + layer_at('589606d', loads=True)),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
