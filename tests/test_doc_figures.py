@@ -1177,6 +1177,36 @@ training only, `--repeats 7`, load {}) {}x / {}x / {}x and {}x.""",
 ]
 
 
+def _shares(files, version=None):
+    """The limit and the conv's and the layer's share of it (min, max, %) over the training and eval runs."""
+    data = [load(f) if version is None else at_commit(version, f) for f in files]
+    rows = [r for d in data for r in d['results']]
+    c = [100 * r['conv3x3']['share_of_fma_peak'] for r in rows]
+    lam = [100 * r['auto']['share_of_fma_peak'] for r in rows]
+    return [statistics.mean(d['fma_peak_gmac_per_s'] for d in data), min(c), max(c), min(lam), max(lam)]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """In the runs at 3a80e2c (`results/lambda_layer*.json` as committed at 4942607,
+figures of code since changed) it was **{} G multiply-adds/s** on the two threads""",
+     lambda: _shares(('lambda_layer.json', 'lambda_layer_eval.json'), '4942607')[:1]),
+    ('docs/benchmarks.md', """convolution reached {}-{}% of it, the lambda layer as a whole {}-{}%
+({}-{}% before the content lambda moved into the kernel). In the table's runs: {} G/s, the conv {}-{}%, the layer {}-{}%.""",
+     lambda: _shares(('lambda_layer.json', 'lambda_layer_eval.json'), '4942607')[1:]
+     + _shares(('lambda_layer.json', 'lambda_layer_eval.json'), 'f3a9c75')[3:]
+     + _shares(('lambda_layer.json', 'lambda_layer_eval.json'))),
+    ('docs/benchmarks.md', """at 3a80e2c, load {} / {} before; not re-run at
+0ab16d8): training {}x / {}x /
+{}x (total {}x), eval {}x / {}x / {}x ({}x); the run before: {}x / {}x / {}x and {}x / {}x /
+{}x.""",
+     lambda: [float(load(f)['load_before'].split()[0]) for f in ('lambda_layer_512.json',
+                                                                  'lambda_layer_512_eval.json')]
+     + (lambda a, b: a[:3] + [a[3]] + b[:3] + [b[3]])(layer_at('4942607', 'lambda_layer_512.json'),
+                                                     layer_at('4942607', 'lambda_layer_512_eval.json'))
+     + layer_at('f3a9c75', 'lambda_layer_512.json')[:3] + layer_at('f3a9c75', 'lambda_layer_512_eval.json')[:3]),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
