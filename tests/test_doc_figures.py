@@ -1191,7 +1191,8 @@ FIGURES += [
 figures of code since changed) it was **{} G multiply-adds/s** on the two threads""",
      lambda: _shares(('lambda_layer.json', 'lambda_layer_eval.json'), '4942607')[:1]),
     ('docs/benchmarks.md', """convolution reached {}-{}% of it, the lambda layer as a whole {}-{}%
-({}-{}% before the content lambda moved into the kernel). In the table's runs: {} G/s, the conv {}-{}%, the layer {}-{}%.""",
+({}-{}% before the content lambda moved into the kernel). In the table's runs: {} G/s, the conv {}-{}%,
+the layer {}-{}%.""",
      lambda: _shares(('lambda_layer.json', 'lambda_layer_eval.json'), '4942607')[1:]
      + _shares(('lambda_layer.json', 'lambda_layer_eval.json'), 'f3a9c75')[3:]
      + _shares(('lambda_layer.json', 'lambda_layer_eval.json'))),
