@@ -1208,6 +1208,32 @@ the layer {}-{}%.""",
 ]
 
 
+def _sm90_now(kernel, warps, strides=('c4', 'c5'), dtypes=('bf16',)):
+    d = load('sm90_kernels.json')
+    assert d['commit'].startswith('7e0a69a') and d['commit'].endswith('+dirty'), d['commit']
+    rows = [r for r in d['rows'] if r['kernel'] == kernel and r['shape'] in strides and r['dtype'] in dtypes
+            and r['num_warps'] == warps]
+    assert rows and not any(r['spill_stores'] for r in rows), rows
+    return [min(r['registers'] for r in rows), max(r['registers'] for r in rows)]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """none at 8 ({}-{} registers, `wgmma`), the value gradient
+  up to 220 at 4 (likewise), none at 8 ({}-{} registers)""",
+     lambda: _sm90_now('tc_rows', 8) + _sm90_now('tc_value_grad', 8)),
+    ('docs/benchmarks.md', 'with its fused `dq` spills\n  nothing on 4 ({}-{} registers)',
+     lambda: _sm90_now('tc_rows (logit grad)', 4, ('c4', 'c5', 'odd'), ('bf16', 'fp16', 'fp32'))),
+    ('docs/benchmarks.md', 'two multiply-adds per float32 lane, {}-{} G multiply-adds/s here',
+     lambda: (lambda g: [min(g), max(g)])(
+         [r['conv3x3']['gmac_per_s'] for f in BF16_LAYER for r in load(f)['results']])),
+    ('docs/benchmarks.md', """The multiply-adds per step (same tool): conv {} G training / {} G eval at every shape;
+the lambda layer {} / {} G (c4), {} / {} G (stride 2), {} / {} G (c5)""",
+     lambda: (lambda t, e: [t[0]['conv3x3']['gmacs'], e[0]['conv3x3']['gmacs']]
+              + [x for a, b in zip(t, e) for x in (a['auto']['gmacs'], b['auto']['gmacs'])])(
+         load('lambda_layer.json')['results'], load('lambda_layer_eval.json')['results'])),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
