@@ -1234,6 +1234,32 @@ the lambda layer {} / {} G (c4), {} / {} G (stride 2), {} / {} G (c5)""",
 ]
 
 
+def _top(dtype):
+    """Run 5's profile at c4: the layer's kernels by name, ms."""
+    p = [x for x in _run5_layer()['tc_kernels']['profile'] if x['shape'] == 'c4' and x['module'] == 'lambda'
+         and x['dtype'] == dtype][0]
+    return {k: v / 1000 for k, v in p['top'].items()}
+
+
+def run5_profile_c4():
+    bf, tf = _top('bfloat16'), _top('float32')
+    gemms = [v for k, v in bf.items() if not k.startswith('_tc')]
+    magma = [v for k, v in bf.items() if 'magma_sgemmEx' in k]
+    ffma = [v for k, v in tf.items() if 'ffma' in k]
+    assert len(gemms) == 3 and len(magma) == 1 and len(ffma) == 1
+    wall = pick(_run5_layer()['layer_vs_conv'], execution='triton_tc', dtype='float32', batch=8,
+                mode='train')['shapes']['256ch 64px s1']['layer_ms']
+    return [wall, bf['_tc_rows'], bf['_tc_value_grad'], sum(gemms), magma[0], ffma[0]]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """device time ({} ms at c4): the host is still the larger bound.
+At c4 in bf16: `_tc_rows` {} ms (two chunks, of 7 and 1 images, forward and logit gradient), `_tc_value_grad` {}, and the three GEMMs on the 529-wide query-major
+logits {} ms on unaligned kernels (cuBLAS's `magma_sgemmEx` for `dR`, {}; cutlass `align1` for the logits and
+`dq`); in TF32 an FFMA (not tensor-core) GEMM {} ms""", run5_profile_c4),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
