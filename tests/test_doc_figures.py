@@ -1254,9 +1254,10 @@ def run5_profile_c4():
 
 FIGURES += [
     ('docs/benchmarks.md', """device time ({} ms at c4): the host is still the larger bound.
-At c4 in bf16: `_tc_rows` {} ms (two chunks, of 7 and 1 images, forward and logit gradient), `_tc_value_grad` {}, and the three GEMMs on the 529-wide query-major
-logits {} ms on unaligned kernels (cuBLAS's `magma_sgemmEx` for `dR`, {}; cutlass `align1` for the logits and
-`dq`); in TF32 an FFMA (not tensor-core) GEMM {} ms""", run5_profile_c4),
+At c4 in bf16: `_tc_rows` {} ms (two chunks, of 7 and 1 images, forward and logit gradient), `_tc_value_grad` {},
+and the three GEMMs on the 529-wide query-major logits {} ms on unaligned kernels (cuBLAS's `magma_sgemmEx` for
+`dR`, {}; cutlass `align1` for the logits and `dq`); in TF32 an FFMA (not tensor-core) GEMM {} ms""",
+     run5_profile_c4),
 ]
 
 
