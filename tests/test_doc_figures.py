@@ -1261,6 +1261,25 @@ and the three GEMMs on the 529-wide query-major logits {} ms on unaligned kernel
 ]
 
 
+def _spills_8fc48ad():
+    d = at_commit('946643e', 'sm90_kernels.json')
+    assert d['commit'].startswith('8fc48ad'), d['commit']
+    s = [r['spill_stores'] for r in d['rows'] if r['kernel'] == 'tc_value_grad' and r['spill_stores']]
+    assert {r['shape'] for r in d['rows'] if r['spill_stores']} == {'c5', 'c5_s2'}
+    return [min(s), max(s)]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', 'it spilled {}-{} bytes a thread at |v| = 128 (c5, c5 stride 2)', _spills_8fc48ad),
+    ('docs/benchmarks.md', '128 spilled {}-{}\nbytes a thread at 8fc48ad', _spills_8fc48ad),
+    ('docs/benchmarks.md', 'compiles every kernel too, at most {} bytes spilled ({} in the 16-bit fused forward)',
+     lambda: (lambda rows: [max(r['spill_stores'] for r in rows),
+                            max(r['spill_stores'] for r in rows if r['kernel'] == 'tc_rows'
+                                and r['dtype'] in ('bf16', 'fp16') and r['shape'] != 'c5_s2')])(
+         load('sm90_kernels_triton36.json')['rows'])),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
