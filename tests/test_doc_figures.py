@@ -87,14 +87,15 @@ def _device(dtype):
     return [us[(s, 'lambda')] / us[(s, 'conv3x3')] for s in ('c4', 'c5_s2', 'c5')]
 
 
-def _sweep(select):
-    """Speed-ups over the default config of the configs that ``select(row, config)`` picks in run 5's sweep."""
+def _sweep(select, each=False):
+    """Speed-ups over the default config of the configs that ``select(row, config)`` picks in run 5's sweep (their
+    range, or with ``each`` every one)."""
     rows = member('gpu_h200_run5_check_layer_logs.tar.gz', 'layer_files/tune_tc_kernels.json')['rows']
     out = []
     for r in rows:
         if r['part'] == 'sweep':
             out += [r['default']['ms'] / c['ms'] for c in r['configs'] if select(r, c['config'])]
-    return [min(out), max(out)]
+    return out if each else [min(out), max(out)]
 
 
 def _plain(c):
@@ -1277,6 +1278,34 @@ FIGURES += [
                             max(r['spill_stores'] for r in rows if r['kernel'] == 'tc_rows'
                                 and r['dtype'] in ('bf16', 'fp16') and r['shape'] != 'c5_s2')])(
          load('sm90_kernels_triton36.json')['rows'])),
+]
+
+
+def _sweep_us(kernel, shape):
+    """Run 5's sweep, bfloat16: microseconds of the 64-row and the 16-row program (4 warps, default stages)."""
+    rows = member('gpu_h200_run5_check_layer_logs.tar.gz', 'layer_files/tune_tc_kernels.json')['rows']
+    r = [x for x in rows if x['part'] == 'sweep' and x['kernel'] == kernel and x['shape'] == shape
+         and x['dtype'] == 'bfloat16'][0]
+    us = {c['config']['BLOCK_Q'] * c['config']['BLOCK_H']: 1000 * c['ms'] for c in r['configs']
+          if c['config']['num_warps'] == 4 and 'num_stages' not in c['config']}
+    return [us[64], us[16]]
+
+
+def _one_stage():
+    """Run 5's sweep: the float32 rows kernels (forward and logit gradient) with one pipeline stage against the
+    default, all six; then the range of those at 1.10x or more, which must be three."""
+    s = sorted(_sweep(lambda r, c: r['kernel'].startswith('tc_rows') and r['dtype'] == 'float32'
+                      and c.get('num_stages') == 1 and c['num_warps'] == 4, each=True))
+    fast = [x for x in s if x >= 1.095]
+    assert len(s) == 6 and len(fast) == 3, s
+    return [s[0], s[-1], fast[0], fast[-1]]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', 'float32 rows with one pipeline stage {}-{}x ({}-{}x in three of the six)', _one_stage),
+    ('docs/benchmarks.md', 'pipelining the float32 loads cost up to {}x', lambda: _one_stage()[1:2]),
+    ('docs/benchmarks.md', 'ran as fast as 16 rows in bf16 (c4 {} / {} us; c5 logit gradient {} /\n{} us)',
+     lambda: _sweep_us('tc_rows', 'c4') + _sweep_us('tc_rows (logit grad)', 'c5')),
 ]
 
 
