@@ -1309,6 +1309,22 @@ FIGURES += [
 ]
 
 
+def _bf16_float32_kernel():
+    """The first bfloat16 layer runs (2026-11-25, the float32 kernel at stride 1, the GEMM path at stride 2): the
+    files as committed at 4de371c, 1024 and 512 px training."""
+    return [_summed(at_commit('4de371c', f)['results'])
+            for f in ('lambda_layer_bf16.json', 'lambda_layer_512_bf16.json')]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', '| the same before (2026-11-25, float32 kernel / GEMM path) | {}x | - | {}x |',
+     _bf16_float32_kernel),
+    ('docs/benchmarks.md', 'on 2026-11-25 the float32 kernel at stride 1 ({}x / {}x)', _bf16_float32_kernel),
+    ('docs/benchmarks.md', '{}x (1024 px) and {}x (512 px) in training when the kernel\n  widened bfloat16 to float32',
+     _bf16_float32_kernel),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
