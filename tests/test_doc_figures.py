@@ -1325,6 +1325,18 @@ FIGURES += [
 ]
 
 
+FIGURES += [
+    ('docs/benchmarks.md', """What this says for the lambda-layer issue's targets: the layer is at {}-{}x the conv
+(target <= 1.0x each, 0.8x summed), {}x graphed; the C4 model at {}x (target 1.3x), {}x graphed;
+the backbone at {}x / {}x RS-101+SE""",
+     lambda: (lambda tc, m: [min(tc), max(tc), graphs(load('gpu_h200_graphs.json')['results'], 'graphed_ms'),
+                             m[11], m[13], m[0], m[1]])(run4_layer_table()[:4], run4_models())),
+    ('docs/benchmarks.md', """training at 2e023c2 (the query and table gradients from the lane-form
+logit gradients, below), load {} before; eval at 69bb5ed (the forward is the same since), load {} before.""",
+     lambda: [float(load(f)['load_before'].split()[0]) for f in ('lambda_layer.json', 'lambda_layer_eval.json')]),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
