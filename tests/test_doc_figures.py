@@ -1337,6 +1337,13 @@ logit gradients, below), load {} before; eval at 69bb5ed (the forward is the sam
 ]
 
 
+FIGURES += [
+    ('docs/benchmarks.md', '(the step,\ncompile and capture included, {} s)',
+     lambda: [s['seconds'] for s in load('gpu_h200_run5_check_mission.json')['steps']
+              if s['name'] == 'models_reduce_overhead']),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
