@@ -415,8 +415,10 @@ the convs {} / {} / {} ms: **{}x summed** (run 4: {}x; eager {}x).""",
      lambda: [cases(load('gpu_h200_graphs.json')['results'])['auto 256ch 64px s1'][k]
               for k in ('eager_ms', 'graphed_ms')]
      + [cases(_run5_layer()['cuda_graphs_batch1'])['auto 256ch 64px s1'][k] for k in ('eager_ms', 'graphed_ms')]),
-    ('README.md', 'its AVX2 + FMA build took {}x the conv in training (float32; bfloat16 {}x)',
-     lambda: [_isa_summed('cpu_isa.json', f'train {d}', 'cpu_kernel[x86-64-v3]') for d in ('float32', 'bfloat16')]),
+    ('README.md', "its AVX2 + FMA build took {}x the conv in training (float32; bfloat16 {}x; 2026-11-29, "
+                  "b7bdade+dirty's",
+     lambda: _isa_dated('2026-11-29', 'b7bdade')
+     + [_isa_summed('cpu_isa.json', f'train {d}', 'cpu_kernel[x86-64-v3]') for d in ('float32', 'bfloat16')]),
     ('docs/benchmarks.md', "On AVX2 the kernel's training step is {}x / {}x / {}x the conv ({}x summed) in float32",
      lambda: _isa_rows('cpu_isa.json', 'train', 'float32', 'cpu_kernel[x86-64-v3]')
      + [_isa_summed('cpu_isa.json', 'train float32', 'cpu_kernel[x86-64-v3]')]),
@@ -1347,6 +1349,13 @@ FIGURES += [
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
+
+
+def _isa_dated(date, commit):
+    """The README's date and commit for the per-instruction-set run are its JSON's (no figures)."""
+    d = load('cpu_isa.json')
+    assert d['date'].startswith(date) and d['commit'].startswith(commit) and d['commit'].endswith('+dirty'), d
+    return []
 
 
 def _isa_summed(name, setting, candidate):
