@@ -4,8 +4,9 @@ docs' sizes.
 Each entry of :data:`FIGURES` is a passage of a page with ``{}`` where a figure stands, the JSON it comes from and
 how the figures follow from it (ratios of medians, as tools/dev/benchmarks/measure.py prints them). The passage must
 be on the page once, and each figure must be the JSON's value rounded to the figure's digits: a figure edited by
-hand, or a passage rewritten without its entry here, fails. A figure of a run whose JSON was not kept has no place
-on these pages (docs/benchmarks.md says which were left out)."""
+hand, or a passage rewritten without its entry here, fails. Figures of earlier runs are read from the JSON's git
+history (``at_commit``; skipped where there is none). A figure whose JSON was not kept is marked on its page as
+such (printed output, scratch, not committed) and as of code since changed."""
 import json
 import os
 import re
