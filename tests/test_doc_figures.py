@@ -1347,6 +1347,13 @@ FIGURES += [
 ]
 
 
+FIGURES += [
+    ('docs/benchmarks.md', 'about {} ms of a {} ms step',
+     lambda: [run5_profile_c4()[5], [p for p in _run5_layer()['tc_kernels']['profile'] if p['shape'] == 'c4'
+                                     and p['module'] == 'lambda' and p['dtype'] == 'float32'][0]['device_us'] / 1000]),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
