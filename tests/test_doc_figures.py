@@ -1354,6 +1354,30 @@ FIGURES += [
 ]
 
 
+def runs_1_to_3_baselines():
+    """How far the baselines' medians moved: run 3 against run 2 (largest but the bfloat16 backbone's inference, then
+    that one) and run 1's bfloat16 backbone against run 2's, training and inference, in %."""
+    runs = [load(f'gpu_h200_models_{n}.json')['results'] for n in ('before', 'fold', 'triton')]
+
+    def med(run, comparison, dtype, mode):
+        base = 'ResNet-RS-101+SE' if comparison == 'backbone' else "timm's lambda_resnet50ts"
+        return statistics.median(pick(run, comparison=comparison, dtype=dtype)['times'][f'{base}/{mode}'])
+    keys = [(c, d, m) for c in ('backbone', 'classification') for d in ('torch.float32', 'torch.bfloat16')
+            for m in ('training step', 'inference')]
+    moved = {k: 100 * abs(med(runs[2], *k) / med(runs[1], *k) - 1) for k in keys}
+    odd = ('backbone', 'torch.bfloat16', 'inference')
+    return [max(v for k, v in moved.items() if k != odd), moved[odd]] + [
+        100 * (med(runs[0], 'backbone', 'torch.bfloat16', m) / med(runs[1], 'backbone', 'torch.bfloat16', m) - 1)
+        for m in ('training step', 'inference')]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """agree between runs 2 and 3 within {}%
+(the bfloat16 backbone's inference: {}%), run 1's bfloat16 backbone baseline was {}% slower in training ({}% in
+inference).""", runs_1_to_3_baselines),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
