@@ -1378,6 +1378,26 @@ inference).""", runs_1_to_3_baselines),
 ]
 
 
+def _peak(version, name='lambda_layer.json', shapes=(0, 1, 2)):
+    """The layer's peak memory (MiB) per shape, in the JSON as it is or as committed at ``version``."""
+    rows = (load(name) if version is None else at_commit(version, name))['results']
+    return [rows[i]['auto']['peak_mib'] for i in shapes]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', 'Peak memory unchanged ({} / {} / {} MiB)', lambda: _peak(None)),
+    ('docs/benchmarks.md', "The layer's training-step peak memory: {} / {} / {} MiB (was {} / {} / {})",
+     lambda: _peak('afff4a2') + _peak('960a30f')),
+    ('docs/benchmarks.md', "peak memory fell from {} / {} / {} MiB to {} / {} / {} MiB",
+     lambda: _peak('4942607') + _peak('960a30f')),
+    ('docs/benchmarks.md', 'eval peak memory of the lambda layer {} / {} / {} MiB',
+     lambda: _peak('f3a9c75', 'lambda_layer_eval.json')),
+    ('docs/benchmarks.md', 'c4 {} -> {} MiB, c5 {} -> {})',
+     lambda: [x for i in (0, 2) for x in _peak('f3a9c75', 'lambda_layer_eval.json', (i,))
+              + _peak('4942607', 'lambda_layer_eval.json', (i,))]),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
