@@ -1398,6 +1398,25 @@ FIGURES += [
 ]
 
 
+def _isa_s2_f32():
+    """The stride-2 float32 training row in the capped-libraries run and the run above: the AVX2 kernel's ratio,
+    the AVX-512 build's, and the AVX2 build's time over the AVX-512 build's (its range over the two runs)."""
+    out, rel = [], []
+    for f in ('cpu_isa_avx2_libraries.json', 'cpu_isa.json'):
+        r = [x for x in load(f)['results'] if x['stride'] == 2 and x['mode'] == 'train' and x['dtype'] == 'float32'][0]
+        out.append((r['cpu_kernel[x86-64-v3]']['ratio'], r['cpu_kernel[native]']['ratio']))
+        rel.append(r['cpu_kernel[x86-64-v3]']['ms'] / r['cpu_kernel[native]']['ms'])
+    (a2, a5), (b2, b5) = out
+    return [a2, b2, a5, b5, min(rel), max(rel)]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', """The stride-2 shape's
+{}x is {}x in the run above: between the two runs the AVX-512 build moved the same way there ({}x against
+{}x), the AVX2 build staying {}-{}x the AVX-512 one at that shape in both.""", _isa_s2_f32),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
