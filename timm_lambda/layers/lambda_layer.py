@@ -37,6 +37,7 @@ from .position_lambda import (
     POSITION_IMPLS,
     choose_form,
     content_term,
+    key_views,
     lambdas,
     normalize_keys,
     position_lambdas,
@@ -216,8 +217,8 @@ class LambdaLayer(nn.Module):
             # one split of the flattened projection (its backward is one concatenation; three slices were six
             # launches and two sums), each part a view, back to 4-D (a reshape of a 4-D channel slice makes
             # torch.export guard on sizes of 1 even with backed_size_oblivious: docs/execution_modes.md)
-            q, keys, values = self.qkv(x).flatten(2).split([h * k, k * u, v * u], dim=1)
-            q, keys, values = q.unflatten(2, [H, W]), keys.unflatten(2, [H, W]), values.unflatten(2, [H, W])
+            q, keys, values = self.qkv(x).flatten(2).split([h * k, k * u, v * u], dim=1)  # keys stay [B, u k, n]
+            q, values = q.unflatten(2, [H, W]), values.unflatten(2, [H, W])
         if not torch.jit.is_scripting() and functorch_active():
             # torch <= 2.13: torch.func.vmap of group_norm fails on a channel slice ("Expected X.is_contiguous"),
             # and .contiguous() is no copy there (the slice is contiguous per sample)
@@ -235,7 +236,7 @@ class LambdaLayer(nn.Module):
         q = reshape_normed(q, [B, h, k, n])
         values = reshape_normed(values, [B, u, v, n])
         if self.content:  # lambda^c (eq. 1), here the part of every lambda_n shared by every n
-            lam = content_lambda_plain(keys.reshape(B, u, k, n), values, self.key_norm)
+            lam = content_lambda_plain(key_views(keys, u, k), values, self.key_norm)
             shared = lam if shared is None else lam + shared
         if self.pos_embedding is None:  # the content lambda alone (Table 9)
             assert shared is not None

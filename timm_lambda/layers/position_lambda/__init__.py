@@ -18,8 +18,8 @@ from .custom_ops import lambda_op
 from .plain_ops import KEY_NORMS, content_term, lambdas_plain, normalize_keys
 from .plan import plan_for
 
-__all__ = ['POSITION_IMPLS', 'FORMS', 'BACKENDS', 'KEY_NORMS', 'position_lambdas', 'lambdas', 'content_term',
-           'normalize_keys', 'choose_form', 'set_backend', 'get_backend', 'served_backends']
+__all__ = ['POSITION_IMPLS', 'FORMS', 'BACKENDS', 'KEY_NORMS', 'position_lambdas', 'lambdas', 'key_views',
+           'content_term', 'normalize_keys', 'choose_form', 'set_backend', 'get_backend', 'served_backends']
 
 POSITION_IMPLS = FORMS  # the layer's ``impl`` argument: a form or 'auto'
 
@@ -47,18 +47,26 @@ def lambdas(q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor, shared:
             width: int, impl: str, global_scope: bool, stride: int = 1, count_include_pad: bool = False,
             table_size: Optional[List[int]] = None, key_norm: str = 'softmax') -> Tensor:
     """:func:`position_lambdas` on the layer's maps (what :class:`~..lambda_layer.LambdaLayer` calls): ``q [B, h k, H,
-    W]``, ``keys [B, u k, H, W]`` or None, ``v [B, u V, H, W]``, ``shared [B, k, V]`` or None -> ``[B, h V, Ho, Wo]``.
-    The operator takes the maps as they are; plain ops their views (the norms' outputs through
-    :func:`~..batch_one.reshape_normed`)."""
+    W]``, ``keys [B, u k, H, W]`` or ``[B, u k, n]`` (:func:`key_views`) or None, ``v [B, u V, H, W]``, ``shared [B,
+    k, V]`` or None -> ``[B, h V, Ho, Wo]``. The operator takes the maps as they are; plain ops their views (the
+    norms' outputs through :func:`~..batch_one.reshape_normed`)."""
     p = plan_for(impl, q, height, width, table.shape[-2], table.shape[-1], global_scope, stride)
     if p.backend == 'plain':
         b, k, u, n = q.shape[0], table.shape[0], table.shape[1], height * width
         return lambdas_plain(reshape_normed(q, [b, q.shape[1] // k, k, n]),
-                             None if keys is None else keys.reshape(b, u, k, n),
+                             None if keys is None else key_views(keys, u, k),
                              reshape_normed(v, [b, u, v.shape[1] // u, n]), table, shared, height, width, p.form,
                              stride, count_include_pad, key_norm, global_scope, table_size)
     return lambda_op(q, keys, v, table, shared, height, width, p.form, p.backend, stride, count_include_pad, key_norm,
                      global_scope)
+
+
+def key_views(keys: Tensor, u: int, k: int) -> Tensor:
+    """The keys ``[B, u k, n]`` (a channel slice of the projection: unflattened, as a reshape of that slice made
+    torch.export guard on sizes of 1) or ``[B, u k, H, W]`` as ``[B, u, k, n]``."""
+    if keys.dim() == 3:
+        return keys.unflatten(1, [u, k])
+    return keys.reshape(keys.shape[0], u, k, keys.shape[2] * keys.shape[3])
 
 
 # An FX leaf (its Python size logic runs at call time) for timm's feature extraction; modules that call it also declare
