@@ -1417,6 +1417,23 @@ FIGURES += [
 ]
 
 
+def _isa_loads(name):
+    d = load(name)
+    loads = [float(d['load_before'].split()[0]), float(d['load_after'].split()[0])]
+    return [min(loads), max(loads)]
+
+
+FIGURES += [
+    ('docs/benchmarks.md', 'The machine was shared: load {}-{} on 2 cores throughout',
+     lambda: _isa_loads('cpu_isa.json')),
+    ('docs/benchmarks.md', '--json docs/results/cpu_isa_avx2_libraries.json`, the same session, load\n{}-{}), float32',
+     lambda: _isa_loads('cpu_isa_avx2_libraries.json')),
+    ('docs/benchmarks.md', 'backend at every shape, within {}x of the AVX-512 build',
+     lambda: [max(r['cpu_kernel[x86-64-v3]']['ms'] / r['cpu_kernel[native]']['ms']
+                  for r in load('cpu_isa.json')['results'] if r['mode'] == 'train' and r['dtype'] == 'float32')]),
+]
+
+
 def _isa_rows(name, mode, dtype, candidate, key='ratio'):
     """tools/benchmark_cpu_isa.py's ratios of one candidate to the conv at the three shapes."""
     return [r[candidate][key] for r in load(name)['results'] if r['mode'] == mode and r['dtype'] == dtype]
