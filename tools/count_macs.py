@@ -197,7 +197,8 @@ def reference_flops(qs, vs, ts, backward: bool):
         return '_tiled_flops', custom_ops._tiled_flops(qs, vs, ts, step, backward=backward)
     if hasattr(custom_ops, '_flops'):
         k, pad = (c, 0) if step == 1 else (c // 9, 2)
-        return '_flops', custom_ops._flops((b, h, k, height * width), None, (b, u, uv // u, height * width),
+        # the operator's inputs are the layer's maps: q [B, h k, H, W], v [B, u V, H, W]
+        return '_flops', custom_ops._flops((b, h * k, height, width), None, (b, uv, height, width),
                                            (k, u, kh - pad, kw - pad), None, height, width, 'tiled', None, step,
                                            False, None, False, backward=backward)
     raise SystemExit('count_macs: custom_ops has neither _tiled_flops nor _flops to check the query-side form against')

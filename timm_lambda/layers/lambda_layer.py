@@ -230,7 +230,7 @@ class LambdaLayer(nn.Module):
             shared = self.pos_bias.unsqueeze(1).expand(k, v).unsqueeze(0).expand(B, k, v)
         d = self.dilation
         if self.pos_embedding is not None and d == 1:  # everything after the norms: one operator (eager, compiled)
-            return lambdas(q, keys if self.content else None, values, self.pos_embedding.weight, shared, H, W,
+            return lambdas(q, keys if self.content else None, values, self.pos_embedding.weight, shared, B, h, H, W,
                            self.impl, self.global_scope, self.stride, self.pool_count_include_pad, self.table_size,
                            self.key_norm)
         q = reshape_normed(q, [B, h, k, n])

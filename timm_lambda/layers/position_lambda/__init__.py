@@ -39,23 +39,23 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
     b, h, k = q.shape[0], q.shape[1], q.shape[2]
     u, dv = v.shape[1], v.shape[2]
     return lambdas(q.reshape(b, h * k, height, width), None if keys is None else keys.reshape(b, u * k, height, width),
-                   v.reshape(b, u * dv, height, width), table, content, height, width, impl, global_scope, stride,
-                   count_include_pad, table_size, key_norm)
+                   v.reshape(b, u * dv, height, width), table, content, b, h, height, width, impl, global_scope,
+                   stride, count_include_pad, table_size, key_norm)
 
 
-def lambdas(q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor, shared: Optional[Tensor], height: int,
-            width: int, impl: str, global_scope: bool, stride: int = 1, count_include_pad: bool = False,
-            table_size: Optional[List[int]] = None, key_norm: str = 'softmax') -> Tensor:
+def lambdas(q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor, shared: Optional[Tensor], batch: int,
+            heads: int, height: int, width: int, impl: str, global_scope: bool, stride: int = 1,
+            count_include_pad: bool = False, table_size: Optional[List[int]] = None,
+            key_norm: str = 'softmax') -> Tensor:
     """:func:`position_lambdas` on the layer's maps (what :class:`~..lambda_layer.LambdaLayer` calls): ``q [B, h k, H,
     W]``, ``keys [B, u k, H, W]`` or ``[B, u k, n]`` (:func:`key_views`) or None, ``v [B, u V, H, W]``, ``shared [B,
-    k, V]`` or None -> ``[B, h V, Ho, Wo]``. The operator takes the maps as they are; plain ops their views (the
-    norms' outputs through :func:`~..batch_one.reshape_normed`)."""
+    k, V]`` or None -> ``[B, h V, Ho, Wo]``; ``batch``, ``heads``: B and h. The operator takes the maps as they are;
+    plain ops their views (the norms' outputs through :func:`~..batch_one.reshape_normed`)."""
     p = plan_for(impl, q, height, width, table.shape[-2], table.shape[-1], global_scope, stride)
-    if p.backend == 'plain':
-        b, k, u, n = q.shape[0], table.shape[0], table.shape[1], height * width
-        return lambdas_plain(reshape_normed(q, [b, q.shape[1] // k, k, n]),
-                             None if keys is None else key_views(keys, u, k),
-                             reshape_normed(v, [b, u, v.shape[1] // u, n]), table, shared, height, width, p.form,
+    if p.backend == 'plain':  # (the batch and heads as the caller has them: a traced graph reads them from x)
+        k, u, n = table.shape[0], table.shape[1], height * width
+        return lambdas_plain(reshape_normed(q, [batch, heads, k, n]), None if keys is None else key_views(keys, u, k),
+                             reshape_normed(v, [batch, u, v.shape[1] // u, n]), table, shared, height, width, p.form,
                              stride, count_include_pad, key_norm, global_scope, table_size)
     return lambda_op(q, keys, v, table, shared, height, width, p.form, p.backend, stride, count_include_pad, key_norm,
                      global_scope)

@@ -35,6 +35,8 @@ def content_lambda_plain(keys: Tensor, v: Tensor, key_norm: str) -> Tensor:
     ``H W != 1``); |u| = 1 by views. (Compiled: copies, as the views bmm saves for backward broke inductor at symbolic
     sizes: :func:`~..execution.compiled_copy`.)"""
     keys = normalize_keys(keys, key_norm)
+    if keys.shape[1] == 1:  # squeezes, as the layer had them before the operator (a select's backward is a fill)
+        return torch.bmm(compiled_copy(keys.squeeze(1)), compiled_copy(v.squeeze(1).transpose(1, 2)))
     out = torch.bmm(compiled_copy(keys[:, 0]), compiled_copy(v[:, 0].transpose(1, 2)))
     for i in range(1, keys.shape[1]):
         out = out + torch.bmm(compiled_copy(keys[:, i]), compiled_copy(v[:, i].transpose(1, 2)))
