@@ -50,7 +50,25 @@ def test_each_new_combination_is_logged_once_at_info(backend, caplog, monkeypatc
         for _ in range(3):
             C.call('tiled', case, q, v, table)
     assert [r.getMessage() for r in caplog.records] == [
-        'timm_lambda: the tiled form of the position lambdas runs by the gemm backend (device cpu, float32)']
+        'timm_lambda: the tiled form of the position lambdas runs by the gemm backend (device cpu, float32): chosen '
+        'by set_backend or TIMM_LAMBDA_BACKEND']
+
+
+def test_served_backends_say_why_auto_chose_each(backend, monkeypatch):
+    """``served_backends(why=True)`` (and the INFO line) name why a backend served a combination: under 'auto' the
+    reasons of the backends before it (issue 52: a CPU kernel that auto passes over says so)."""
+    from timm_lambda.layers.position_lambda import plan
+    monkeypatch.setattr(cpu_kernel, 'declines', lambda dtype, step: 'auto: declined for this test')
+    monkeypatch.setattr(backends, '_SERVED', backends._SERVED.__class__())
+    plan._decided.cache_clear()
+    backend('auto', strict=False)
+    case = C.CASES[0]
+    q, v, table = C.inputs(case, torch.float32)
+    C.call('tiled', case, q, v, table)
+    why = PL.served_backends(why=True)[('tiled', 'gemm', 'cpu', 'float32')]
+    assert why.startswith('auto: the first backend of the table that serves the call (')
+    assert 'cpu_kernel: auto: declined for this test' in why and 'triton_tc: ' in why
+    plan._decided.cache_clear()
 
 
 def test_a_chosen_backend_that_cannot_serve_raises_with_the_reason(backend):

@@ -40,7 +40,8 @@ from ..execution import warn_once
 from . import cpu_kernel, gemm, tiled_triton
 
 __all__ = ['FORMS', 'BACKENDS', 'Call', 'set_backend', 'get_backend', 'is_strict', 'why_not', 'choose',
-           'choose_form', 'check_form', 'record', 'served_backends', 'tiled_kernels', 'fail', 'version']
+           'choose_form', 'check_form', 'explain', 'note', 'record', 'served_backends', 'tiled_kernels', 'fail',
+           'version']
 
 _logger = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ _strict = env_flag('TIMM_LAMBDA_STRICT', False)
 _failed: Dict[str, str] = {}  # backend -> why it failed at run time in this process (not in strict mode)
 _SERVED: 'collections.Counter[Tuple[str, str, str, str]]' = collections.Counter()
 _VERSION = [0]  # bumped by every change of the above (:func:`version`)
+_WHY: Dict[Tuple[str, str, str, str], str] = {}  # why a backend serves a combination (:func:`note`)
 
 
 def set_backend(backend: str = 'auto', strict: Optional[bool] = None) -> None:
@@ -228,20 +230,40 @@ def check_form(form: str) -> None:
                          "set_backend('auto')")
 
 
+def explain(call: Call, chosen: str) -> str:
+    """Why ``chosen`` runs ``call``: chosen by name, or under ``'auto'`` the first of :data:`BACKENDS` that serves it,
+    with the reasons of those before it (:func:`why_not`)."""
+    if _backend != 'auto':
+        return 'chosen by set_backend or TIMM_LAMBDA_BACKEND'
+    passed = [f'{b}: {why_not(b, call)}' for b in BACKENDS[:BACKENDS.index(chosen)] if why_not(b, call)]
+    return 'auto: the first backend of the table that serves the call' + (
+        f" ({'; '.join(passed)})" if passed else '')
+
+
+def note(form: str, backend: str, device: str, dtype: torch.dtype, reason: str) -> None:
+    """Keep why ``backend`` serves ``form`` calls on ``device`` in ``dtype`` (:func:`explain`), for the INFO line and
+    :func:`served_backends`."""
+    _WHY[(form, backend, device, _dtype_name(dtype))] = reason
+
+
 def record(form: str, backend: str, x: Tensor) -> None:
     """Count a call of ``form`` that ``backend`` served on ``x``'s device and dtype; the first of each combination is
-    logged at INFO."""
+    logged at INFO, with why that backend (:func:`note`)."""
     key = (form, backend, x.device.type, _dtype_name(x.dtype))
     if key not in _SERVED:
-        _logger.info('timm_lambda: the %s form of the position lambdas runs by the %s backend (device %s, %s)', *key)
+        why = _WHY.get(key, 'plain tensor ops: a graph recorder, a transform, TorchScript, the plain backend or a '
+                            'reference form' if backend == 'plain' else 'chosen for the call')
+        _logger.info('timm_lambda: the %s form of the position lambdas runs by the %s backend (device %s, %s): %s',
+                     *key, why)
     _SERVED[key] += 1
 
 
-def served_backends(reset: bool = False) -> Dict[Tuple[str, str, str, str], int]:
+def served_backends(reset: bool = False, why: bool = False) -> Dict[Tuple[str, str, str, str], object]:
     """The calls each backend served in this process, by ``(form, backend, device, dtype)``, optionally reset after
-    reading. A graph recorder counts the calls it recorded (once per trace); torch.compile counts the operators'
-    runs, not its traces."""
-    out = dict(_SERVED)
+    reading; ``why``: instead of the counts, why that backend served them (the INFO line's reason). A graph recorder
+    counts the calls it recorded (once per trace); torch.compile counts the operators' runs, not its traces."""
+    out = {k: _WHY.get(k, 'plain tensor ops' if k[1] == 'plain' else 'chosen for the call') for k in _SERVED} \
+        if why else dict(_SERVED)
     if reset:
         _SERVED.clear()
     return out

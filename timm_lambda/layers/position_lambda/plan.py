@@ -78,7 +78,9 @@ def _decide(impl: str, height: int, width: int, table_h: int, table_w: int, glob
         return Plan(form, '')
     ho, wo = (height + stride - 1) // stride, (width + stride - 1) // stride
     call = backends.Call(form, device, dtype, stride, batch * ho * wo, height <= table_h and width <= table_w)
-    return Plan(form, backends.choose(call))
+    chosen = backends.choose(call)
+    backends.note(form, chosen, device, dtype, backends.explain(call, chosen))
+    return Plan(form, chosen)
 
 
 _decided = functools.lru_cache(maxsize=256)(_decide)
