@@ -111,12 +111,18 @@ def run5_layer_table():
     return out
 
 
-def readme_gpu():
+def _run5_sources():
+    """Run 5's layer check, batch-1 backbone comparison, model comparisons, graphed cases and C4 comparison."""
     r5 = _run5_layer()
     b1 = pick(load('gpu_h200_run5_models_backbone_b1.json'), comparison='backbone', batch=1)
     cuda = load('gpu_h200_run5_models_cuda.json')
     g = cases(r5['models']['models_graphs'][0]['rows'])
     c4 = load('gpu_h200_run5_check_mission.json')['results']['models']['models_c4'][0]
+    return r5, b1, cuda, g, c4
+
+
+def readme_gpu():
+    r5, b1, cuda, g, c4 = _run5_sources()
     b4 = [pick(cuda, comparison='backbone', batch=4, dtype=d) for d in ('torch.float32', 'torch.bfloat16')]
     return ([layer(r5, 'triton_tc', d, 8, 'train') for d in ('float32', 'bfloat16')]
             + [layer(r5, 'triton_tc', d, 8, 'eval') for d in ('float32', 'bfloat16')]
@@ -157,11 +163,7 @@ def _fma_shares():
 
 
 def run5_models():
-    r5 = _run5_layer()
-    b1 = pick(load('gpu_h200_run5_models_backbone_b1.json'), comparison='backbone', batch=1)
-    cuda = load('gpu_h200_run5_models_cuda.json')
-    g = cases(r5['models']['models_graphs'][0]['rows'])
-    c4 = load('gpu_h200_run5_check_mission.json')['results']['models']['models_c4'][0]
+    r5, b1, cuda, g, c4 = _run5_sources()
     lam, se, twin = 'LambdaResNet-101', 'ResNet-RS-101+SE', 'LambdaResNet-101-C4 features 512px'
     out = both(b1, lam, se) + [g[f'{lam} features 1024px']['graphed_ms'] / g[f'{se} features 1024px']['graphed_ms'],
                                g[f'{lam} features 1024px']['graphed_ms'], g[f'{se} features 1024px']['graphed_ms']]

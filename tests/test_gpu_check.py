@@ -43,15 +43,7 @@ def test_bundle_builds_offline_parts_and_installs_only_what_matches_its_manifest
     links = tmp_path / 'links' / 'cp312-torch2.11.0-cu130-sm90'
     links.mkdir(parents=True)
     _wheel(links / 'mmcv-2.1.0-cp312-cp312-linux_x86_64.whl')
-    repo = tmp_path / 'timm'
-    repo.mkdir()
-    for name in gpu_bundle.TIMM_SCRIPTS:
-        (repo / name).write_text(f'# {name}\n')
-    git = ['git', '-C', str(repo), '-c', 'user.name=t', '-c', 'user.email=t@t']
-    subprocess.run(git[:3] + ['init', '-q'], check=True)
-    subprocess.run(git + ['add', '.'], check=True)
-    subprocess.run(git + ['commit', '-qm', 'scripts'], check=True)
-    subprocess.run(git + ['tag', f"v{gpu_bundle.pins()['timm']}"], check=True)
+    repo = _timm_clone(tmp_path / 'timm', f"v{gpu_bundle.pins()['timm']}")
     out = tmp_path / 'bundle'
     r = _run([BUNDLE, 'build', '--out', str(out), '--pip', f'{sys.executable} {fake_pip}', '--find-links',
               str(tmp_path / 'links'), '--timm-repo', str(repo)])
