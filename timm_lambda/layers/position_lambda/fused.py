@@ -26,9 +26,10 @@ from torch import Tensor
 
 from .. import pooling
 from ..checks import check_max_size
-from ..relative_embedding import dense_index_for
+from ..relative_embedding import dense_embedding, dense_index_for
 from ..size_cache import SizeCache
 from . import backends
+from .plain_ops import normalize_keys
 
 __all__ = ['forward', 'backward', 'views', 'content_lambda', 'patched', 'pooled_table', 'in_image_counts']
 
@@ -51,15 +52,11 @@ def content_lambda(keys: Optional[Tensor], v: Tensor, shared: Optional[Tensor], 
 
 
 def normalized_keys(keys: Tensor, key_norm: str) -> Tensor:
-    """The keys normalised over the context positions (the last dimension), in the keys' dtype; a 16-bit softmax is
-    computed in float32 (as under autocast)."""
-    if key_norm == 'softmax':
-        if keys.dtype in (torch.float16, torch.bfloat16):
-            return torch.softmax(keys, -1, dtype=torch.float32).to(keys.dtype)
-        return torch.softmax(keys, -1)
-    if key_norm == 'l2':
-        return F.normalize(keys, dim=-1)
-    return keys
+    """:func:`.plain_ops.normalize_keys` in the keys' dtype, a 16-bit softmax computed in float32 (as under
+    autocast)."""
+    if key_norm == 'softmax' and keys.dtype in (torch.float16, torch.bfloat16):
+        return torch.softmax(keys, -1, dtype=torch.float32).to(keys.dtype)
+    return normalize_keys(keys, key_norm)
 
 
 def _keys_grad(gkn: Tensor, keys: Tensor, kn: Tensor, key_norm: str) -> Tensor:
@@ -227,8 +224,7 @@ def backward(backend: str, form: str, gy: Tensor, q: Tensor, keys: Optional[Tens
         kernel = backends.tiled_kernels(backend)[1]
         v4 = v.reshape(b, u * dv, height, width)
         if stride == 2:
-            full = gy.new_empty(b, h * dv, height, width)
-            gy = torch.ops.aten.avg_pool2d_backward(gy, full, [3, 3], [2, 2], [1, 1], False, count_include_pad, None)
+            gy = _pool_backward(gy, height, width, count_include_pad)
         gq, gv, gtable, glam = kernel(gy, q.reshape(b, h, k, height, width), v4, table, 1, lam)
     else:
         kernel = backends.tiled_kernels(backend)[1]
@@ -262,6 +258,12 @@ def views(q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor, height: i
             v.reshape(b, u, v.shape[1] // u, n))
 
 
+def _pool_backward(gy: Tensor, height: int, width: int, count_include_pad: bool) -> Tensor:
+    """The gradient of the full ``height x width`` map from that of its 3x3 stride-2 average pooling."""
+    full = gy.new_empty(gy.shape[0], gy.shape[1], height, width)
+    return torch.ops.aten.avg_pool2d_backward(gy, full, [3, 3], [2, 2], [1, 1], False, count_include_pad, None)
+
+
 def _dense_operands(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, global_scope: bool):
     """The dense form's GEMM operands: ``q [n, B h, k]``, ``v [B, u m, V]``, the embeddings ``E [n, k, u m]``
     (``E_nm = R[m - n]``, zero outside a local scope) and their gather index."""
@@ -269,9 +271,7 @@ def _dense_operands(q: Tensor, v: Tensor, table: Tensor, height: int, width: int
     u, dv = v.shape[1], v.shape[2]
     masked = not global_scope
     index = dense_index_for(height, width, table.shape[2], table.shape[3], masked, table.device)
-    flat = table.reshape(k, u, table.shape[2] * table.shape[3])
-    flat = F.pad(flat, [0, 1]) if masked else flat  # slot R_h R_w: zero outside the scope
-    emb = flat.index_select(2, index).view(k, u, n, n).permute(2, 0, 1, 3).reshape(n, k, u * n)
+    emb = dense_embedding(table, height, width, masked, index).permute(2, 0, 1, 3).reshape(n, k, u * n)
     return (q.permute(3, 0, 1, 2).reshape(n, b * h, k), v.transpose(2, 3).reshape(b, u * n, dv), emb, index)
 
 
@@ -288,8 +288,7 @@ def _dense_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, lam: Option
     b, h, k, n = q.shape
     u, dv = v.shape[1], v.shape[2]
     if stride == 2:
-        full = gy.new_empty(b, h * dv, height, width)
-        gy = torch.ops.aten.avg_pool2d_backward(gy, full, [3, 3], [2, 2], [1, 1], False, count_include_pad, None)
+        gy = _pool_backward(gy, height, width, count_include_pad)
     gy4 = gy.reshape(b, h, dv, n)
     glam = None
     gq = None
