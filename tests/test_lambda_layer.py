@@ -427,3 +427,37 @@ def test_flop_count_of_the_issue_example():
         layer(torch.randn(1, 256, 64, 64))
     assert layer.choose_impl(64, 64) == 'tiled'
     assert counter.get_total_flops() == 2 * _macs_by_hand(layer, 1, 64, 64, 'tiled')
+
+
+@pytest.mark.parametrize('kw', [dict(), dict(stride=2), dict(dim_u=2, scope=5), dict(scope='global', max_size=(6, 7)),
+                                dict(position_bias=True, key_norm='l2')], ids=['s1', 's2', 'u2', 'global', 'bias_l2'])
+def test_reparameterize_folds_the_norms_and_keeps_eval_outputs(kw):
+    """``reparameterize()`` (timm's ``reparameterize_model``): the query and value batch norms folded into the
+    projection, replaced by ``nn.Identity``; the eval output equals the float64 per-query reference of the layer
+    before (its running statistics and affine parameters non-trivial)."""
+    from timm.utils.model import reparameterize_model
+    g = torch.Generator().manual_seed(3)
+    layer = perturb_for_eval(LambdaLayer(8, dim_k=4, heads=2, **kw).double().eval(), g)
+    x = torch.randn(2, 8, 6, 7, generator=g, dtype=torch.float64)
+    ref = lambda_layer_reference(layer, x)
+    folded = reparameterize_model(nn.Sequential(layer))[0]
+    assert isinstance(folded.norm_q, nn.Identity) and isinstance(folded.norm_v, nn.Identity)
+    assert folded.qkv.bias is not None and isinstance(layer.norm_q, nn.BatchNorm2d)  # (a copy: the layer unchanged)
+    with torch.no_grad():
+        torch.testing.assert_close(folded(x), ref, rtol=1e-10, atol=1e-10)
+
+
+def test_reparameterize_leaves_other_norms_and_compiles():
+    """A GroupNorm (no running statistics) is not folded; a folded layer's compiled forward (one convolution each for
+    q, keys, values, with the bias's slices) equals its eager forward."""
+    gn = LambdaLayer(8, dim_k=4, heads=2, scope=3, norm_layer=lambda c, **k: nn.GroupNorm(2, c, **k)).eval()
+    gn.reparameterize()
+    assert isinstance(gn.norm_q, nn.GroupNorm) and gn.qkv.bias is None
+    g = torch.Generator().manual_seed(4)
+    layer = perturb_for_eval(LambdaLayer(8, dim_k=4, heads=2, scope=3).double().eval(), g)
+    layer.reparameterize()
+    x = torch.randn(1, 8, 5, 4, generator=g, dtype=torch.float64)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(layer, backend='aot_eager', fullgraph=True)(x), layer(x),
+                                   rtol=1e-12, atol=1e-12)

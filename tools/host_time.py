@@ -2,12 +2,14 @@
 step costs beyond its kernels (on a GPU at small batches the layer is bound by this host time: docs/benchmarks.md,
 "GPU"). ``LambdaLayer(16, dim_k=16, heads=4, scope=23, impl='tiled')`` against ``nn.Conv2d(16, 16, 3)`` on a 4x4 map,
 batch 1, stride 1 and 2: a training step (forward, ``sum``, backward, gradients set to None first, as after
-``optimizer.zero_grad()``) and an eval forward (``no_grad``), side by side in one process, interleaved rounds, one
-thread, CPU time of the thread (``time.thread_time``: what a loaded machine's other processes take is not counted).
+``optimizer.zero_grad()``) and an eval forward (``no_grad``; also of the layer after ``reparameterize()``), side by
+side in one process, interleaved rounds, one thread, CPU time of the thread (``time.thread_time``: what a loaded
+machine's other processes take is not counted).
 
     python tools/host_time.py [--backend cpu_kernel] [--json docs/results/host_time.json]
 """
 import argparse
+import copy
 import json
 import os
 import shlex
@@ -51,8 +53,12 @@ def main(argv=None):
         x = torch.randn(1, 16, 4, 4, requires_grad=True)
         candidates = {'conv': torch.nn.Conv2d(16, 16, 3, stride, 1, bias=False),
                       'lambda': LambdaLayer(16, dim_k=16, heads=4, scope=23, impl='tiled', stride=stride)}
+        folded = copy.deepcopy(candidates['lambda'])
+        folded.reparameterize()  # the norms folded into the projection (timm's reparameterize_model)
         for mode in ('train', 'eval'):
             fns = {name: _steps(m, x, mode == 'train') for name, m in candidates.items()}
+            if mode == 'eval':
+                fns['reparameterized'] = _steps(folded, x, False)
             times = {name: [] for name in fns}
             for r in range(args.rounds + 3):  # rounds 0-2: warm-up
                 for name in (list(fns) if r % 2 else list(fns)[::-1]):
@@ -65,8 +71,12 @@ def main(argv=None):
             rows.append(dict(stride=stride, mode=mode, us={k: round(v, 1) for k, v in med.items()},
                              min_us={k: round(min(v), 1) for k, v in times.items()},
                              ratio=round(med['lambda'] / med['conv'], 2)))
+            if 'reparameterized' in med:
+                rows[-1]['ratio_reparameterized'] = round(med['reparameterized'] / med['conv'], 2)
             print(f"stride {stride} {mode}: conv {med['conv']:.0f} us, lambda layer {med['lambda']:.0f} us "
-                  f"({rows[-1]['ratio']:.2f}x)", flush=True)
+                  f"({rows[-1]['ratio']:.2f}x)" + (f", reparameterized {med['reparameterized']:.0f} us "
+                                                  f"({rows[-1]['ratio_reparameterized']:.2f}x)"
+                                                  if 'reparameterized' in med else ''), flush=True)
     set_backend('auto')
     if args.json:
         with open(args.json, 'w') as f:
@@ -75,8 +85,9 @@ def main(argv=None):
                            machine=machine('cpu'), load_before=load, load_after=os.getloadavg(),
                            setting="LambdaLayer(16, dim_k=16, heads=4, scope=23, impl='tiled') vs nn.Conv2d(16, 16, 3, "
                                    'stride, 1, bias=False), input 1x16x4x4; train: forward, sum, backward (grads set '
-                                   'to None first); eval: forward under no_grad; 1 thread; medians of the rounds, CPU '
-                                   f'time of the thread; backend {args.backend}',
+                                   'to None first); eval: forward under no_grad, also of the layer after '
+                                   'reparameterize() (its norms folded into the projection); 1 thread; medians of the '
+                                   f'rounds, CPU time of the thread; backend {args.backend}',
                            rows=rows), f, indent=1)
 
 

@@ -176,6 +176,36 @@ class LambdaLayer(nn.Module):
                 bound = (self.dim_u * self.table_size[0] * self.table_size[1]) ** -0.5
                 nn.init.uniform_(self.pos_bias, -bound, bound)
 
+    @torch.no_grad()
+    def reparameterize(self) -> None:
+        """For inference (timm's ``reparameterize_model``, ``validate.py --reparam``): the query and value batch norms
+        folded into the projection by their running statistics, ``W' = diag(s) W``, bias ``beta - s mu`` with ``s =
+        gamma / sqrt(var + eps)`` (computed in float64), and replaced by ``nn.Identity``: an eval forward without its
+        two norms (one convolution with a bias, then the lambda operator). One-way: the layer then has no norms to
+        train. A norm that is not a batch norm with running statistics (GroupNorm, ``qv_norm=False``) stays."""
+        nq, nk = self.heads * self.dim_k, self.dim_k * self.dim_u
+        parts = [(self.norm_q, 0, nq), (self.norm_v, nq + nk, self.qkv.out_channels)]
+        foldable = [(n, a, b) for n, a, b in parts if _folds(n)]
+        if not foldable:
+            return
+        w = self.qkv.weight.double().flatten(1)
+        bias = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device) if self.qkv.bias is None \
+            else self.qkv.bias.double()
+        for norm, a, b in foldable:
+            var, mean = norm.running_var.double(), norm.running_mean.double()
+            scale = (var + norm.eps).rsqrt()
+            if norm.weight is not None:
+                scale = scale * norm.weight.double()
+            w[a:b] *= scale[:, None]
+            bias[a:b] = (bias[a:b] - mean) * scale + (0 if norm.bias is None else norm.bias.double())
+        old = self.qkv
+        self.qkv = nn.Conv2d(old.in_channels, old.out_channels, 1, bias=True, device=old.weight.device,
+                             dtype=old.weight.dtype)
+        self.qkv.weight.copy_(w.view_as(old.weight))
+        self.qkv.bias.copy_(bias)
+        for norm, a, b in foldable:
+            setattr(self, 'norm_q' if norm is self.norm_q else 'norm_v', nn.Identity())
+
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, dim_out={self.dim_out}, dim_k={self.dim_k}, heads={self.heads}, '
                 f'dim_u={self.dim_u}, dim_v={self.dim_v}, scope={self.scope}, stride={self.stride}, '
@@ -209,10 +239,10 @@ class LambdaLayer(nn.Module):
             # compiled: one 1x1 convolution each (slices of the one weight), no channel-slice views of an activation:
             # inductor orders a saved view's strides by sympy comparisons it cannot decide at symbolic sizes with
             # B = 1 and a square map (``128*s**2 < 128*s``: an InductorError with dynamic=True, issue 51)
-            w = self.qkv.weight
-            q = F.conv2d(x, w[:h * k])
-            keys = F.conv2d(x, w[h * k:h * k + k * u])
-            values = F.conv2d(x, w[h * k + k * u:])
+            w, b = self.qkv.weight, self.qkv.bias  # (a bias after reparameterize())
+            q = F.conv2d(x, w[:h * k], None if b is None else b[:h * k])
+            keys = F.conv2d(x, w[h * k:h * k + k * u], None if b is None else b[h * k:h * k + k * u])
+            values = F.conv2d(x, w[h * k + k * u:], None if b is None else b[h * k + k * u:])
         else:
             # one split of the flattened projection (its backward is one concatenation; three slices were six
             # launches and two sums), each part a view, back to 4-D (a reshape of a 4-D channel slice makes
@@ -251,6 +281,13 @@ class LambdaLayer(nn.Module):
                                self.pool_count_include_pad, self.table_size)  # [B d d, h v, hs, ws]
         pos = batch_to_space(pos, d, H, W)
         return pos if shared is None else content_term(shared, q, H, W) + pos
+
+
+def _folds(norm: nn.Module) -> bool:
+    """Whether :meth:`LambdaLayer.reparameterize` folds ``norm``: a batch norm (``nn.BatchNorm2d``, ``SyncBatchNorm``,
+    a frozen batch norm) with running statistics."""
+    return (isinstance(norm, nn.modules.batchnorm._NormBase) or type(norm).__name__ == 'FrozenBatchNorm2d') and \
+        getattr(norm, 'running_mean', None) is not None and getattr(norm, 'running_var', None) is not None
 
 
 def _drop_shared_embedding(module, state_dict, prefix, local_metadata):
