@@ -52,7 +52,7 @@ DTYPES = [('bfloat16', torch.bfloat16, 'ieee'), ('tf32', torch.float32, 'tf32')]
 
 # every tl.dot of the kernels, by its first two operands: (kernel, operands) -> what it computes
 SITES = {
-    ('tc_rows', 'qf, e'): 'logits',  # fused forward: L = Q E
+    ('tc_rows', 'qf3, e'): 'logits',  # fused forward: L = Q E, a batch of output rows
     ('tc_rows', 'a.to(la.dtype), vt'): 'values',  # fused forward: y += A V
     ('tc_rows', 'a, vt'): 'values',  # forward from the logits tensor: y += A V
     ('tc_rows', 'qm, cm'): 'content',  # forward: y += q lambda^c
@@ -151,10 +151,11 @@ def formula(qs, vs, ts, dtype, precision='ieee', sms=None, chunk_elements=None):
                 trips *= gx * n
                 launch(pass_, kernel, gx * gy * n)
                 window = rows * m['BLOCK_W'] * m['BLOCK_V']  # [R, BW] x [BW, BV] or [R, BV] x [BV, BW]
-                band = rows * m['BLOCK_C'] * m['BLOCK_Y'] * m['KWP']  # [R, C] x [C, BY KWP] or its transpose
+                # [BY, R / BY, C] x [BY, C, KWP] or [BY, R / BY, KWP] x [BY, KWP, C]: each output row's own scope row
+                band = rows * m['BLOCK_C'] * m['KWP']
                 if kind == 'rows':
                     if fused:
-                        add(pass_, kernel, 'qf, e', trips * band)
+                        add(pass_, kernel, 'qf3, e', trips * band)
                     add(pass_, kernel, 'a.to(la.dtype), vt' if fused else 'a, vt', trips * window)
                 else:
                     add(pass_, kernel, 'g, tl.trans(vt)', trips * window)
@@ -302,7 +303,8 @@ def interpreted(qs, vs, ts, dtype, precision='ieee', sms=None, chunk_elements=No
             raise SystemExit(f'count_macs: unknown tl.dot at tiled_triton.py:{f.f_lineno} in {state["kernel"]} '
                              f'({line.strip()!r}): the counting formula must be updated with the kernels')
         sa, sb = a.data.shape, b.data.shape
-        add((state['pass_'], state['kernel'], site), int(sa[-2]) * int(sa[-1]) * int(sb[-1]))
+        batch = int(sa[0]) if len(sa) == 3 else 1  # (a batched dot: one product a leading index)
+        add((state['pass_'], state['kernel'], site), batch * int(sa[-2]) * int(sa[-1]) * int(sb[-1]))
         return original_dot(self, a, b, d, *args, **kwargs)
 
     original_launch = T._launch

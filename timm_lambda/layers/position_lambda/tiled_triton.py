@@ -230,12 +230,13 @@ def _kernels():
         loads.
 
         ``FUSED`` (forward): ``l`` is the table ``[C, LS]`` (its offsets as columns, ``LS`` apart), and each value row's
-        logits are computed here, ``L = Q E`` by ``tl.dot`` for the ``BLOCK_Y`` scope rows that row meets (``KWP``
-        columns each, the scope's width rounded up), rounded to the operands' dtype as the logits tensor is, and
-        skewed into the banded tile by ``tl.gather``: no logits tensor, no GEMM launch, nothing read back.
-        ``FUSED`` with ``LOGIT_GRAD``: also ``dq = dL E^T`` (``c`` the table ``[C, U KH KW]``, ``dq`` into ``q``,
-        added to what it holds with ``ADD``: the content term's), the band gathered back by ``tl.gather`` and rounded
-        as the stored logit gradients are: no ``dq`` GEMM."""
+        logits are computed here, ``L = Q E`` by a batched ``tl.dot`` over the ``BLOCK_Y`` output rows, each output
+        row's queries against its own scope row of the table (``KWP`` columns, the scope's width rounded up: each
+        logit once a program), rounded to the operands' dtype as the logits tensor is, and skewed into the banded
+        tile by ``tl.gather``: no logits tensor, no GEMM launch, nothing read back. ``FUSED`` with ``LOGIT_GRAD``:
+        also ``dq = dL E^T`` (``c`` the table ``[C, U KH KW]``, ``dq`` into ``q``, added to what it holds with
+        ``ADD``: the content term's), batched likewise, the band gathered back by ``tl.gather`` and rounded as the
+        stored logit gradients are: no ``dq`` GEMM."""
         ox0, oy0, b = tl.program_id(0) * BLOCK_Q, tl.program_id(1) * BLOCK_Y, tl.program_id(2).to(tl.int64)
         r = tl.arange(0, BLOCK_Y * BLOCK_H * BLOCK_Q)
         oy, hd, j = oy0 + r // (BLOCK_H * BLOCK_Q), (r // BLOCK_Q) % BLOCK_H, r % BLOCK_Q
@@ -267,25 +268,25 @@ def _kernels():
         else:
             acc = tl.zeros([BLOCK_Y * BLOCK_H * BLOCK_Q, BLOCK_V], tl.float32)
         if FUSED:
+            # each output row's logits (or their gradients) at its own scope row: a batched dot over the BLOCK_Y
+            # output rows, [BY, BH BQ, BC] x [BY, BC, KWP] (each logit once a program: no output row's columns
+            # computed for another's rows)
             cc = tl.arange(0, BLOCK_C)
-            t = tl.arange(0, BLOCK_Y * KWP)  # the columns of the program's logits: (output row, scope column)
-            t_row0 = (oy0 + t // KWP) * STEP - (KH - 1) // 2  # the value row of each column's scope row 0
-            t_kx = t % KWP
-            r_y = r // (BLOCK_H * BLOCK_Q)  # [R]: each row's output row in the program
+            t_kx = tl.arange(0, KWP)  # the scope columns of the logits tile
+            t_row0 = (oy0 + tl.arange(0, BLOCK_Y)) * STEP - (KH - 1) // 2  # [BY]: each output row's scope row 0
             if LOGIT_GRAD:
-                # column (output row, kx) of row r: the window column kx + STEP j of its band, where the output rows
-                # agree
-                d_ok = (((t // KWP)[None, :] == r_y[:, None]) & (t_kx < KW)[None, :] & rmask[:, None]
-                        & (t_kx[None, :] + STEP * j[:, None] < BLOCK_W))
-                d_idx = tl.where(d_ok, t_kx[None, :] + STEP * j[:, None], 0)  # [R, BY KWP]
-                dq = tl.zeros([BLOCK_Y * BLOCK_H * BLOCK_Q, BLOCK_C], tl.float32)
+                # column kx of row r: the window column kx + STEP j of its band
+                d_ok = (t_kx < KW)[None, :] & rmask[:, None] & (t_kx[None, :] + STEP * j[:, None] < BLOCK_W)
+                d_idx = tl.where(d_ok, t_kx[None, :] + STEP * j[:, None], 0)  # [R, KWP]
+                dq = tl.zeros([BLOCK_Y, BLOCK_H * BLOCK_Q, BLOCK_C], tl.float32)
             else:
                 qf = tl.load(q_ptr + ((b * HEADS + hd) * C)[:, None] * howo + cc[None, :] * howo
                              + (oy * Wo + ox)[:, None], mask=rmask[:, None] & (cc < C)[None, :], other=0.0)
                 if WIDEN:
                     qf = qf.to(tl.float32)
-                # row r's band in them: column (r's output row, kx); the rest is masked out after the gather
-                g_idx = tl.where(kmask, r_y[:, None] * KWP + kx, 0)  # [R, BW]
+                qf3 = tl.reshape(qf, [BLOCK_Y, BLOCK_H * BLOCK_Q, BLOCK_C])  # (rows are output row major)
+                # row r's band in its logits: column kx; the rest is masked out after the gather
+                g_idx = tl.where(kmask, kx, 0)  # [R, BW]
         for i in range(0, U * n_rows):
             u = i // n_rows
             vr = first + i % n_rows
@@ -301,21 +302,26 @@ def _kernels():
                 tl.store(at, da.to(l_ptr.dtype.element_ty), mask=m)
                 if FUSED:  # dq += dL E^T for this scope row of each row
                     dr = _as_operand(da, v_ptr.dtype.element_ty, WIDEN)  # as the stored gradients will be
-                    t_ky = vr - t_row0  # [BY KWP]
-                    t_ok = (t_kx < KW) & (t_ky >= 0) & (t_ky < KH)
-                    dl = tl.where(d_ok & t_ok[None, :], tl.gather(dr, d_idx, axis=1), 0.0).to(dr.dtype)
-                    et = tl.load(c_ptr + cc[None, :] * (U * KH * KW) + ((u * KH + t_ky) * KW + t_kx)[:, None],
-                                 mask=(cc < C)[None, :] & t_ok[:, None], other=0.0)  # [BY KWP, BC]
+                    t_ky = vr - t_row0  # [BY]: this value row's scope row, for each output row
+                    dl = tl.where(d_ok & ((ky >= 0) & (ky < KH))[:, None], tl.gather(dr, d_idx, axis=1), 0.0)
+                    dl = tl.reshape(dl.to(dr.dtype), [BLOCK_Y, BLOCK_H * BLOCK_Q, KWP])
+                    et = tl.load(c_ptr + cc[None, None, :] * (U * KH * KW)
+                                 + ((u * KH + t_ky)[:, None, None] * KW + t_kx[None, :, None]),
+                                 mask=(cc < C)[None, None, :] & (t_kx < KW)[None, :, None]
+                                 & ((t_ky >= 0) & (t_ky < KH))[:, None, None], other=0.0)  # [BY, KWP, BC]
                     if WIDEN:
                         et = et.to(tl.float32)
                     dq = tl.dot(dl, et, dq, input_precision=PREC)
             elif FUSED:
-                t_ky = vr - t_row0  # [BY KWP]: the scope row of this value row, for each column
-                e = tl.load(l_ptr + cc[:, None] * LS + ((u * KH + t_ky) * KW + t_kx)[None, :],
-                            mask=(cc < C)[:, None] & ((t_kx < KW) & (t_ky >= 0) & (t_ky < KH))[None, :], other=0.0)
+                t_ky = vr - t_row0  # [BY]: the scope row of this value row, for each output row
+                e = tl.load(l_ptr + cc[None, :, None] * LS
+                            + ((u * KH + t_ky)[:, None, None] * KW + t_kx[None, None, :]),
+                            mask=(cc < C)[None, :, None] & (t_kx < KW)[None, None, :]
+                            & ((t_ky >= 0) & (t_ky < KH))[:, None, None], other=0.0)  # [BY, BC, KWP]
                 if WIDEN:
                     e = e.to(tl.float32)
-                la = _as_operand(tl.dot(qf, e, input_precision=PREC), v_ptr.dtype.element_ty, WIDEN)  # [R, BY KWP]
+                la = tl.reshape(tl.dot(qf3, e, input_precision=PREC), [BLOCK_Y * BLOCK_H * BLOCK_Q, KWP])
+                la = _as_operand(la, v_ptr.dtype.element_ty, WIDEN)  # [R, KWP]
                 a = tl.where(m, tl.gather(la, g_idx, axis=1), 0.0)
                 acc = tl.dot(a.to(la.dtype), vt, acc, input_precision=PREC)
             else:
@@ -326,9 +332,10 @@ def _kernels():
         if LOGIT_GRAD and FUSED:
             dq_at = q_ptr + ((b * HEADS + hd) * C)[:, None] * howo + cc[None, :] * howo + (oy * Wo + ox)[:, None]
             dq_mask = rmask[:, None] & (cc < C)[None, :]
+            dq2 = tl.reshape(dq, [BLOCK_Y * BLOCK_H * BLOCK_Q, BLOCK_C])
             if ADD:
-                dq += tl.load(dq_at, mask=dq_mask, other=0.0).to(tl.float32)
-            tl.store(dq_at, dq.to(q_ptr.dtype.element_ty), mask=dq_mask)
+                dq2 += tl.load(dq_at, mask=dq_mask, other=0.0).to(tl.float32)
+            tl.store(dq_at, dq2.to(q_ptr.dtype.element_ty), mask=dq_mask)
         if not LOGIT_GRAD:
             if CONTENT:
                 cc = tl.arange(0, BLOCK_C)
@@ -530,7 +537,7 @@ def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, s
                     ho: int, precision: str, images: int, sms: int, height: int, u: int) -> dict:
     sixteen = dtype in (torch.float16, torch.bfloat16)
     tf32 = dtype == torch.float32 and precision == 'tf32'
-    bq, bh, bw = _tc_row_tiles(heads, wo, kw, step, sixteen)
+    bq, bh, bw = _tc_row_tiles(heads, wo, kw, step)
     bv = _pow2(dv, 16)
     bp, bwv, bvv = _tc_value_tiles(width, kw, step, dv)
     by = max(1, min(64 // (bh * bq), _pow2(ho))) if sixteen or tf32 else 1  # output rows: 64 rows a program
@@ -551,12 +558,11 @@ def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, s
         return dict(out, num_stages=1) if dtype == torch.float32 else out
     # the forward and the value gradient compute their logits (no logits tensor) at stride 1 and scopes up to 32 wide
     # (at stride 2 the 9 |k| deep pooled queries' tile, and a wider (global) scope's logits tile, would not fit the
-    # registers); the 16-bit forward of 64 rows on 8 warps (at 4 its logits tile spilled 244-648 bytes a thread on
-    # sm_90, at 8 none; 16 and 32 rows on 4 warps spill none: tools/sm90_kernels.py)
+    # registers); the 16-bit forward of 64 rows on 4 warps (with the logits of every output row's scope row in one
+    # [64, BY KWP] tile it spilled at 4 and ran on 8; with each output row's own, [64, KWP], 168-234 registers at 4
+    # warps, none spilled, two programs a multiprocessor: tools/sm90_kernels.py)
     fused = _fuses(step, c, kw)
     forward = dict(rows(by_rows), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False, FUSED=fused)
-    if fused and sixteen and by_rows * bh * bq >= 64:
-        forward['num_warps'] = 8
     return dict(rows=forward,
                 logit_grad=dict(rows(by), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=True, CONTENT=False, FUSED=fused),
                 value_grad=dict(BLOCK_P=bp, BLOCK_W=bwv, BLOCK_V=bvv, FUSED=fused, BLOCK_C=_pow2(c, 16),
