@@ -58,8 +58,7 @@ SITES = {
     ('tc_rows', 'qm, cm'): 'content',  # forward: y += q lambda^c
     ('tc_rows (logit grad)', 'g, tl.trans(vt)'): 'values',  # dA = dY V^T
     ('tc_rows (logit grad)', 'dl, et'): 'logits',  # fused: dq = dL E^T
-    ('tc_value_grad', 'e, qw'): 'logits',  # fused: L^T = E^T Q
-    ('tc_value_grad', 'at, g'): 'values',  # dv += A^T dY
+    ('tc_value_grad', 'g, a'): 'values',  # dv^T += dY^T A
 }
 
 
@@ -83,7 +82,7 @@ def _meta(qs, vs, ts, dtype, precision, images, sms):
     for part, keys in (('rows', ('BLOCK_Q', 'BLOCK_H', 'BLOCK_W', 'BLOCK_V', 'BLOCK_Y', 'KWP', 'BLOCK_C', 'FUSED')),
                        ('logit_grad', ('BLOCK_Q', 'BLOCK_H', 'BLOCK_W', 'BLOCK_V', 'BLOCK_Y', 'KWP', 'BLOCK_C',
                                        'FUSED')),
-                       ('value_grad', ('BLOCK_P', 'BLOCK_W', 'BLOCK_V', 'FUSED', 'BLOCK_C', 'KWP'))):
+                       ('value_grad', ('BLOCK_P', 'BLOCK_H', 'BLOCK_QC', 'BLOCK_V'))):
         missing = [k for k in keys if k not in meta.get(part, {})]
         if missing:
             raise SystemExit(f'count_macs: tc_launch_meta(...)[{part!r}] has no {missing}: update the formula')
@@ -111,31 +110,37 @@ def formula(qs, vs, ts, dtype, precision='ieee', sms=None, chunk_elements=None):
     p_y = (kh - 1) // 2
     meta, step = _meta(qs, vs, ts, dtype, precision, None, None)
     fused = meta['rows']['FUSED']
-    if fused != meta['value_grad']['FUSED'] or fused != meta['logit_grad']['FUSED']:
+    if fused != meta['logit_grad']['FUSED'] or 'FUSED' in meta['value_grad']:
         raise SystemExit('count_macs: the kernels no longer agree on FUSED: update the formula')
     # the chunks of images a launch (fused forward: one launch), as the wrappers choose them
     chunks = T._chunks(b, h * ls * ho * wo, chunk_elements or T.CHUNK_ELEMENTS)
     for pass_, kinds in (('forward', ['rows']), ('backward', ['value_grad', 'logit_grad'])):
         for _, n in [(0, b)] if fused and pass_ == 'forward' else chunks:
             meta, _ = _meta(qs, vs, ts, dtype, precision, n, sms)
-            if not fused:  # the logits tensor by a GEMM: [n h, Ho Wo, C] x [C, LS]
+            if not fused or pass_ == 'backward':  # the logits tensor by a GEMM: [n h, Ho Wo, C] x [C, LS]
                 add(pass_, 'gemm', 'logits Q E', n * h * ho * wo * c * ls)
                 launch(pass_, 'gemm', 0)
             for kind in kinds:
                 m = meta[kind]
                 if kind == 'value_grad':
-                    gx, nvb = _cdiv(width, m['BLOCK_P']), _cdiv(dv, m['BLOCK_V'])
-                    trips = 0
-                    for r in range(height):  # the (output row, head) pairs that reach value row r
+                    bp, qc = m['BLOCK_P'], m['BLOCK_QC']
+                    gx, nvb = _cdiv(width, bp), _cdiv(dv, m['BLOCK_V'])
+                    rows_ = 0
+                    for r in range(height):  # the output rows that reach value row r
                         top = r + p_y
                         lo = max(0, (top - (kh - 1) + step - 1) >> (step - 1))
                         hi = min(ho - 1, top >> (step - 1))
-                        trips += max(hi - lo + 1, 0) * h
-                    trips *= gx * n * u * nvb
+                        rows_ += max(hi - lo + 1, 0)
+                    chunks = 0
+                    for x in range(gx):  # the query chunks whose scopes reach each program's columns
+                        c0, p_x = x * bp, (kw - 1) // 2
+                        q_lo = max(0, (c0 + p_x - kw + 1 + step - 1) >> (step - 1))
+                        q_hi = min(wo - 1, (c0 + bp - 1 + p_x) >> (step - 1))
+                        chunks += _cdiv(max(q_hi - q_lo + 1, 0), qc)
+                    trips = rows_ * chunks * n * u * nvb
                     launch(pass_, 'tc_value_grad', gx * height * n * u * nvb)
-                    if fused:
-                        add(pass_, 'tc_value_grad', 'e, qw', trips * m['KWP'] * m['BLOCK_C'] * m['BLOCK_W'])
-                    add(pass_, 'tc_value_grad', 'at, g', trips * m['BLOCK_P'] * m['BLOCK_W'] * m['BLOCK_V'])
+                    # [BV, BH QC] x [BH QC, BP]
+                    add(pass_, 'tc_value_grad', 'g, a', trips * m['BLOCK_V'] * m['BLOCK_H'] * qc * bp)
                     continue
                 kernel = 'tc_rows' if kind == 'rows' else 'tc_rows (logit grad)'
                 rows = m['BLOCK_Y'] * m['BLOCK_H'] * m['BLOCK_Q']

@@ -23,13 +23,14 @@ import time
 import torch
 
 SHARED_LIMIT = 227 * 1024  # bytes of shared memory a block may use on sm_90
+SM_SHARED = 228 * 1024  # bytes of shared memory a multiprocessor has on sm_90
 # (name, heads, |k|, |v|, map side, stride): LambdaResNet-101's lambda layers at 1024 px (c4: 256 ch 64x64; c5's
 # first: 512 ch 64x64 stride 2, the table pooled to 25x25; c5: 512 ch 32x32) and a small odd one
 SHAPES = [('c4', 4, 16, 64, 64, 1), ('c5_s2', 4, 16, 128, 64, 2), ('c5', 4, 16, 128, 32, 1), ('odd', 5, 9, 43, 13, 1)]
 # (dtype, tl.dot input precision, tensor cores expected)
 VARIANTS = [('bf16', 'ieee', True), ('fp16', 'ieee', True), ('fp32', 'tf32', True), ('fp32', 'ieee', False)]
 _ROW_INTS = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'C', 'KH', 'KW', 'LS']
-_VALUE_INTS = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'C', 'KH', 'KW', 'LS']
+_VALUE_INTS = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'KH', 'KW', 'LS']
 
 
 def launches(heads: int, dim_k: int, dim_v: int, side: int, step: int, dtype: str, prec: str):
@@ -56,7 +57,7 @@ def launches(heads: int, dim_k: int, dim_v: int, side: int, step: int, dtype: st
     vg = dict(meta['value_grad'])
     options = {o: vg.pop(o) for o in ('num_warps', 'num_stages') if o in vg}
     consts = dict(STEP=step, PREC=prec, WIDEN=False, **vg)
-    sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'gy_ptr', 'gv_ptr', 'q_ptr')}, **{n: 'i32' for n in _VALUE_INTS},
+    sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'gy_ptr', 'gv_ptr')}, **{n: 'i32' for n in _VALUE_INTS},
                **{n: 'constexpr' for n in consts})
     out.append(('tc_value_grad', k['tc_value_grad'], sig, consts, options))
     return out
@@ -84,11 +85,24 @@ def compile_sm90(fn, sig: dict, consts: dict, options: dict) -> dict:
         m = re.search(pattern, log)
         return int(m.group(1)) if m else None
 
-    return dict(options, registers=number(r'Used (\d+) registers'),
+    registers = number(r'Used (\d+) registers')
+    warps = compiled.metadata.num_warps
+    return dict(options, num_stages=compiled.metadata.num_stages, registers=registers,
                 spill_stores=number(r'(\d+) bytes spill stores'), spill_loads=number(r'(\d+) bytes spill loads'),
                 shared=compiled.metadata.shared, mma=len(re.findall(r'\bmma\.sync\.', ptx)),
                 wgmma=len(re.findall(r'\bwgmma\.mma_async\.', ptx)),
-                cp_async=len(re.findall(r'\bcp\.async\.c[ag]\b', ptx)))
+                cp_async=len(re.findall(r'\bcp\.async\.c[ag]\b', ptx)),
+                tma=len(re.findall(r'\bcp\.async\.bulk\.tensor\b', ptx)),
+                programs_per_sm=programs_per_sm(registers, warps, compiled.metadata.shared))
+
+
+def programs_per_sm(registers: int, warps: int, shared: int) -> int:
+    """Programs (thread blocks) of a kernel resident on one sm_90 multiprocessor at once: the least of what its
+    registers (65536 a multiprocessor, allocated 8 a thread at a time), its warps (64), its shared memory (228 KiB,
+    1 KiB of it reserved a block) and the block limit (32) allow."""
+    by_registers = 65536 // (-(-registers // 8) * 8 * 32 * warps)
+    by_shared = SM_SHARED // (shared + 1024) if shared else 32
+    return min(by_registers, 64 // warps, by_shared, 32)
 
 
 def report(shapes=SHAPES, variants=VARIANTS):
@@ -112,11 +126,12 @@ def main(argv=None):
 
     from dev.benchmarks.measure import commit
     rows = report()
-    print(f"{'shape':6} {'dtype':5} {'prec':5} {'kernel':22} {'regs':>4} {'spill':>5} {'shared':>7} {'mma':>4} "
-          f"{'cp.async':>8}")
+    print(f"{'shape':6} {'dtype':5} {'prec':5} {'kernel':22} {'warps':>5} {'stages':>6} {'regs':>4} {'spill':>5} "
+          f"{'shared':>7} {'progs/SM':>8} {'mma':>4} {'wgmma':>5} {'cp.async':>8}")
     for r in rows:
-        print(f"{r['shape']:6} {r['dtype']:5} {r['precision']:5} {r['kernel']:22} {r['registers']:>4} "
-              f"{r['spill_stores']:>5} {r['shared']:>7} {r['mma'] + r['wgmma']:>4} {r['cp_async']:>8}")
+        print(f"{r['shape']:6} {r['dtype']:5} {r['precision']:5} {r['kernel']:22} {r['num_warps']:>5} "
+              f"{r['num_stages']:>6} {r['registers']:>4} {r['spill_stores']:>5} {r['shared']:>7} "
+              f"{r['programs_per_sm']:>8} {r['mma']:>4} {r['wgmma']:>5} {r['cp_async']:>8}")
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(dict(command='python ' + ' '.join(['tools/sm90_kernels.py'] + (argv or sys.argv[1:])),

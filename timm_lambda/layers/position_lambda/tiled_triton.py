@@ -14,9 +14,10 @@ to its block's window, 1.7x the work at a 23x23 scope, and fills a banded logit 
 Two variants, two backends of :mod:`.backends`: ``triton_tc`` (float16, bfloat16, float32) contracts banded tiles of
 the query-major logits with the value windows by ``tl.dot`` on the tensor cores (16-bit operands, float32 sums;
 float32 on TF32 where torch's matmuls may use it, else exact), the content lambda fused into the forward; at stride
-1 its forward and value gradient compute the logits they contract in the kernel (``L = Q E`` by ``tl.dot``, skewed
-by ``tl.gather``: no logits tensor, no GEMM) and its logit gradient computes ``dq`` (the logit gradients are still a
-tensor, for the ``dR`` GEMM); ``triton_fma`` (also float64) runs the loops above on the CUDA cores, a lane a query.
+1 its forward computes the logits it contracts in the kernel (``L = Q E`` by ``tl.dot``, skewed by ``tl.gather``: no
+logits tensor, no GEMM) and its logit gradient computes ``dq`` (the logit gradients are still a tensor, for the
+``dR`` GEMM); its value gradient reads the logits from the GEMM's tensor (``dv^T = dY^T A``, the value channels as
+the MMA's rows); ``triton_fma`` (also float64) runs the loops above on the CUDA cores, a lane a query.
 Tested against the float64 per-query reference on a CPU under Triton's interpreter (tests/test_tiled_triton.py) and
 on a GPU (tests/test_cuda.py).
 
@@ -352,17 +353,16 @@ def _kernels():
             tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=rmask[:, None] & vmask[None, :])
 
     @triton.jit
-    def _tc_value_grad(l_ptr, gy_ptr, gv_ptr, q_ptr, H, W, Ho, Wo, HEADS, U, V, C, KH, KW, LS, STEP: tl.constexpr,
-                       PREC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_V: tl.constexpr,
-                       WIDEN: tl.constexpr, FUSED: tl.constexpr = False, BLOCK_C: tl.constexpr = 16,
-                       KWP: tl.constexpr = 32):
+    def _tc_value_grad(l_ptr, gy_ptr, gv_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, LS, STEP: tl.constexpr,
+                       PREC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                       BLOCK_QC: tl.constexpr, WIDEN: tl.constexpr):
         """Tensor cores: ``dv`` at ``BLOCK_P`` value columns of row ``r`` and ``BLOCK_V`` of the value channels
-        (program axis 2: image, |u| and channel block) as ``sum_{h, ky} A^T dY`` over the ``BLOCK_W`` queries of
-        output row ``(r + p_y - ky) / STEP`` whose scopes reach them (no atomics). One loop over the (output row,
-        head) pairs that reach row ``r``, without branches: Triton pipelines its loads. ``FUSED``: ``l`` is the
-        table ``[C, LS]`` and the logits of those queries at scope row ``ky`` are computed here (``E^T Q`` by
-        ``tl.dot``, ``KWP`` scope columns), rounded as the logits tensor is and gathered into ``A^T`` by
-        ``tl.gather``: the backward needs no logits tensor either."""
+        (program axis 2: image, |u| and channel block), transposed: ``dv^T = sum dY^T A`` with the channels as the
+        MMA's rows (64 or 128: Hopper's ``wgmma``), the columns as its columns and the contraction over (head, query)
+        pairs, ``BLOCK_H`` heads by ``BLOCK_QC`` consecutive queries a step, of the output rows
+        ``(r + p_y - ky) / STEP`` whose scopes reach row ``r``: only the queries whose scopes reach the program's
+        columns (no atomics). ``A[(h, q), c] = L[h, q, ky, c + p_x - STEP q]`` is read from the query-major logits
+        ``l`` (zero off the band). One loop over the (output row, query chunk) pairs, without branches."""
         c0, r, z = tl.program_id(0) * BLOCK_P, tl.program_id(1), tl.program_id(2).to(tl.int64)
         n_vb = tl.cdiv(V, BLOCK_V)
         bu, v0 = z // n_vb, (z % n_vb) * BLOCK_V
@@ -371,48 +371,38 @@ def _kernels():
         pmask = c < W
         vv = v0 + tl.arange(0, BLOCK_V)
         vmask = vv < V
-        t = c0 + (KW - 1) // 2 - (KW - 1)  # STEP * (first query reaching c0), rounded up below
-        ox = ((t + STEP - 1) >> (STEP - 1)) + tl.arange(0, BLOCK_W)  # ceil(t / STEP) on: STEP is 1 or 2
-        qmask = (ox >= 0) & (ox < Wo)
-        kx = c[:, None] + (KW - 1) // 2 - STEP * ox[None, :]  # [BP, BW]
-        m = pmask[:, None] & qmask[None, :] & (kx >= 0) & (kx < KW)
+        k = tl.arange(0, BLOCK_H * BLOCK_QC)  # the contraction: (head, query of the chunk)
+        hd, qk = k // BLOCK_QC, k % BLOCK_QC
+        hmask = hd < HEADS
         howo = Ho * Wo
+        # the queries whose scopes reach the columns [c0, c0 + BLOCK_P): STEP q in [c0 + p_x - KW + 1, c0 + BLOCK_P
+        # - 1 + p_x], within the map; ceil(t / STEP) and floor by shifts (STEP is 1 or 2)
+        t = c0 + (KW - 1) // 2 - (KW - 1)
+        q_lo = tl.maximum(0, (t + STEP - 1) >> (STEP - 1))
+        q_hi = tl.minimum(Wo - 1, (c0 + BLOCK_P - 1 + (KW - 1) // 2) >> (STEP - 1))
+        n_qc = tl.cdiv(tl.maximum(q_hi - q_lo + 1, 0), BLOCK_QC)
         # the output rows whose scope row ky = r + p_y - STEP oy is in [0, KH): oy in [oy_lo, oy_hi]
         top = r + (KH - 1) // 2
         oy_lo = tl.maximum(0, (top - (KH - 1) + STEP - 1) >> (STEP - 1))
         oy_hi = tl.minimum(Ho - 1, top >> (STEP - 1))
-        at_ptr = l_ptr + ((b * HEADS * howo + ox) * LS)[None, :] + u * KH * KW + kx  # [BP, BW] at (head 0, oy 0)
-        g_ptr = gy_ptr + b * HEADS * V * howo + vv[None, :] * howo + ox[:, None]  # [BW, BV] at (head 0, oy 0)
-        if FUSED:
-            cc = tl.arange(0, BLOCK_C)
-            kxp = tl.arange(0, KWP)
-            q_at = q_ptr + (b * HEADS * C + cc[:, None]) * howo + ox[None, :]  # [BC, BW] at (head 0, oy 0)
-            e_at = l_ptr + cc[None, :] * LS + u * KH * KW + kxp[:, None]  # [KWP, BC] at scope row 0
-            e_mask = (kxp < KW)[:, None] & (cc < C)[None, :]
-            g_idx = tl.where(m, kx, 0)  # [BP, BW]: the scope column of each element of A^T
-        acc = tl.zeros([BLOCK_P, BLOCK_V], tl.float32)
-        for i in range(0, (oy_hi - oy_lo + 1) * HEADS):
-            oy = oy_lo + i // HEADS
-            hd = i % HEADS
+        head = b * HEADS + hd  # [K]
+        a_ptr = l_ptr + (head * howo * LS)[:, None] + u * KH * KW + c[None, :] + (KW - 1) // 2  # [K, BP] at q 0, oy 0
+        g_ptr = gy_ptr + (head * V * howo)[None, :] + vv[:, None] * howo  # [BV, K] at q 0, oy 0
+        acc = tl.zeros([BLOCK_V, BLOCK_P], tl.float32)
+        for i in range(0, (oy_hi - oy_lo + 1) * n_qc):
+            oy = oy_lo + i // n_qc
+            q = q_lo + (i % n_qc) * BLOCK_QC + qk  # [K]
             ky = top - STEP * oy
-            if FUSED:
-                qw = tl.load(q_at + (hd * C * howo + oy * Wo), mask=(cc < C)[:, None] & qmask[None, :], other=0.0)
-                e = tl.load(e_at + ky * KW, mask=e_mask, other=0.0)
-                if WIDEN:
-                    qw, e = qw.to(tl.float32), e.to(tl.float32)
-                # [KWP, BW]: the queries' logits at scope row ky
-                lt = _as_operand(tl.dot(e, qw, input_precision=PREC), gy_ptr.dtype.element_ty, WIDEN)
-                at = tl.where(m, tl.gather(lt, g_idx, axis=0), 0.0).to(lt.dtype)  # [BP, BW]
-            else:
-                at = tl.load(at_ptr + ((hd * howo + oy * Wo) * LS + ky * KW), mask=m, other=0.0)
-                if WIDEN:
-                    at = at.to(tl.float32)
-            g = tl.load(g_ptr + (hd * V * howo + oy * Wo), mask=qmask[:, None] & vmask[None, :], other=0.0)
+            qmask = hmask & (q <= q_hi)
+            kx = c[None, :] + (KW - 1) // 2 - STEP * q[:, None]  # [K, BP]
+            a = tl.load(a_ptr + ((oy * Wo + q) * LS + ky * KW - STEP * q)[:, None],
+                        mask=qmask[:, None] & pmask[None, :] & (kx >= 0) & (kx < KW), other=0.0)
+            g = tl.load(g_ptr + (oy * Wo + q)[None, :], mask=vmask[:, None] & qmask[None, :], other=0.0)
             if WIDEN:
-                g = g.to(tl.float32)
-            acc = tl.dot(at, g, acc, input_precision=PREC)
-        out = ((b * U + u) * V + vv[None, :]) * (H * W) + r * W + c[:, None]
-        tl.store(gv_ptr + out, acc.to(gv_ptr.dtype.element_ty), mask=pmask[:, None] & vmask[None, :])
+                a, g = a.to(tl.float32), g.to(tl.float32)
+            acc = tl.dot(g, a, acc, input_precision=PREC)
+        out = ((b * U + u) * V + vv[:, None]) * (H * W) + r * W + c[None, :]
+        tl.store(gv_ptr + out, acc.to(gv_ptr.dtype.element_ty), mask=vmask[:, None] & pmask[None, :])
 
     return dict(query_rows=_query_rows, value_grad=_value_grad, tc_rows=_tc_rows, tc_value_grad=_tc_value_grad,
                 tl=tl, triton=triton)
@@ -480,17 +470,24 @@ def _tc_row_tiles(h: int, wo: int, kw: int, step: int, fewest_rows: bool = False
 
 
 @functools.lru_cache(maxsize=SIZE_CACHE)
-def _tc_value_tiles(width: int, kw: int, step: int, dv: int):
-    """Tensor-core value-gradient tiles: ``(value columns, queries, value channels)`` of a program, the most columns
-    per padded query (16 columns at least: the MMA's rows); at most 128 channels a program, the rest on the grid."""
+def _tc_value_tiles(kw: int, step: int, dv: int, heads: int):
+    """Tensor-core value-gradient tiles: ``(value columns, heads padded, queries a contraction step, value
+    channels)`` of a program. 16 columns (the fewest an MMA takes: the queries whose scopes reach them, the
+    contraction, grow with the columns), the contraction ``heads x queries`` of 16 to 64 that pads the fewest queries
+    beyond those the 16 columns' scopes reach (the most queries a step among them); at most 128 channels a program,
+    the rest on the grid."""
+    bp, bh = 16, _pow2(heads)
+    window = (bp - 1 + kw - 1) // step + 1  # the queries that reach bp columns inside the map
     best = None
-    for bp in (16, 32, 64):
-        if bp > _pow2(width, 16):
+    for qc in (1, 2, 4, 8, 16, 32, 64):
+        if bh * qc > 64 and qc > 1:
             break
-        bw = _pow2((bp - 1 + kw - 1) // step + 1, 16)
-        if best is None or bp * best[1] > best[0] * bw:
-            best = (bp, bw)
-    return best + (min(_pow2(dv, 16), 128),)
+        if bh * qc < 16:
+            continue
+        key = (_cdiv(window, qc) * qc, -qc)
+        if best is None or key < best[0]:
+            best = (key, qc)
+    return bp, bh, best[1], min(_pow2(dv, 16), 128)
 
 
 def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, step: int,
@@ -506,28 +503,38 @@ def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, st
     tools/tune_tc_kernels.py use the same.
 
     Measured by the GPU check's sweep on an H200 (docs/results/gpu_h200_run5_check_layer.json, ``tc_kernels``; each
-    kernel at LambdaResNet-101's three 1024 px shapes, batch 8): 16-bit rows at the fewest query rows (16: 1.13-1.29x
-    against 32 at c4 and c5), float32 rows at one stage (no software pipelining of the TF32 loads: 1.10-1.30x, one
-    case 0.97x), the value gradient at up to 128 channels a program (1.02-1.28x at |v| = 128 against 64).
+    kernel at LambdaResNet-101's three 1024 px shapes, batch 8, at the tiles of then): 16-bit rows at the fewest
+    query rows (16: 1.13-1.29x against 32 at c4 and c5, one output row a program), float32 rows at one stage (no
+    software pipelining of the TF32 loads: 1.10-1.30x, one case 0.97x), the value gradient at up to 128 channels a
+    program (1.02-1.28x at |v| = 128 against 64).
 
     Inferred from that sweep, not yet measured: 64 rows a program (Hopper's ``wgmma`` takes 64) from ``BLOCK_Y``
-    output rows that share each value tile, for 16-bit rows, TF32 rows of at most 64 channels and every 16-bit or
-    TF32 logit gradient. There 64 rows by more queries (twice the padded window) ran as fast as 16 rows, 1.2-2.1x the
+    output rows that share each value tile, for 16-bit rows, TF32 rows (of at most 64 channels before issue 53, now
+    all) and every 16-bit or TF32 logit gradient. There 64 rows by more queries (twice the padded window) ran as fast as 16 rows, 1.2-2.1x the
     work per microsecond, except TF32 rows at |v| = 128 (0.95x); output rows add 4-12% multiply-adds instead. Exact
     float32 keeps one row (at 64 its logit gradient spills 3.9 KB a thread on sm_90).
 
+    Chosen for the multiply-adds that the tiles issue (tools/count_macs.py, docs/results/kernel_macs.json), inferred,
+    not measured: the rows' queries the most that keep the fewest window columns (8 at a 23-wide scope: 30 of 32
+    columns) and so the fewest output rows a program (2: each program visits 24 value rows for 23 a row needs, 26 at
+    4); the value gradient transposed, its channels the MMA's 64 or 128 rows (``wgmma``), 16 value columns a program
+    (the fewest an MMA takes: 38 queries' scopes reach 16 columns at a 23-wide scope, 54 reach 32) and the heads in
+    the contraction (:func:`_tc_value_tiles`), on 4 warps (none spilled, at least two programs a multiprocessor on
+    sm_90: tools/sm90_kernels.py).
     A small grid (``images`` in the launch, ``|u|``, the value map's ``height``, default ``width``, on a GPU of
     ``sms`` multiprocessors: :func:`_sm_count`): while a kernel's grid has fewer programs than the GPU has
     multiprocessors, fewer output rows a program (``BLOCK_Y`` halved, down to 1) and fewer value-gradient channels a
     program (``BLOCK_V`` halved, down to 32): each program then repeats loads another would share, but the idle
     multiprocessors work. At batch 8 every default grid of LambdaResNet-101's three shapes already has at least
-    2x132 programs (unchanged); at batch 1 the c5 layer's (32 x 32 map) had 32 (value gradient) and 64 (16-bit rows)
-    on an H200's 132 (docs/benchmarks.md, "GPU"; inferred, not yet measured: the GPU check's ``occupancy`` part of
+    2x132 programs (unchanged); at batch 1 the c5 layer's (32 x 32 map) had 32 (value gradient, then 32 columns a
+    program; 64 at 16) and 64 (16-bit rows) on an H200's 132 (docs/benchmarks.md, "GPU"; inferred, not yet
+    measured: the GPU check's ``occupancy`` part of
     tools/tune_tc_kernels.py times both). Without ``images`` and ``sms``: the tiles of a full grid.
 
-    ``FUSED`` (forward and value gradient): the kernel computes the logits it contracts from the queries and the
-    table, at stride 1, ``|k| <= 64`` and scopes up to 32 wide; elsewhere a GEMM writes them (not yet timed on a GPU:
-    the sweep compares the two, the GEMM's time included)."""
+    ``FUSED`` (forward and logit gradient): the forward computes the logits it contracts from the queries and the
+    table, the logit gradient ``dq``, at stride 1, ``|k| <= 64`` and scopes up to 32 wide; elsewhere GEMMs do. The
+    value gradient reads the logits from a GEMM's tensor everywhere (a multiply-add a logit; computed in its programs,
+    each query's logits in every program its scope reaches: 2.3-2.5x)."""
     return _tc_launch_meta(heads, c, dv, width, wo, kw, step, dtype, wo if ho is None else ho,
                            precision or _precision(dtype), images or 0, sms or 0, height or width, u)
 
@@ -539,9 +546,9 @@ def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, s
     tf32 = dtype == torch.float32 and precision == 'tf32'
     bq, bh, bw = _tc_row_tiles(heads, wo, kw, step)
     bv = _pow2(dv, 16)
-    bp, bwv, bvv = _tc_value_tiles(width, kw, step, dv)
+    bp, bhv, bqc, bvv = _tc_value_tiles(kw, step, dv, heads)
     by = max(1, min(64 // (bh * bq), _pow2(ho))) if sixteen or tf32 else 1  # output rows: 64 rows a program
-    by_rows = by if sixteen or bv <= 64 else 1
+    by_rows = by  # (TF32 rows at |v| = 128 too, since issue 53: wgmma, none spilled; inferred, not measured)
     if images and sms:  # a small grid: more programs, down to one a multiprocessor
         row_programs = _cdiv(wo, bq) * images
         while by_rows > 1 and row_programs * _cdiv(ho, by_rows) < sms:
@@ -565,9 +572,7 @@ def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, s
     forward = dict(rows(by_rows), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False, FUSED=fused)
     return dict(rows=forward,
                 logit_grad=dict(rows(by), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=True, CONTENT=False, FUSED=fused),
-                value_grad=dict(BLOCK_P=bp, BLOCK_W=bwv, BLOCK_V=bvv, FUSED=fused, BLOCK_C=_pow2(c, 16),
-                                KWP=_pow2(kw, 16),  # (fused: 8 warps, at 4 up to 220 bytes spilled on sm_90)
-                                num_warps=8 if fused else _warps(bp * bvv, bp * bwv, bwv * bvv)))
+                value_grad=dict(BLOCK_P=bp, BLOCK_H=bhv, BLOCK_QC=bqc, BLOCK_V=bvv, num_warps=4))
 
 
 def _fuses(step: int, c: int, kw: int) -> bool:
@@ -693,15 +698,13 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
     rm = table.view(c, ukk)
     gt = None  # the table's gradient: [c, u K_h K_w], summed over chunks in float32 (float64) where there are several
     if tensor_cores:
-        # fused (stride 1): the kernels compute the logits and dq themselves and read the table as it is; else the
-        # GEMMs read it padded to aligned rows
+        # fused (stride 1): the logit-gradient kernel computes dq itself and reads the table as it is; the logits
+        # GEMM (the value gradient's) and elsewhere the dq GEMM read it padded to aligned rows
         fused = _fuses(step, c, kw)
-        ls = logit_stride(ukk)  # the logit gradients' row stride (aligned for the dR GEMM)
+        ls = logit_stride(ukk)  # the logits' and logit gradients' row stride (aligned for the GEMMs)
+        tp = _padded_table(table)
         if not fused:
-            tp = _padded_table(table)
             rm = tp[:, :ukk]  # (dq's GEMM reads the table at the padded, aligned stride)
-        else:
-            tp = rm
         chunks = _chunks(b, h * ls * ho * wo, chunk_elements)
         prec = _precision(q.dtype)
         sms = _sm_count(q.device)
@@ -720,16 +723,18 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
             meta = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho, prec, images=n, sms=sms, height=height,
                                   u=u)
             rows, vg = meta['logit_grad'], meta['value_grad']
-            # [n h, Ho Wo, LS] logits, where the kernel does not compute them itself
-            logits = tp if fused else _query_major_logits(qc, tp)
+            # [n h, Ho Wo, LS] logits by one aligned GEMM (a multiply-add a logit: fewer than the value gradient
+            # computing them, each query's in every program its scope reaches), read by the value gradient
+            logits = _query_major_logits(qc, tp)
             _launch(k['tc_value_grad'], (_cdiv(width, vg['BLOCK_P']), height, n * u * _cdiv(dv, vg['BLOCK_V'])),
-                    logits, gyc, gvw[b0:b0 + n], qc, height, width, ho, wo, h, u, dv, c, kh, kw,
-                    ukk if fused else ls, step, prec, WIDEN=widen, **vg)
+                    logits, gyc, gvw[b0:b0 + n], height, width, ho, wo, h, u, dv, kh, kw, ls, step, prec,
+                    WIDEN=widen, **vg)
+            del logits  # (its memory for the logit gradients)
             gl = torch.empty((n * h, ho * wo, ls), dtype=torch.float32 if widen else q.dtype, device=q.device)
             if PREFILL_NAN:
                 gl.fill_(float('nan'))
             _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), _cdiv(ho, rows['BLOCK_Y']), n), gl, v[b0:b0 + n],
-                    gyc, dq_buf[b0:b0 + n] if fused else qc, tp if fused else gl, height, width, ho, wo, h, u, dv, c,
+                    gyc, dq_buf[b0:b0 + n] if fused else qc, rm if fused else gl, height, width, ho, wo, h, u, dv, c,
                     kh, kw, ls, step, prec, WIDEN=widen, ADD=fused and content is not None, **rows)
             gl = gl.to(q.dtype)  # the logit gradients in the 16-bit dtype, as a matmul's backward has them
             # (the kernel writes the u K_h K_w columns; the padding is never read: the GEMMs take the slice)
