@@ -150,8 +150,7 @@ def formula(qs, vs, ts, dtype, precision='ieee', sms=None, chunk_elements=None):
                     oy0 = y * m['BLOCK_Y']
                     first = oy0 * step - p_y
                     last = (min(oy0 + m['BLOCK_Y'], ho) - 1) * step - p_y + kh
-                    if kind == 'rows':  # the forward visits the value rows in the image only
-                        first, last = max(first, 0), min(last, height)
+                    first, last = max(first, 0), min(last, height)  # the value rows in the image only
                     trips += u * max(last - first, 0)
                 trips *= gx * n
                 launch(pass_, kernel, gx * gy * n)
@@ -251,6 +250,37 @@ def summarize(sites: dict, grids: dict, need: dict) -> dict:
                 ratio={k: round(tot[k] / need[k], 3) for k in tot})
 
 
+FLOOR_NOTE = (
+    "floor: the least training-step ratio of any kernels whose products are tl.dot tiles (Triton's: every extent a "
+    "power of 2 and at least 16), every logit product exact (1.0x), the three values products of a query row or "
+    "value column exact along y. The forward's and the logit gradient's values products contract (forward) or "
+    "produce (logit gradient) each query row's scope columns in whole blocks of 16: at least 16 ceil(n/16) for n "
+    "columns of its scope in the map (32 for 23). The value gradient's tiles hold at least 16 value columns each: "
+    "a block of 16 costs 16 times the queries whose scopes reach it (38 at a 23-wide scope, for 23 that reach a "
+    "column), and each column at least its share of the cheapest block that holds it. "
+    "floor = (4 logits + values (2 rows + value_grad)) / (4 logits + 3 values)")
+
+
+def floor(qs, vs, ts) -> dict:
+    """The least issued / needed ratio that tl.dot tiles allow at these shapes (:data:`FLOOR_NOTE`): ``rows``, the
+    forward's and logit gradient's values products; ``value_grad``; ``train``, the training step's."""
+    (_, _, _, ho, wo), (_, _, height, width), (_, _, _, kw) = qs, vs, ts
+    step, p = -(-height // ho), (kw - 1) // 2
+    cols = [{step * x - p + k for k in range(kw)} & set(range(width)) for x in range(wo)]  # each query's columns
+    n = [len(c) for c in cols]
+    rows = sum(16 * _cdiv(x, 16) for x in n) / sum(n)
+    reaching = [{x for x in range(wo) if c in cols[x]} for c in range(width)]  # the queries reaching each column
+    # a block of 16 columns issues its queries for each of the 16, in the map or not: each column's share of the
+    # cheapest block that holds it
+    least = [min(16 * len(set().union(*reaching[max(s, 0):s + 16])) / len(range(max(s, 0), min(s + 16, width)))
+                 for s in range(c - 15, c + 1)) for c in range(width)]
+    value_grad = sum(least) / sum(len(r) for r in reaching)
+    need = needed(qs, vs, ts)
+    lo, va = need['logits'], need['values']
+    return dict(rows=round(rows, 3), value_grad=round(value_grad, 3),
+                train=round((4 * lo + va * (2 * rows + value_grad)) / need['train'], 3))
+
+
 def table(batch: int = BATCH, sms: int = SMS) -> list:
     out = []
     for name, channels, side, stride in SHAPES:
@@ -264,7 +294,7 @@ def table(batch: int = BATCH, sms: int = SMS) -> list:
                                 qs, vs, ts, False)[0], tiles={k: {x: y for x, y in v.items()
                                                                     if x.startswith(('BLOCK', 'KWP', 'FUSED'))}
                                                                 for k, v in meta.items()},
-                            content=content_formula(qs, vs, ts, dtype, prec, sms), **s))
+                            content=content_formula(qs, vs, ts, dtype, prec, sms), floor=floor(qs, vs, ts), **s))
     return out
 
 
@@ -414,7 +444,9 @@ def main(argv=None):
     for r in rows:
         print(f"{r['shape']:6s} {r['dtype']:8s} issued/needed: forward {r['ratio']['forward']:.2f}x, backward "
               f"{r['ratio']['backward']:.2f}x, training step {r['ratio']['train']:.2f}x; per kernel: "
-              + ', '.join(f"{k} {v['ratio']:.2f}x" for k, v in r['kernels'].items()))
+              + ', '.join(f"{k} {v['ratio']:.2f}x" for k, v in r['kernels'].items())
+              + f"; floor {r['floor']['train']:.2f}x (values products {r['floor']['rows']:.2f}x, value gradient "
+              f"{r['floor']['value_grad']:.2f}x)")
         for x in r['sites']:
             print(f"    {x['pass']:8s} {x['kernel']:21s} {x['dot']:20s} {x['part']:6s} {x['issued'] / 1e9:8.2f} G of "
                   f"{x['needed'] / 1e9:7.2f} G: {x['ratio']:.2f}x")
@@ -422,7 +454,8 @@ def main(argv=None):
         record = dict(command='python tools/count_macs.py ' + ' '.join(argv), date=time.strftime(
             '%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(), machine=dict(
             cpu=cpu_model(), python=platform.python_version(), torch=torch.__version__, note='counted, not timed: '
-            'no GPU needed'), batch=BATCH, sms=SMS, heads=HEADS, dim_k=DIM_K, dim_u=DIM_U, scope=SCOPE, rows=rows)
+            'no GPU needed'), batch=BATCH, sms=SMS, heads=HEADS, dim_k=DIM_K, dim_u=DIM_U, scope=SCOPE,
+            floor_note=FLOOR_NOTE, rows=rows)
         with open(args.json, 'w') as f:
             json.dump(record, f, indent=1)
         print(f'wrote {args.json}')

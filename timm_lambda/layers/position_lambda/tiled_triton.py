@@ -225,8 +225,8 @@ def _kernels():
         Forward: ``y += A V`` with ``A[(y, h, q), w] = L[h, q, ky, w - STEP q]`` gathered from the query-major
         compact logits (zero off the band), plus ``q lambda^c`` with ``CONTENT``. ``LOGIT_GRAD``: ``dA = dY V^T``,
         its band stored into ``l`` (``y`` holds ``dY``), every scope offset of the rows written (zero off the image:
-        the value rows off the image are visited too). ``WIDEN``: 16-bit tiles widened to float32 before each product
-        (exact; Triton's interpreter has no bfloat16 matmul). ``LS``: the logits' row stride (``U KH KW`` rounded
+        the scope rows off the image by stores alone, after the loop). ``WIDEN``: 16-bit tiles widened to float32
+        before each product (exact; Triton's interpreter has no bfloat16 matmul). ``LS``: the logits' row stride (``U KH KW`` rounded
         up: :func:`logit_stride`). One loop over the (u, value row) pairs, without branches: Triton pipelines its
         loads.
 
@@ -254,11 +254,11 @@ def _kernels():
         l_row = ((b * HEADS + hd) * howo + oy * Wo + ox) * LS  # [R]: the row's compact logits
         y_off = ((b * HEADS + hd) * V)[:, None] * howo + vv[None, :] * howo + (oy * Wo + ox)[:, None]
         row0 = oy * STEP - (KH - 1) // 2  # [R]: the value row of each row's scope row 0
-        first = oy0 * STEP - (KH - 1) // 2  # the value rows of the program's scopes: [first, last)
-        last = (tl.minimum(oy0 + BLOCK_Y, Ho) - 1) * STEP - (KH - 1) // 2 + KH
-        if not LOGIT_GRAD:  # the forward visits the value rows in the image only
-            first = tl.maximum(first, 0)
-            last = tl.minimum(last, H)
+        all_first = oy0 * STEP - (KH - 1) // 2  # the value rows of the program's scopes: [all_first, all_last)
+        all_last = (tl.minimum(oy0 + BLOCK_Y, Ho) - 1) * STEP - (KH - 1) // 2 + KH
+        # the products visit those in the image only (the logit gradient writes zeros at the others after the loop)
+        first = tl.maximum(all_first, 0)
+        last = tl.minimum(all_last, H)
         n_rows = last - first
         v_at = v_ptr + b * U * V * hw + vv[None, :] * hw + col[:, None]  # [BW, BV] at (u 0, value row 0)
         l_at = l_ptr + l_row[:, None] + kx  # [R, BW] at (u 0, scope row 0)
@@ -293,12 +293,12 @@ def _kernels():
             vr = first + i % n_rows
             ky = vr - row0  # [R]: the scope row of this value row, for each row
             m = kmask & ((ky >= 0) & (ky < KH))[:, None]
-            vt = tl.load(v_at + (u * V * hw + vr * W), mask=cmask[:, None] & vmask[None, :] & (vr >= 0) & (vr < H),
-                         other=0.0)  # [BW, BV], zero off the image
+            vt = tl.load(v_at + (u * V * hw + vr * W), mask=cmask[:, None] & vmask[None, :],
+                         other=0.0)  # [BW, BV] (a value row in the image), zero at the columns off it
             if WIDEN:
                 vt = vt.to(tl.float32)
             at = l_at + ((u * KH + ky) * KW)[:, None]
-            if LOGIT_GRAD:  # zero at the columns and rows off the image (vt is)
+            if LOGIT_GRAD:  # zero at the columns off the image (vt is)
                 da = tl.dot(g, tl.trans(vt), input_precision=PREC)
                 tl.store(at, da.to(l_ptr.dtype.element_ty), mask=m)
                 if FUSED:  # dq += dL E^T for this scope row of each row
@@ -330,6 +330,16 @@ def _kernels():
                 if WIDEN:
                     a = a.to(tl.float32)
                 acc = tl.dot(a, vt, acc, input_precision=PREC)
+        if LOGIT_GRAD:  # the scope rows off the image: zero gradients (no product)
+            n_top = first - all_first
+            n_off = n_top + all_last - last
+            for i in range(0, U * n_off):
+                u = i // n_off
+                vr = tl.where(i % n_off < n_top, all_first + i % n_off, last + i % n_off - n_top)
+                ky = vr - row0
+                tl.store(l_at + ((u * KH + ky) * KW)[:, None],
+                         tl.zeros([BLOCK_Y * BLOCK_H * BLOCK_Q, BLOCK_W], l_ptr.dtype.element_ty),
+                         mask=kmask & ((ky >= 0) & (ky < KH))[:, None])
         if LOGIT_GRAD and FUSED:
             dq_at = q_ptr + ((b * HEADS + hd) * C)[:, None] * howo + cc[None, :] * howo + (oy * Wo + ox)[:, None]
             dq_mask = rmask[:, None] & (cc < C)[None, :]
@@ -510,8 +520,9 @@ def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, st
 
     Inferred from that sweep, not yet measured: 64 rows a program (Hopper's ``wgmma`` takes 64) from ``BLOCK_Y``
     output rows that share each value tile, for 16-bit rows, TF32 rows (of at most 64 channels before issue 53, now
-    all) and every 16-bit or TF32 logit gradient. There 64 rows by more queries (twice the padded window) ran as fast as 16 rows, 1.2-2.1x the
-    work per microsecond, except TF32 rows at |v| = 128 (0.95x); output rows add 4-12% multiply-adds instead. Exact
+    all) and every 16-bit or TF32 logit gradient. There 64 rows by more queries (twice the padded window) ran as
+    fast as 16 rows, 1.2-2.1x the work per microsecond, except TF32 rows at |v| = 128 (0.95x); output rows add 4-12%
+    multiply-adds instead. Exact
     float32 keeps one row (at 64 its logit gradient spills 3.9 KB a thread on sm_90).
 
     Chosen for the multiply-adds that the tiles issue (tools/count_macs.py, docs/results/kernel_macs.json), inferred,
