@@ -462,11 +462,11 @@ def test_autocast_runs_the_operators_in_bfloat16(case, impl, monkeypatch):
     op, *inputs = _operator_inputs(impl if impl in ('dense', 'tiled') else 'tiled', torch.float32)
     leaves = [x.requires_grad_() for x in inputs[:5]]
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        out = op(*leaves, *inputs[5:])
+        out = op(*leaves, *inputs[5:])[0]
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(5)).bfloat16()
     low = [x.detach().bfloat16().requires_grad_() for x in leaves]
-    want = torch.autograd.grad(op(*low, *inputs[5:]), low, g)
-    f32 = torch.autograd.grad(op(*leaves, *inputs[5:]), leaves, g.float())
+    want = torch.autograd.grad(op(*low, *inputs[5:])[0], low, g)
+    f32 = torch.autograd.grad(op(*leaves, *inputs[5:])[0], leaves, g.float())
     for got, bf16, full in zip(torch.autograd.grad(out, leaves, g), want, f32):
         assert got.dtype == torch.float32 and torch.equal(got, bf16.float())
         assert (got - full).abs().max() > 1e-3 * full.abs().max()
@@ -511,12 +511,21 @@ def test_dynamo_captures_the_operators_in_one_graph(stride):
 def test_opcheck_operators(backend):
     """torch.library.opcheck: schema, fake (meta) kernels, autograd registration of the lambda operator, on
     non-contiguous inputs with keys and a shared lambda, in both forms; the tiled one at stride 2 by the CPU kernel
-    and by the GEMM path."""
+    and by the GEMM path; the outputs kept for the backward (the content lambda, the normalised keys) with every key
+    normalisation and without keys."""
     for name in ('cpu_kernel', 'gemm'):
         backend(name)
         for form in (('tiled', 'dense') if name == 'gemm' else ('tiled',)):
             op, *inputs = _operator_inputs(form)
             torch.library.opcheck(op, [x.requires_grad_() if i < 5 else x for i, x in enumerate(inputs)])
+    for key_norm, keys in (('none', True), ('l2', True), ('softmax', False)):
+        op, *inputs = _operator_inputs('tiled')
+        inputs[11] = key_norm
+        if not keys:
+            inputs[1] = None
+        torch.library.opcheck(op, [x.requires_grad_() if i < 5 and x is not None else x for i, x in enumerate(inputs)])
+        y, lam, kn = op(*inputs)
+        assert lam.numel() == (2 * 5 * 3 if keys else 0) and kn.numel() == (10 * 28 * 2 if key_norm == 'l2' else 0)
 
 
 # Double backward where a second-order gradient is disconnected:

@@ -3,13 +3,15 @@
 kernels, the autograd rule, an autocast rule and FLOP formulas. What they compute: :mod:`.fused`; which backend runs
 them: the call's plan (:mod:`.plan`).
 
-The backward recomputes the logits instead of saving them, or for a higher-order gradient (``create_graph=True``)
-differentiates the plain-op form (:func:`.plain_ops.lambdas_plain`). In eager mode the same code runs from an
-``autograd.Function`` (:func:`lambda_op`), without the operator's Python dispatch (the operator, its autograd and
-backend kernels and their redispatches: about 0.12 ms of host time a layer training step on this project's CPU,
-tools/host_time.py); under a dispatch mode (FlopCounterMode, fake tensors) and torch.compile the operator runs.
+The operator also returns the content lambda and the normalised keys (small: ``[B, k, V]`` and the keys' size), which
+its backward takes instead of recomputing them; the backward recomputes the logits instead of saving them, or for a
+higher-order gradient (``create_graph=True``) differentiates the plain-op form (:func:`.plain_ops.lambdas_plain`). In
+eager mode the same code runs from an ``autograd.Function`` (:func:`lambda_op`), without the operator's Python dispatch
+(the operator, its autograd and backend kernels and their redispatches: about 0.12 ms of host time a layer training step
+on this project's CPU, tools/host_time.py); under a dispatch mode (FlopCounterMode, fake tensors) and torch.compile the
+operator runs.
 """
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -58,24 +60,44 @@ def _fused_args(args: Sequence, backward: bool) -> list:
 @torch.library.custom_op('timm_lambda::lambda_layer', mutates_args=())
 def _op(q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor, shared: Optional[Tensor], height: int,
         width: int, form: str, backend: str, stride: int, count_include_pad: bool, key_norm: str,
-        global_scope: bool) -> Tensor:
-    return _run(False, backend, (q, keys, v, table, shared, height, width, form, backend, stride, count_include_pad,
-                                 key_norm, global_scope))[0]
+        global_scope: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(y, lambda^c, the normalised keys)``: the output and, for the backward (not differentiable), the content
+    lambda ``[B, k, V]`` and the normalised keys ``[B, u, k, n]`` (empty where there are no keys, and the keys of
+    ``key_norm='none'``: the backward reads the inputs then)."""
+    kept = {}
+    y = _run(False, backend, (q, keys, v, table, shared, height, width, form, backend, stride, count_include_pad,
+                              key_norm, global_scope), kept)[0]
+    if keys is None:
+        return y, q.new_empty(0), q.new_empty(0)
+    return y, kept['lam'], q.new_empty(0) if key_norm == 'none' else kept['kn']
 
 
 @_op.register_fake
 def _(q, keys, v, table, shared, height, width, form, backend, stride, count_include_pad, key_norm, global_scope):
-    channels = q.shape[1] // table.shape[0] * (v.shape[1] // table.shape[1])  # |h| |v|
-    return v.new_empty(q.shape[0], channels, (height + stride - 1) // stride, (width + stride - 1) // stride)
+    k, u = table.shape[0], table.shape[1]
+    channels = q.shape[1] // k * (v.shape[1] // u)  # |h| |v|
+    y = v.new_empty(q.shape[0], channels, (height + stride - 1) // stride, (width + stride - 1) // stride)
+    if keys is None:
+        return y, q.new_empty(0), q.new_empty(0)
+    lam = v.new_empty(q.shape[0], k, v.shape[1] // u)
+    return y, lam, q.new_empty(0) if key_norm == 'none' else keys.new_empty(q.shape[0], u, k, height * width)
+
+
+def _kept(keys: Optional[Tensor], lam: Tensor, kn: Tensor, key_norm: str) -> Optional[dict]:
+    """What the forward kept for the backward (:func:`.fused.backward`'s ``saved``), from the operator's outputs."""
+    if keys is None:
+        return None  # (the content lambda is the shared part, if any: read from the inputs)
+    return dict(lam=lam, kn=None if key_norm == 'none' else kn)
 
 
 @torch.library.custom_op('timm_lambda::lambda_layer_backward', mutates_args=())
 def _op_backward(gy: Tensor, q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor, shared: Optional[Tensor],
-                 height: int, width: int, form: str, backend: str, stride: int, count_include_pad: bool,
-                 key_norm: str, global_scope: bool) -> List[Tensor]:
-    """The gradients of q, keys, v, table and shared (an empty tensor for an input that is None), contiguous."""
+                 lam: Tensor, kn: Tensor, height: int, width: int, form: str, backend: str, stride: int,
+                 count_include_pad: bool, key_norm: str, global_scope: bool) -> List[Tensor]:
+    """The gradients of q, keys, v, table and shared (an empty tensor for an input that is None), contiguous;
+    ``lam``, ``kn``: what the forward returned besides its output (not recomputed)."""
     grads = _run(True, backend, (gy, q, keys, v, table, shared, height, width, form, backend, stride,
-                                 count_include_pad, key_norm, global_scope))[0]
+                                 count_include_pad, key_norm, global_scope), _kept(keys, lam, kn, key_norm))[0]
     return [q.new_empty(0) if g is None else g.contiguous() for g in grads]
 
 
@@ -85,7 +107,8 @@ def _(gy, q, keys, v, table, shared, *args):
 
 
 def _setup(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*(inputs[i] for i in _TENSORS))
+    ctx.save_for_backward(*(inputs[i] for i in _TENSORS), output[1], output[2])
+    ctx.mark_non_differentiable(output[1], output[2])
     ctx.args = list(inputs[5:])  # the ints, strings and flags
 
 
@@ -105,12 +128,13 @@ def _higher_order(ctx, gy: Tensor, inputs: list) -> tuple:
     return tuple(next(got) if need else None for need in needs)
 
 
-def _backward(ctx, gy: Tensor):
-    inputs = list(ctx.saved_tensors)
+def _backward(ctx, gy: Tensor, *_):
+    saved = list(ctx.saved_tensors)
+    inputs, kept = saved[:5], saved[5:]
     if torch.is_grad_enabled():  # create_graph=True
         grads = _higher_order(ctx, gy, inputs)
     else:
-        grads = _op_backward(gy, *inputs, *ctx.args)
+        grads = _op_backward(gy, *inputs, *kept, *ctx.args)
         grads = [None if x is None else g for g, x in zip(grads, inputs)]
     return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad[:5])) + (None,) * 8
 
@@ -176,7 +200,7 @@ def lambda_op(q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor, share
             global_scope]
     device = q.device.type
     if not _eager(device):
-        return _op(*[compiled_copy(a) if isinstance(a, Tensor) else a for a in args])  # compiled: copies, not views
+        return _op(*[compiled_copy(a) if isinstance(a, Tensor) else a for a in args])[0]  # compiled: copies, not views
     if torch.is_autocast_enabled(device):
         args = _autocast_inputs(args, torch.get_autocast_dtype(device))
         with torch.autocast(device, enabled=False):
@@ -225,4 +249,5 @@ def _flops(q, keys, v, table, shared, height, width, form, backend, stride, cip,
 
 register_flop_formula(torch.ops.timm_lambda.lambda_layer)(_flops)
 register_flop_formula(torch.ops.timm_lambda.lambda_layer_backward)(
-    lambda gy, *inputs, out_shape=None: _flops(*inputs, backward=True))
+    lambda gy, q, keys, v, table, shared, lam, kn, *args, out_shape=None: _flops(q, keys, v, table, shared, *args,
+                                                                               backward=True))

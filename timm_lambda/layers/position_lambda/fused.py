@@ -65,10 +65,10 @@ def _keys_grad(gkn: Tensor, keys: Tensor, kn: Tensor, key_norm: str) -> Tensor:
         if keys.dtype in (torch.float16, torch.bfloat16):
             return torch._softmax_backward_data(gkn.float(), kn.float(), -1, torch.float32).to(keys.dtype)
         return torch._softmax_backward_data(gkn, kn, -1, keys.dtype)
-    if key_norm == 'l2':
-        with torch.enable_grad():
-            k = keys.detach().requires_grad_()
-            return torch.autograd.grad(F.normalize(k, dim=-1), k, gkn)[0]
+    if key_norm == 'l2':  # F.normalize's: y = x / max(|x|, eps); autograd is off inside an operator's backward
+        norm = keys.norm(dim=-1, keepdim=True)
+        inner = torch.where(norm >= 1e-12, (gkn * kn).sum(-1, keepdim=True), 0)  # (clamp_min passes at |x| >= eps)
+        return (gkn - kn * inner) / norm.clamp_min(1e-12)
     return gkn
 
 
@@ -215,6 +215,8 @@ def backward(backend: str, form: str, gy: Tensor, q: Tensor, keys: Optional[Tens
     b, h, k = q.shape[0], q.shape[1], q.shape[2]
     u, dv = v.shape[1], v.shape[2]
     lam, kn = (saved['lam'], saved['kn']) if saved else content_lambda(keys, v, shared, key_norm)
+    if kn is None and keys is not None:  # (key_norm='none': the keys themselves, not kept)
+        kn = normalized_keys(keys, key_norm)
     whole = table
     table = _reach(table, height, width, global_scope)
     if form == 'dense':
