@@ -1,6 +1,7 @@
 """Count the operators and kernels one lambda layer launches per step, on a CPU: the host-side cost that dominates the
 layer on a GPU at small batches (docs/benchmarks.md, "GPU"). Two counts of a training step (forward, ``sum``, backward,
-the gradients set to None first) and of an eval forward, next to a 3x3 convolution's:
+the gradients set to None first) and of an eval forward (also after ``reparameterize()``, the norms folded into the
+projection), next to a 3x3 convolution's:
 
 * ``operators``: what the dispatcher sees, the lambda operator (``timm_lambda::lambda_layer``) and its backward as
   one each; views, allocations and the norms' batch counters (``num_batches_tracked.add_``) left out;
@@ -21,6 +22,7 @@ os.environ.setdefault('TRITON_INTERPRET', '1')  # before timm_lambda loads: the 
 
 import argparse  # noqa: E402
 import collections  # noqa: E402
+import copy  # noqa: E402
 import json  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
@@ -125,8 +127,11 @@ def main(argv=None):
         if ch == 16:  # the issue's setting: the layer's defaults
             layer = LambdaLayer(ch, dim_k=16, heads=4, scope=23, stride=stride, impl='tiled')
         conv = torch.nn.Sequential(torch.nn.Conv2d(ch, ch, 3, stride, 1, bias=False))
+        folded = copy.deepcopy(layer).eval()
+        folded.reparameterize()  # its norms folded into the projection (timm's reparameterize_model)
         for mode, train, autocast in (('train f32', True, False), ('train 16-bit', True, True),
-                                      ('eval f32', False, False)):
+                                      ('eval f32', False, False), ('eval f32 reparameterized', False, False)):
+            module = folded if 'reparameterized' in mode else layer
             conv_ops, _ = count(conv, x, train, autocast)
             conv_top, _ = count(conv, x, train, autocast, operators=True)
             row = dict(shape=label, channels=ch, stride=stride, mode=mode, conv=sum(conv_ops.values()),
@@ -134,8 +139,8 @@ def main(argv=None):
             for backend in args.backends:
                 set_backend(backend, strict=True)
                 try:
-                    top, _ = count(layer, x, train, autocast, operators=True)
-                    ops, launches = count(layer, x, train, autocast)
+                    top, _ = count(module, x, train, autocast, operators=True)
+                    ops, launches = count(module, x, train, autocast)
                 finally:
                     set_backend('auto')
                 row['backends'][backend] = dict(operators=sum(top.values()), aten=sum(ops.values()), triton=launches,
