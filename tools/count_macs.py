@@ -135,6 +135,7 @@ def formula(qs, vs, ts, dtype, precision='ieee', sms=None, chunk_elements=None):
                     for x in range(gx):  # the query chunks whose scopes reach each program's columns
                         c0, p_x = x * bp, (kw - 1) // 2
                         q_lo = max(0, (c0 + p_x - kw + 1 + step - 1) >> (step - 1))
+                        q_lo -= q_lo % m.get('ALIGN', 1)  # (the chunks from a multiple of ALIGN)
                         q_hi = min(wo - 1, (c0 + bp - 1 + p_x) >> (step - 1))
                         chunks += _cdiv(max(q_hi - q_lo + 1, 0), qc)
                     trips = rows_ * chunks * n * u * nvb

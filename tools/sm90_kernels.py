@@ -33,16 +33,40 @@ _ROW_INTS = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'C', 'KH', 'KW', 'LS']
 _VALUE_INTS = ['H', 'W', 'Ho', 'Wo', 'HEADS', 'U', 'V', 'KH', 'KW', 'LS']
 
 
+def _specialize(fn, sig: dict, consts: dict, ints: dict) -> dict:
+    """What Triton's launcher does with a launch's arguments, done here at the shape's values (``ints``): an
+    integer equal to 1 becomes a constant, one divisible by 16 and every pointer (a fresh torch allocation: aligned)
+    carry ``tt.divisibility = 16`` (so the compiler sees the alignment that a GPU run's does: vector loads,
+    ``cp.async``). Changes ``sig`` and ``consts``; returns the attributes for ``ASTSource``."""
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import native_specialize_impl
+
+    attrs = {}
+    for name, kind in list(sig.items()):
+        if kind.startswith('*'):
+            attrs[(fn.arg_names.index(name),)] = [['tt.divisibility', 16]]
+        elif name in ints:
+            kind, spec = native_specialize_impl(BaseBackend, ints[name], False, True, True)
+            if kind == 'constexpr':
+                sig[name], consts[name] = 'constexpr', ints[name]
+            elif spec == 'D':
+                attrs[(fn.arg_names.index(name),)] = [['tt.divisibility', 16]]
+    return attrs
+
+
 def launches(heads: int, dim_k: int, dim_v: int, side: int, step: int, dtype: str, prec: str):
-    """``(name, jit function, signature, constexprs, options)`` of each tensor-core launch at a shape (scope 23,
-    |u| 1), as tiled_triton's wrappers make them (``options``: ``num_warps`` and where set ``num_stages``)."""
+    """``(name, jit function, signature, constexprs, options, attrs)`` of each tensor-core launch at a shape (scope
+    23, |u| 1), as tiled_triton's wrappers make them (``options``: ``num_warps`` and where set ``num_stages``;
+    ``attrs``: the launcher's specialisation at the shape's sizes, :func:`_specialize`)."""
     from timm_lambda.layers.position_lambda import tiled_triton as T
 
     k = T._kernels()
     kw = 23 + 2 * (step == 2)
+    c, out_side = 9 * dim_k if step == 2 else dim_k, -(-side // step)
     torch_dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}[dtype]
-    meta = T.tc_launch_meta(heads, 9 * dim_k if step == 2 else dim_k, dim_v, side, -(-side // step), kw, step,
-                            torch_dtype, precision=prec)
+    meta = T.tc_launch_meta(heads, c, dim_v, side, out_side, kw, step, torch_dtype, precision=prec)
+    ls = T.logit_stride(kw * kw)
+    ints = dict(H=side, W=side, Ho=out_side, Wo=out_side, HEADS=heads, U=1, V=dim_v, C=c, KH=kw, KW=kw)
     out = []
     for kernel in ('rows', 'logit_grad'):
         rows = dict(meta[kernel])
@@ -52,18 +76,22 @@ def launches(heads: int, dim_k: int, dim_v: int, side: int, step: int, dtype: st
         consts.setdefault('ADD', kernel == 'logit_grad' and step == 1)  # (the fused dq added to the content term's)
         sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'v_ptr', 'y_ptr', 'q_ptr', 'c_ptr')},
                    **{n: 'i32' for n in _ROW_INTS}, **{n: 'constexpr' for n in consts})
+        # LS: the fused forward reads the table [C, u K_h K_w] as it is, the others the logits' aligned stride
+        fused_forward = kernel == 'rows' and rows.get('FUSED')
+        attrs = _specialize(k['tc_rows'], sig, consts, dict(ints, LS=kw * kw if fused_forward else ls))
         out.append(('tc_rows (logit grad)' if kernel == 'logit_grad' else 'tc_rows', k['tc_rows'], sig, consts,
-                    options))
+                    options, attrs))
     vg = dict(meta['value_grad'])
     options = {o: vg.pop(o) for o in ('num_warps', 'num_stages') if o in vg}
     consts = dict(STEP=step, PREC=prec, WIDEN=False, **vg)
     sig = dict({p: f'*{dtype}' for p in ('l_ptr', 'gy_ptr', 'gv_ptr')}, **{n: 'i32' for n in _VALUE_INTS},
                **{n: 'constexpr' for n in consts})
-    out.append(('tc_value_grad', k['tc_value_grad'], sig, consts, options))
+    attrs = _specialize(k['tc_value_grad'], sig, consts, dict(ints, LS=ls))
+    out.append(('tc_value_grad', k['tc_value_grad'], sig, consts, options, attrs))
     return out
 
 
-def compile_sm90(fn, sig: dict, consts: dict, options: dict) -> dict:
+def compile_sm90(fn, sig: dict, consts: dict, options: dict, attrs: dict = None) -> dict:
     """Compile for sm_90 and read the result: registers, spill bytes (``ptxas -v``), shared memory, instruction
     counts in the PTX."""
     import triton
@@ -71,7 +99,8 @@ def compile_sm90(fn, sig: dict, consts: dict, options: dict) -> dict:
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
-    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget('cuda', 90, 32),
+    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                              target=GPUTarget('cuda', 90, 32),
                               options=options)
     ptx = compiled.asm['ptx']
     with tempfile.TemporaryDirectory() as tmp:
@@ -111,10 +140,10 @@ def report(shapes=SHAPES, variants=VARIANTS):
         for dtype, prec, tensor_cores in variants:
             if not tensor_cores and name != 'c4':  # the exact float32 variant: once
                 continue
-            for kernel, fn, sig, consts, options in launches(*shape, dtype, prec):
+            for kernel, fn, sig, consts, options, attrs in launches(*shape, dtype, prec):
                 rows.append(dict(shape=name, dtype=dtype, precision=prec, kernel=kernel, tensor_cores=tensor_cores,
                                  constexprs={k: v for k, v in consts.items() if k.startswith('BLOCK')},
-                                 **compile_sm90(fn, sig, consts, options)))
+                                 **compile_sm90(fn, sig, consts, options, attrs)))
     return rows
 
 

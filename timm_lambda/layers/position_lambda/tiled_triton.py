@@ -218,7 +218,7 @@ def _kernels():
                  PREC: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
                  BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr, LOGIT_GRAD: tl.constexpr, CONTENT: tl.constexpr,
                  WIDEN: tl.constexpr, BLOCK_Y: tl.constexpr = 1, FUSED: tl.constexpr = False,
-                 KWP: tl.constexpr = 32, ADD: tl.constexpr = False):
+                 KWP: tl.constexpr = 32, ADD: tl.constexpr = False, ALIGN: tl.constexpr = 1):
         """Tensor cores: rows (output row, head, query) of ``BLOCK_Q`` queries of ``BLOCK_Y`` output rows, all heads
         (they share the values), against the ``BLOCK_W`` value columns that hold their scopes, one value row at a
         time (each row meets the scope row it falls in: the rows of ``BLOCK_Y`` output rows share each value tile).
@@ -226,9 +226,10 @@ def _kernels():
         compact logits (zero off the band), plus ``q lambda^c`` with ``CONTENT``. ``LOGIT_GRAD``: ``dA = dY V^T``,
         its band stored into ``l`` (``y`` holds ``dY``), every scope offset of the rows written (zero off the image:
         the scope rows off the image by stores alone, after the loop). ``WIDEN``: 16-bit tiles widened to float32
-        before each product (exact; Triton's interpreter has no bfloat16 matmul). ``LS``: the logits' row stride (``U KH KW`` rounded
-        up: :func:`logit_stride`). One loop over the (u, value row) pairs, without branches: Triton pipelines its
-        loads.
+        before each product (exact; Triton's interpreter has no bfloat16 matmul). ``LS``: the logits' row stride
+        (``U KH KW`` rounded up: :func:`logit_stride`). One loop over the (u, value row) pairs, without branches:
+        Triton pipelines its loads. ``ALIGN``: the window starts at a multiple of it, one column before the scopes'
+        where they start at an odd one (its rows 4-byte aligned in 16-bit: ``cp.async``).
 
         ``FUSED`` (forward): ``l`` is the table ``[C, LS]`` (its offsets as columns, ``LS`` apart), and each value row's
         logits are computed here, ``L = Q E`` by a batched ``tl.dot`` over the ``BLOCK_Y`` output rows, each output
@@ -246,9 +247,13 @@ def _kernels():
         vv = tl.arange(0, BLOCK_V)
         vmask = vv < V
         w = tl.arange(0, BLOCK_W)
-        col = ox0 * STEP - (KW - 1) // 2 + w  # the window's value columns
+        # the window's value columns, from a multiple of ALIGN (its rows then 4-byte aligned in 16-bit: cp.async)
+        col0 = ox0 * STEP - (KW - 1) // 2
+        shift = (col0 % ALIGN + ALIGN) % ALIGN  # (the window's first scope column: 0, or 1 with ALIGN 2)
+        col0 = tl.multiple_of(col0 - shift, ALIGN)
+        col = col0 + w
         cmask = (col >= 0) & (col < W)
-        kx = w[None, :] - STEP * j[:, None]  # [R, BW]: the scope column of (row, window column)
+        kx = w[None, :] - shift - STEP * j[:, None]  # [R, BW]: the scope column of (row, window column)
         kmask = rmask[:, None] & (kx >= 0) & (kx < KW)
         hw, howo = H * W, Ho * Wo
         l_row = ((b * HEADS + hd) * howo + oy * Wo + ox) * LS  # [R]: the row's compact logits
@@ -276,9 +281,10 @@ def _kernels():
             t_kx = tl.arange(0, KWP)  # the scope columns of the logits tile
             t_row0 = (oy0 + tl.arange(0, BLOCK_Y)) * STEP - (KH - 1) // 2  # [BY]: each output row's scope row 0
             if LOGIT_GRAD:
-                # column kx of row r: the window column kx + STEP j of its band
-                d_ok = (t_kx < KW)[None, :] & rmask[:, None] & (t_kx[None, :] + STEP * j[:, None] < BLOCK_W)
-                d_idx = tl.where(d_ok, t_kx[None, :] + STEP * j[:, None], 0)  # [R, KWP]
+                # column kx of row r: the window column kx + STEP j + shift of its band
+                d_col = t_kx[None, :] + STEP * j[:, None] + shift
+                d_ok = (t_kx < KW)[None, :] & rmask[:, None] & (d_col < BLOCK_W)
+                d_idx = tl.where(d_ok, d_col, 0)  # [R, KWP]
                 dq = tl.zeros([BLOCK_Y, BLOCK_H * BLOCK_Q, BLOCK_C], tl.float32)
             else:
                 qf = tl.load(q_ptr + ((b * HEADS + hd) * C)[:, None] * howo + cc[None, :] * howo
@@ -365,14 +371,15 @@ def _kernels():
     @triton.jit
     def _tc_value_grad(l_ptr, gy_ptr, gv_ptr, H, W, Ho, Wo, HEADS, U, V, KH, KW, LS, STEP: tl.constexpr,
                        PREC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                       BLOCK_QC: tl.constexpr, WIDEN: tl.constexpr):
+                       BLOCK_QC: tl.constexpr, WIDEN: tl.constexpr, ALIGN: tl.constexpr = 1):
         """Tensor cores: ``dv`` at ``BLOCK_P`` value columns of row ``r`` and ``BLOCK_V`` of the value channels
         (program axis 2: image, |u| and channel block), transposed: ``dv^T = sum dY^T A`` with the channels as the
         MMA's rows (64 or 128: Hopper's ``wgmma``), the columns as its columns and the contraction over (head, query)
         pairs, ``BLOCK_H`` heads by ``BLOCK_QC`` consecutive queries a step, of the output rows
         ``(r + p_y - ky) / STEP`` whose scopes reach row ``r``: only the queries whose scopes reach the program's
         columns (no atomics). ``A[(h, q), c] = L[h, q, ky, c + p_x - STEP q]`` is read from the query-major logits
-        ``l`` (zero off the band). One loop over the (output row, query chunk) pairs, without branches."""
+        ``l`` (zero off the band). One loop over the (output row, query chunk) pairs, without branches. ``ALIGN``: the
+        chunks start at a multiple of it (dY's rows 4-byte aligned in 16-bit: ``cp.async``)."""
         c0, r, z = tl.program_id(0) * BLOCK_P, tl.program_id(1), tl.program_id(2).to(tl.int64)
         n_vb = tl.cdiv(V, BLOCK_V)
         bu, v0 = z // n_vb, (z % n_vb) * BLOCK_V
@@ -389,6 +396,7 @@ def _kernels():
         # - 1 + p_x], within the map; ceil(t / STEP) and floor by shifts (STEP is 1 or 2)
         t = c0 + (KW - 1) // 2 - (KW - 1)
         q_lo = tl.maximum(0, (t + STEP - 1) >> (STEP - 1))
+        q_lo = tl.multiple_of(q_lo - q_lo % ALIGN, ALIGN)  # (ALIGN: the rows of dY 4-byte aligned, cp.async)
         q_hi = tl.minimum(Wo - 1, (c0 + BLOCK_P - 1 + (KW - 1) // 2) >> (STEP - 1))
         n_qc = tl.cdiv(tl.maximum(q_hi - q_lo + 1, 0), BLOCK_QC)
         # the output rows whose scope row ky = r + p_y - STEP oy is in [0, KH): oy in [oy_lo, oy_hi]
@@ -403,7 +411,7 @@ def _kernels():
             oy = oy_lo + i // n_qc
             q = q_lo + (i % n_qc) * BLOCK_QC + qk  # [K]
             ky = top - STEP * oy
-            qmask = hmask & (q <= q_hi)
+            qmask = hmask & (q < Wo)  # (past q_hi: A is zero there; Wo, not q_hi, keeps the rows' vectors whole)
             kx = c[None, :] + (KW - 1) // 2 - STEP * q[:, None]  # [K, BP]
             a = tl.load(a_ptr + ((oy * Wo + q) * LS + ky * KW - STEP * q)[:, None],
                         mask=qmask[:, None] & pmask[None, :] & (kx >= 0) & (kx < KW), other=0.0)
@@ -569,9 +577,16 @@ def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, s
         while bvv > 32 and _cdiv(width, bp) * height * images * u * _cdiv(dv, bvv) < sms:
             bvv //= 2
 
+    # 16-bit: the value windows (rows) and the output gradients' rows (value gradient) from even columns, where the
+    # window or the query chunks do not grow for it: their loads 4-byte aligned, asynchronous (cp.async, pipelined)
+    align = 2 if sixteen and step * (bq - 1) + kw + 1 <= bw else 1
+    c0 = 1024 * bp  # (an interior program: every program's columns start at a multiple of bp, the same parity)
+    q_lo, q_hi = -((kw - 1 - (kw - 1) // 2 - c0) // step), (c0 + bp - 1 + (kw - 1) // 2) // step
+    align_v = 2 if sixteen and _cdiv(q_hi - q_lo + 1 + q_lo % 2, bqc) == _cdiv(q_hi - q_lo + 1, bqc) else 1
+
     def rows(y):
         m = y * bh * bq
-        out = dict(BLOCK_Q=bq, BLOCK_H=bh, BLOCK_W=bw, BLOCK_V=bv, BLOCK_Y=y, KWP=_pow2(kw, 16),
+        out = dict(BLOCK_Q=bq, BLOCK_H=bh, BLOCK_W=bw, BLOCK_V=bv, BLOCK_Y=y, KWP=_pow2(kw, 16), ALIGN=align,
                    num_warps=_warps(m * bv, m * bw))
         return dict(out, num_stages=1) if dtype == torch.float32 else out
     # the forward and the value gradient compute their logits (no logits tensor) at stride 1 and scopes up to 32 wide
@@ -583,7 +598,7 @@ def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, s
     forward = dict(rows(by_rows), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False, FUSED=fused)
     return dict(rows=forward,
                 logit_grad=dict(rows(by), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=True, CONTENT=False, FUSED=fused),
-                value_grad=dict(BLOCK_P=bp, BLOCK_H=bhv, BLOCK_QC=bqc, BLOCK_V=bvv, num_warps=4))
+                value_grad=dict(BLOCK_P=bp, BLOCK_H=bhv, BLOCK_QC=bqc, BLOCK_V=bvv, ALIGN=align_v, num_warps=4))
 
 
 def _fuses(step: int, c: int, kw: int) -> bool:
