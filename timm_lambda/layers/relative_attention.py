@@ -45,7 +45,7 @@ from torch import nn
 
 from .checks import check_heads, check_ratio, check_stride, to_int, to_pair
 from .dilation import batch_to_space, check_dilation, space_to_batch
-from .execution import contiguous
+from .execution import compiling, contiguous
 from .pooling import downsample_pool
 
 __all__ = ['rel_to_abs', 'relative_logits_1d', 'relative_table', 'upsample_to',
@@ -112,6 +112,17 @@ def heads_to_batch(qkv: torch.Tensor, start: int, heads: int, depth: int) -> tor
     ``backed_size_oblivious``; inside an export ``contiguous`` always copies (docs/execution_modes.md)."""
     B, _, n = qkv.shape
     return contiguous(qkv.narrow(1, start, heads * depth).unflatten(1, [heads, depth])).view(B * heads, depth, n)
+
+
+def nchw_copy(x: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """``[B, HW, heads, depth]`` (any strides) as a new contiguous ``[B, heads depth, H, W]``, for torch.compile:
+    its last op is a copy, not a view. The next layer saves its input for backward, and inductor orders the strides
+    of a saved view by sympy comparisons that it cannot decide when a square map's ``H W = s**2`` is split back into
+    ``(s, s**2 // s)`` (torch's FloorDiv does not simplify that; B = 1: ``128*s**2 < 128*s``, an InductorError
+    with ``dynamic=True``, issue 51); a copy of a contiguous view would be removed as a no-op, so the channels are
+    merged and the map split in a channels-last copy, then copied to NCHW (inductor fuses the two copies)."""
+    B, _, heads, depth = x.shape
+    return x.reshape(B, height, width, heads * depth).permute(0, 3, 1, 2).contiguous()
 
 
 def split_heads(x: torch.Tensor, start: int, heads: int, depth: int) -> torch.Tensor:
@@ -210,8 +221,10 @@ class RelPosSelfAttention2d(BottleneckAttn):
         attn = add_relative_logits_2d(torch.bmm(q, k), q, self.pos_embed.height_rel, self.pos_embed.width_rel, H, W,
                                       'RelPosSelfAttention2d')
         attn = attn.softmax(dim=-1)
-        out = contiguous(torch.bmm(attn, v).transpose(-1, -2)).view(B, self.dim_out_v, H, W)
-        return self.pool(out)
+        out = torch.bmm(attn, v)  # [BN, HW, dv]
+        if not torch.jit.is_scripting() and compiling():
+            return self.pool(nchw_copy(out.view(B, self.num_heads, H * W, self.dim_head_v).transpose(1, 2), H, W))
+        return self.pool(contiguous(out.transpose(-1, -2)).view(B, self.dim_out_v, H, W))
 
 
 class AxialAttention1d(nn.Module):
