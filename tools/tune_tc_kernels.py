@@ -157,16 +157,21 @@ def _alternatives(kernel: str, default: dict, o: dict):
             out.append(dict(default, num_stages=stages))
     out.append(dict(default, num_warps=8 if default['num_warps'] == 4 else 4))
     if kernel == 'tc_value_grad':
-        for bp in (16, 32, 64):
+        for bp in (16, 32):  # value columns a program (the contraction: the queries that reach them)
             if bp != default['BLOCK_P'] and bp <= T._pow2(o['side'], 16):
-                out.append(dict(default, BLOCK_P=bp, BLOCK_W=T._pow2((bp - 1 + o['kw'] - 1) // o['step'] + 1, 16)))
+                out.append(dict(default, BLOCK_P=bp))
+        for qc in (default['BLOCK_QC'] // 2, default['BLOCK_QC'] * 2):  # queries a contraction step
+            if 16 <= default['BLOCK_H'] * qc <= 64:
+                out.append(dict(default, BLOCK_QC=qc))
         for bv in (32, 64, 128):
             if bv != default['BLOCK_V'] and bv <= T._pow2(o['dv'], 16):
                 out.append(dict(default, BLOCK_V=bv))
     else:
         for bq in (default['BLOCK_Q'] // 2, default['BLOCK_Q'] * 2):
             if 16 <= default['BLOCK_H'] * bq <= 128:
-                out.append(dict(default, BLOCK_Q=bq, BLOCK_W=T._pow2(o['step'] * (bq - 1) + o['kw'], 16)))
+                bw = T._pow2(o['step'] * (bq - 1) + o['kw'], 16)  # (ALIGN 2 needs one window column more)
+                align = default.get('ALIGN', 1) if o['step'] * (bq - 1) + o['kw'] + 1 <= bw else 1
+                out.append(dict(default, BLOCK_Q=bq, BLOCK_W=bw, ALIGN=align))
         for by in (1, 2, 4):  # output rows a program (they share each value tile)
             if by != default['BLOCK_Y'] and by * default['BLOCK_H'] * default['BLOCK_Q'] <= 128:
                 out.append(dict(default, BLOCK_Y=by))
@@ -189,9 +194,8 @@ def _runner(kernel: str, o: dict, prec: str, meta: dict):
     if kernel == 'tc_value_grad':
         out = torch.empty(v.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
         grid = (cdiv(side, meta['BLOCK_P']), side, b * cdiv(dv, meta['BLOCK_V']))
-        gemm = not meta.get('FUSED')
-        args = [tp if meta.get('FUSED') else logits, gy, out, q, side, side, ho, wo, HEADS, 1, dv, c, kw, kw, ls, step,
-                prec]
+        gemm = True  # (it reads the logits GEMM's tensor since issue 53)
+        args = [logits, gy, out, side, side, ho, wo, HEADS, 1, dv, kw, kw, ls, step, prec]
     elif kernel == 'tc_rows':
         out = torch.empty(gy.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
         content = o['content'] if step == 1 else None
