@@ -253,19 +253,22 @@ def summarize(sites: dict, grids: dict, need: dict) -> dict:
 
 FLOOR_NOTE = (
     "floor: the least training-step ratio of any kernels whose products are tl.dot tiles (Triton's: every extent a "
-    "power of 2 and at least 16), every logit product exact (1.0x), the three values products of a query row or "
-    "value column exact along y. The forward's and the logit gradient's values products contract (forward) or "
-    "produce (logit gradient) each query row's scope columns in whole blocks of 16: at least 16 ceil(n/16) for n "
-    "columns of its scope in the map (32 for 23). The value gradient's tiles hold at least 16 value columns each: "
-    "a block of 16 costs 16 times the queries whose scopes reach it (38 at a 23-wide scope, for 23 that reach a "
-    "column), and each column at least its share of the cheapest block that holds it. "
-    "floor = (4 logits + values (2 rows + value_grad)) / (4 logits + 3 values)")
+    "power of 2 and at least 16), exact along y. Values: the forward's and the logit gradient's products contract "
+    "(forward) or produce (logit gradient) each query row's scope columns in whole blocks of 16, at least "
+    "16 ceil(n/16) for n columns of its scope in the map (32 for 23): 'rows'; the value gradient's tiles hold at "
+    "least 16 value columns, a block of 16 costs 16 times the queries whose scopes reach it (38 at a 23-wide scope, "
+    "for 23 that reach a column) and each column at least its share of the cheapest block that holds it: "
+    "'value_grad'. Logits, each of the four passes (logits, again in the backward, dq, dR): a query's at least "
+    "min(K_h K_w, n_y 16 ceil(n_x / 16)), all its offsets (a GEMM with the table) or its scope rows in the map in "
+    "blocks of 16: 'logits'. floor = (4 logits L + values V (2 rows + value_grad)) / (4 L + 3 V); 'whole_logits': "
+    "the same with every logit product whole (1.0x)")
 
 
 def floor(qs, vs, ts) -> dict:
     """The least issued / needed ratio that tl.dot tiles allow at these shapes (:data:`FLOOR_NOTE`): ``rows``, the
-    forward's and logit gradient's values products; ``value_grad``; ``train``, the training step's."""
-    (_, _, _, ho, wo), (_, _, height, width), (_, _, _, kw) = qs, vs, ts
+    forward's and logit gradient's values products; ``value_grad``; ``logits``, a logit pass; ``train``, the
+    training step's; ``whole_logits``, the training step's with every logit product whole."""
+    (_, _, _, ho, wo), (_, _, height, width), (_, _, kh, kw) = qs, vs, ts
     step, p = -(-height // ho), (kw - 1) // 2
     cols = [{step * x - p + k for k in range(kw)} & set(range(width)) for x in range(wo)]  # each query's columns
     n = [len(c) for c in cols]
@@ -276,10 +279,14 @@ def floor(qs, vs, ts) -> dict:
     least = [min(16 * len(set().union(*reaching[max(s, 0):s + 16])) / len(range(max(s, 0), min(s + 16, width)))
                  for s in range(c - 15, c + 1)) for c in range(width)]
     value_grad = sum(least) / sum(len(r) for r in reaching)
+    n_y = [max(0, min(kh, (kh - 1) // 2 + height - step * y) - max(0, (kh - 1) // 2 - step * y)) for y in range(ho)]
+    logits = sum(min(kh * kw, a * 16 * _cdiv(b, 16)) for a in n_y for b in n) / (ho * wo * kh * kw)
     need = needed(qs, vs, ts)
     lo, va = need['logits'], need['values']
-    return dict(rows=round(rows, 3), value_grad=round(value_grad, 3),
-                train=round((4 * lo + va * (2 * rows + value_grad)) / need['train'], 3))
+    values = va * (2 * rows + value_grad)
+    return dict(rows=round(rows, 3), value_grad=round(value_grad, 3), logits=round(logits, 3),
+                train=round((4 * lo * logits + values) / need['train'], 3),
+                whole_logits=round((4 * lo + values) / need['train'], 3))
 
 
 def table(batch: int = BATCH, sms: int = SMS) -> list:
@@ -447,7 +454,8 @@ def main(argv=None):
               f"{r['ratio']['backward']:.2f}x, training step {r['ratio']['train']:.2f}x; per kernel: "
               + ', '.join(f"{k} {v['ratio']:.2f}x" for k, v in r['kernels'].items())
               + f"; floor {r['floor']['train']:.2f}x (values products {r['floor']['rows']:.2f}x, value gradient "
-              f"{r['floor']['value_grad']:.2f}x)")
+              f"{r['floor']['value_grad']:.2f}x, logits {r['floor']['logits']:.2f}x; whole logits "
+              f"{r['floor']['whole_logits']:.2f}x)")
         for x in r['sites']:
             print(f"    {x['pass']:8s} {x['kernel']:21s} {x['dot']:20s} {x['part']:6s} {x['issued'] / 1e9:8.2f} G of "
                   f"{x['needed'] / 1e9:7.2f} G: {x['ratio']:.2f}x")
