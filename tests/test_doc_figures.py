@@ -1215,7 +1215,7 @@ the layer {}-{}%.""",
 
 
 def _sm90_now(kernel, warps, strides=('c4', 'c5'), dtypes=('bf16',)):
-    d = load('sm90_kernels.json')
+    d = at_commit('1d29a77', 'sm90_kernels.json')  # (7e0a69a+dirty's kernels; the file now holds issue 53's)
     assert d['commit'].startswith('7e0a69a') and d['commit'].endswith('+dirty'), d['commit']
     rows = [r for r in d['rows'] if r['kernel'] == kernel and r['shape'] in strides and r['dtype'] in dtypes
             and r['num_warps'] == warps]
@@ -1452,6 +1452,78 @@ def _isa_summed(name, setting, candidate):
     return load(name)['summed_ratio'][setting][candidate]
 
 
+def _programs_per_sm(r):
+    """Programs resident on an sm_90 multiprocessor, as tools/sm90_kernels.py's ``programs_per_sm`` (registers 8 a
+    thread at a time of 65536, 64 warps, 228 KiB of shared memory with 1 KiB a block reserved, 32 blocks): for the
+    rows of a JSON from before the tool recorded it."""
+    by_shared = 228 * 1024 // (r['shared'] + 1024) if r['shared'] else 32
+    return min(65536 // (-(-r['registers'] // 8) * 8 * 32 * r['num_warps']), 64 // r['num_warps'], by_shared, 32)
+
+
+def issue53_macs():
+    """Issue 53's multiply-add table: the training step's issued / needed before (kernel_macs.json at 84cc348) and
+    after (now), bf16 and TF32, and the floor (pruned logits; whole logits), per shape."""
+    before, after = at_commit('84cc348', 'kernel_macs.json'), load('kernel_macs.json')
+    out = []
+    for shape in ('c4', 'c5_s2', 'c5'):
+        b = {r['dtype']: r for r in before['rows'] if r['shape'] == shape}
+        a = {r['dtype']: r for r in after['rows'] if r['shape'] == shape}
+        out += [b['bfloat16']['ratio']['train'], b['tf32']['ratio']['train'], a['bfloat16']['ratio']['train'],
+                a['tf32']['ratio']['train'], a['bfloat16']['floor']['train'], a['bfloat16']['floor']['whole_logits']]
+    return out
+
+
+def issue53_c4_kernels():
+    """c4, bf16: each kernel's issued / needed before and after, and the floor's parts."""
+    before, after = at_commit('84cc348', 'kernel_macs.json'), load('kernel_macs.json')
+    b = [r for r in before['rows'] if r['shape'] == 'c4' and r['dtype'] == 'bfloat16'][0]['kernels']
+    row = [r for r in after['rows'] if r['shape'] == 'c4' and r['dtype'] == 'bfloat16'][0]
+    a = row['kernels']
+    names = ('forward tc_rows', 'backward tc_rows (logit grad)', 'backward tc_value_grad')
+    return ([x for n in names for x in (b[n]['ratio'], a[n]['ratio'])] + [a['backward gemm logits Q E']['ratio']]
+            + [row['floor'][k] for k in ('rows', 'value_grad', 'logits')])
+
+
+def issue53_sm90():
+    """Issue 53's sm_90 table: per shape and dtype (bf16, TF32) the three kernels' registers and programs a
+    multiprocessor before (sm90_kernels.json at 1d29a77, 7e0a69a+dirty) and after (now), the value gradient's wgmma
+    instructions before and after, and the three kernels' cp.async after."""
+    before, after = at_commit('1d29a77', 'sm90_kernels.json'), load('sm90_kernels.json')
+    assert before['commit'].startswith('7e0a69a'), before['commit']
+    kernels = ('tc_rows', 'tc_rows (logit grad)', 'tc_value_grad')
+
+    def three(d, shape, dtype, key):
+        rows = {r['kernel']: r for r in d['rows'] if r['shape'] == shape and r['dtype'] == dtype
+                and r['precision'] == ('tf32' if dtype == 'fp32' else 'ieee')}
+        return [key(rows[k]) for k in kernels]
+    out = []
+    for shape in ('c4', 'c5_s2', 'c5'):
+        for dtype in ('bf16', 'fp32'):
+            b, a = (lambda key: three(before, shape, dtype, key)), (lambda key: three(after, shape, dtype, key))
+            assert not any(a(lambda r: r['spill_stores'] + r['spill_loads']))
+            out += b(lambda r: r['registers']) + a(lambda r: r['registers'])
+            out += b(_programs_per_sm) + a(lambda r: r['programs_per_sm'])
+            out += [b(lambda r: r['wgmma'])[2], a(lambda r: r['wgmma'])[2]] + a(lambda r: r['cp_async'])
+    return out
+
+
+_ISSUE53_ROW = '{} / {} / {} -> {} / {} / {} | {} / {} / {} -> {} / {} / {} | {} -> {} | {} / {} / {} |'
+
+FIGURES += [
+    ('docs/benchmarks.md', """| shape | before (bf16 / TF32) | after (bf16 / TF32) | floor (whole logits) |
+|---|---:|---:|---:|
+| c4 | {} / {} | {} / {} | {} ({}) |
+| c5, stride 2 | {} / {} | {} / {} | {} ({}) |
+| c5 | {} / {} | {} / {} | {} ({}) |""", issue53_macs),
+    ('docs/benchmarks.md', """At c4 in bf16 the forward went from {}x to {}x, the logit gradient from {}x to
+{}x, the value gradient from {}x to {}x (plus its logits GEMM, {}x)""", lambda: issue53_c4_kernels()[:7]),
+    ('docs/benchmarks.md', """values products {}x (forward and logit
+gradient) and {}x (value gradient), logits {}x a pass at c4""", lambda: issue53_c4_kernels()[7:]),
+    ('docs/benchmarks.md', '\n'.join(f'| {shape} | {dtype} | ' + _ISSUE53_ROW for shape in ('c4', 'c5, stride 2', 'c5')
+                                      for dtype in ('bf16', 'fp32 (TF32)')), issue53_sm90),
+]
+
+
 def _spaced(text: str) -> str:
     """Runs of white space as one space: a passage may wrap anywhere."""
     return re.sub(r'\s+', ' ', text)
@@ -1522,3 +1594,4 @@ def test_gpu_results_name_their_commit_date_and_driver(name):
         machine = json.dumps(record.get('machine', ''))
         assert re.search(r'\d+\.\d+\.\d+', str(record.get('driver', ''))) or re.search(r'driver\W+\d+\.\d+', machine), \
             f'{name}: no GPU driver'
+# appended to tests/test_doc_figures.py
