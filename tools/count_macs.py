@@ -170,7 +170,8 @@ def formula(qs, vs, ts, dtype, precision='ieee', sms=None, chunk_elements=None):
                 if not fused:  # dq = R dL: [n h, C, u K_h K_w] x [n h, u K_h K_w, Ho Wo]
                     add(pass_, 'gemm', 'dq R dL', n * h * c * ukk * ho * wo)
                     launch(pass_, 'gemm', 0)
-                add(pass_, 'gemm', 'dR q dL^T', c * n * h * ho * wo * ukk)  # [C, n h Ho Wo] x [n h Ho Wo, u K_h K_w]
+                # [C, n h Ho Wo] x [n h Ho Wo, LS] (every operand aligned; the padding columns' products dropped)
+                add(pass_, 'gemm', 'dR q dL^T', c * n * h * ho * wo * ls)
                 launch(pass_, 'gemm', 0)
     return sites, grids
 

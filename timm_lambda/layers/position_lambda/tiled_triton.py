@@ -766,7 +766,9 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
             # (the kernel writes the u K_h K_w columns; the padding is never read: the GEMMs take the slice)
             # [n h, u K_h K_w, Ho Wo], leading dimension LS: the dq GEMM's, where the kernel did not compute dq
             gl_t = None if fused else gl[:, :, :ukk].transpose(1, 2)
-            flat = gl.view(n * h * ho * wo, ls)[:, :ukk]  # [(n h Ho Wo), u K_h K_w], leading dimension LS
+            # [(n h Ho Wo), LS]: the dR GEMM's every operand aligned, its output [C, LS] too (the padding columns
+            # are never written: their products are dropped)
+            flat = gl.view(n * h * ho * wo, ls)
         else:
             logits = _logits(qc, table)  # [n, h, u K_h K_w, Ho, Wo]
             _launch(k['value_grad'], (_cdiv(width, step * bp) * step, height, n * u), logits, gyc, gv[b0:b0 + n],
@@ -789,7 +791,7 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
         # dR = sum over images, heads and queries of q dL^T
         if flat is not None:
             qt = qc.reshape(n * h, c, ho * wo).transpose(0, 1).reshape(c, n * h * ho * wo)
-            part = torch.mm(qt, flat)
+            part = torch.mm(qt, flat)[:, :ukk]
         else:
             part = torch.bmm(gl_t, qc.reshape(n * h, c, ho * wo).transpose(1, 2)).sum(0).t()
         if len(chunks) == 1:
@@ -801,4 +803,4 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
         gv.copy_(gvw)
     if tensor_cores and fused:
         gq = dq_buf.to(q.dtype)  # (the buffer itself, or rounded from the interpreter's float32 one)
-    return gq, gv, gt.to(table.dtype).view_as(table), gcontent
+    return gq, gv, gt.to(table.dtype).reshape(table.shape), gcontent
