@@ -7,7 +7,8 @@ import torch
 
 from .._compat import DYNAMO_FOLDS_FUNCTORCH_FLAG
 
-__all__ = ['is_exporting', 'functorch_active', 'contiguous', 'compiled_copy', 'compiling', 'warn_once',
+__all__ = ['is_exporting', 'functorch_active', 'contiguous', 'compiled_copy', 'compiled_fresh_copy', 'compiling',
+           'warn_once',
            'recorder', 'BackendUnusable']
 
 
@@ -55,6 +56,18 @@ def compiled_copy(x: torch.Tensor) -> torch.Tensor:
     if not torch.jit.is_scripting():
         if torch.compiler.is_compiling() and not is_exporting():
             return x.clone(memory_format=torch.contiguous_format)
+    return x
+
+
+def compiled_fresh_copy(x: torch.Tensor) -> torch.Tensor:
+    """``x [B, C, H, W]``, or while torch.compile traces (not torch.export) a new contiguous copy of it that
+    inductor keeps. :func:`compiled_copy` of a tensor that already is contiguous, a contiguous view included, is
+    removed by inductor as a no-op (a clone with its input's strides), and the view is then saved for backward
+    with the strides inductor cannot order (``32*s18*s71 < 32`` at batch 1; issue 51). Here the copy goes through
+    a channels-last one, whose strides differ from both; inductor fuses the two copies."""
+    if not torch.jit.is_scripting():
+        if torch.compiler.is_compiling() and not is_exporting():
+            return x.clone(memory_format=torch.channels_last).clone(memory_format=torch.contiguous_format)
     return x
 
 

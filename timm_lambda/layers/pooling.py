@@ -10,7 +10,7 @@ contiguous, on every device (no branch on the device, which the FX tracers could
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .execution import contiguous
+from .execution import compiled_fresh_copy, contiguous
 
 __all__ = ['avg_pool_3x3_s2', 'DownsamplePool', 'downsample_pool']
 
@@ -22,15 +22,21 @@ def avg_pool_3x3_s2(x: Tensor, count_include_pad: bool = False) -> Tensor:
 
 
 class DownsamplePool(nn.AvgPool2d):
-    """``nn.AvgPool2d(3, 2, 1)`` by :func:`avg_pool_3x3_s2` (same repr and state: no parameters or buffers)."""
+    """``nn.AvgPool2d(3, 2, 1)`` by :func:`avg_pool_3x3_s2` (same repr and state: no parameters or buffers).
+    ``fresh_input``: under torch.compile the pool runs on :func:`~.execution.compiled_fresh_copy` of its input, for
+    a layer whose output before the pool is a view (the pool saves its input for backward)."""
 
-    def __init__(self, count_include_pad: bool = False):
+    def __init__(self, count_include_pad: bool = False, fresh_input: bool = False):
         super().__init__(3, 2, padding=1, count_include_pad=count_include_pad)
+        self.fresh_input = fresh_input
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.fresh_input:
+            x = compiled_fresh_copy(x)
         return avg_pool_3x3_s2(x, self.count_include_pad)
 
 
-def downsample_pool(stride: int, count_include_pad: bool = False) -> nn.Module:
-    """The downsampling after a stride-2 layer (appendix F.2; see ``LambdaLayer``'s ``stride``), else an identity."""
-    return DownsamplePool(count_include_pad) if stride == 2 else nn.Identity()
+def downsample_pool(stride: int, count_include_pad: bool = False, fresh_input: bool = False) -> nn.Module:
+    """The downsampling after a stride-2 layer (appendix F.2; see ``LambdaLayer``'s ``stride``), else an identity;
+    ``fresh_input``: see :class:`DownsamplePool`."""
+    return DownsamplePool(count_include_pad, fresh_input) if stride == 2 else nn.Identity()

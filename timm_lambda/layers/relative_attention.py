@@ -45,7 +45,7 @@ from torch import nn
 
 from .checks import check_heads, check_ratio, check_stride, to_int, to_pair
 from .dilation import batch_to_space, check_dilation, space_to_batch
-from .execution import compiling, contiguous
+from .execution import compiled_fresh_copy, compiling, contiguous
 from .pooling import downsample_pool
 
 __all__ = ['rel_to_abs', 'relative_logits_1d', 'relative_table', 'upsample_to',
@@ -119,10 +119,14 @@ def nchw_copy(x: torch.Tensor, height: int, width: int) -> torch.Tensor:
     its last op is a copy, not a view. The next layer saves its input for backward, and inductor orders the strides
     of a saved view by sympy comparisons that it cannot decide when a square map's ``H W = s**2`` is split back into
     ``(s, s**2 // s)`` (torch's FloorDiv does not simplify that; B = 1: ``128*s**2 < 128*s``, an InductorError
-    with ``dynamic=True``, issue 51); a copy of a contiguous view would be removed as a no-op, so the channels are
-    merged and the map split in a channels-last copy, then copied to NCHW (inductor fuses the two copies)."""
+    with ``dynamic=True``, issue 51). Copies by ``clone``, which the trace always records (``contiguous()`` records
+    nothing where the fake tensor looks contiguous, as a batch-1 map of 1 x 1 symbolic size can); the map is split
+    and the channels merged only in views of a contiguous copy (a reshape of ``x`` itself merges heads and depth of
+    different strides: at batch 1 with a symbolic ``H W`` the trace recorded it as a view of odd symbolic sizes,
+    ``2*(2//w)`` channels for 4); inductor fuses the two copies."""
     B, _, heads, depth = x.shape
-    return x.reshape(B, height, width, heads * depth).permute(0, 3, 1, 2).contiguous()
+    x = x.clone(memory_format=torch.contiguous_format).view(B, height, width, heads * depth)
+    return x.permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)
 
 
 def split_heads(x: torch.Tensor, start: int, heads: int, depth: int) -> torch.Tensor:
@@ -313,8 +317,10 @@ class AxialSelfAttention2d(nn.Module):
         self.width_attn.reset_parameters()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.height_attn(x.transpose(2, 3)).transpose(2, 3)
-        x = self.width_attn(x)
+        # compiled: each pass's input and output a copy, not a view (issue 51: inductor could not order the strides
+        # of the views the convolutions save for backward)
+        x = compiled_fresh_copy(self.height_attn(compiled_fresh_copy(x.transpose(2, 3))).transpose(2, 3))
+        x = compiled_fresh_copy(self.width_attn(x))
         return self.pool(x)
 
 
@@ -354,7 +360,8 @@ class LocalSelfAttention2d(HaloAttn):
         qk_ratio = check_ratio(qk_ratio, 'qk_ratio')
         super().__init__(dim, dim_out, stride=1, num_heads=num_heads, block_size=1, halo_size=kernel_size // 2,
                          qk_ratio=qk_ratio, qkv_bias=bool(qkv_bias), device=device, dtype=dtype)
-        self.pool = downsample_pool(stride)
+        # HaloAttn's forward pools its output view: compiled, the pool copies it first (issue 51)
+        self.pool = downsample_pool(stride, fresh_input=True)
         self.stride = stride
         self.kernel_size = kernel_size
         self.dilation = check_dilation(dilation)
@@ -374,5 +381,6 @@ class LocalSelfAttention2d(HaloAttn):
             B, _, H, W = x.shape
             xs = space_to_batch(x, self.dilation)
             out = self._halo_forward(nonempty_batch(xs))[:xs.shape[0]]
-            return batch_to_space(out, self.dilation, H, W)
-        return self._halo_forward(nonempty_batch(x))[:x.shape[0]]  # an empty batch gives an empty output
+            return compiled_fresh_copy(batch_to_space(out, self.dilation, H, W))
+        # an empty batch gives an empty output; compiled: a copy, not HaloAttn's view (issue 51)
+        return compiled_fresh_copy(self._halo_forward(nonempty_batch(x))[:x.shape[0]])
