@@ -19,6 +19,7 @@ os.environ['TIMM_LAMBDA_STRICT'] = '1'
 
 # The longest tests of a CI run (its --durations list), longest first: each starts as soon as a worker is free.
 LONGEST_FIRST = (
+    'test_compiled_blocks_train_like_eager',
     'test_quickstart_default_run',
     'test_shortened_quick_run_beats_chance_clearly',
     'test_aoti_package_of_a_lambdaresnet_equals_eager_at_multiples_of_32',

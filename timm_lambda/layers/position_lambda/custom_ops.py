@@ -67,6 +67,7 @@ def _op(q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor, shared: Opt
     kept = {}
     y = _run(False, backend, (q, keys, v, table, shared, height, width, form, backend, stride, count_include_pad,
                               key_norm, global_scope), kept)[0]
+    y = y.contiguous()  # (as the fake kernel says: a compiled graph checks the strides)
     if keys is None:
         return y, q.new_empty(0), q.new_empty(0)
     return y, kept['lam'], q.new_empty(0) if key_norm == 'none' else kept['kn']
