@@ -110,6 +110,7 @@ def _(gy, q, keys, v, table, shared, *args):
 def _setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(*(inputs[i] for i in _TENSORS), output[1], output[2])
     ctx.mark_non_differentiable(output[1], output[2])
+    ctx.set_materialize_grads(False)  # (no zero-filled gradients made for them: two launches)
     ctx.args = list(inputs[5:])  # the ints, strings and flags
 
 
