@@ -276,7 +276,7 @@ def one_operator_counts():
     """The one-operator section's count table and LambdaResNet-101 shapes' triton_tc kernels in all."""
     rows = {(r['shape'], r['mode']): r for r in load('launches_one_operator.json')['rows']}
     out = []
-    for mode in ('train f32', 'eval f32'):
+    for mode in ('train f32', 'eval f32', 'eval f32 reparameterized'):
         s1, s2 = rows[('16ch 4x4', mode)], rows[('16ch 4x4 stride 2', mode)]
         out += [s1['backends']['cpu_kernel']['operators'], s2['backends']['cpu_kernel']['operators'],
                 s1['backends']['cpu_kernel']['aten'], s2['backends']['cpu_kernel']['aten'],
@@ -295,12 +295,13 @@ def one_operator_times():
     out = [now['load_before'][0]]
     for a, b in zip(now['rows'], before['rows']):
         assert (a['stride'], a['mode']) == (b['stride'], b['mode'])
-        out += [a['us']['conv'], b['us']['lambda'], a['us']['lambda'], a['us']['lambda'] / a['us']['conv']]
-    return out
+        out += [a['us']['conv'], b['us']['lambda'], a['us']['lambda'], a['ratio']]  # (of the unrounded medians)
+    return out + [r['ratio_reparameterized'] for r in now['rows'] if r['mode'] == 'eval']
 
 FIGURES = [
     ('docs/benchmarks.md', """| training, float32 | 4 | {} / {} | {} / {} | {} + {} / {} + {} |
 | eval | 1 | {} / {} | {} / {} | {} + {} / {} + {} |
+| eval, reparameterized | 1 | {} / {} | {} / {} | {} + {} / {} + {} |
 
 (269e94e's operators: the issue's count, 17 / 44 and 6 / 18.) At LambdaResNet-101's shapes the operators are the
 same 11 and 4; `triton_tc`'s kernels in all: c4 {} + {}, c5 stride 2 {} + {}, c5 {} + {}""", one_operator_counts),
@@ -313,7 +314,9 @@ right after (`results/host_time_before_one_operator.json`), this one in `results
 | training, stride 1 | {} | {} | {} | {} |
 | eval, stride 1 | {} | {} | {} | {} |
 | training, stride 2 | {} | {} | {} | {} |
-| eval, stride 2 | {} | {} | {} | {} |""", one_operator_times),
+| eval, stride 2 | {} | {} | {} | {} |
+
+After `reparameterize()` the eval forward is {}x the conv at stride 1 and {}x at stride 2.""", one_operator_times),
     ('README.md', """| one lambda layer / its 3x3 conv, 1024 px shapes summed, batch 8, TF32 / bf16 autocast |
 {} / {} | {} / {} |
 | the same, batch 1; replayed from CUDA graphs (TF32) | {}; graphed {} | {} |
