@@ -298,6 +298,17 @@ def one_operator_times():
         out += [a['us']['conv'], b['us']['lambda'], a['us']['lambda'], a['ratio']]  # (of the unrounded medians)
     return out + [r['ratio_reparameterized'] for r in now['rows'] if r['mode'] == 'eval']
 
+
+def detection_shapes():
+    """The one operator's speed at the detection shapes: layer / conv summed, before and after, then per shape."""
+    def ratios(name):
+        r = load(name)['results']
+        return (sum(x['auto']['ms'] for x in r) / sum(x['conv3x3']['ms'] for x in r),
+                [x['auto']['ms'] / x['conv3x3']['ms'] for x in r])
+    (b, bs), (a, as_) = ratios('detection_shapes_269e94e.json'), ratios('detection_shapes_one_operator.json')
+    assert load('detection_shapes_269e94e.json')['commit'].startswith('269e94e')
+    return [b, a] + [x for pair in zip(bs, as_) for x in pair]
+
 FIGURES = [
     ('docs/benchmarks.md', """| training, float32 | 4 | {} / {} | {} / {} | {} + {} / {} + {} |
 | eval | 1 | {} / {} | {} / {} | {} + {} / {} + {} |
@@ -317,6 +328,8 @@ right after (`results/host_time_before_one_operator.json`), this one in `results
 | eval, stride 2 | {} | {} | {} | {} |
 
 After `reparameterize()` the eval forward is {}x the conv at stride 1 and {}x at stride 2.""", one_operator_times),
+    ('docs/benchmarks.md', """layer / conv summed
+{}x before and {}x after (c4 {}x / {}x, c5 stride 2 {}x / {}x, c5 {}x / {}x)""", detection_shapes),
     ('README.md', """| one lambda layer / its 3x3 conv, 1024 px shapes summed, batch 8, TF32 / bf16 autocast |
 {} / {} | {} / {} |
 | the same, batch 1; replayed from CUDA graphs (TF32) | {}; graphed {} | {} |
