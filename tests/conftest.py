@@ -27,7 +27,6 @@ LONGEST_FIRST = (
     'test_two_builds_at_once_then_a_half_written_library_and_a_stale_lock',
     'test_gpu_check_mission_dry_run',
     'test_compiled_training_at_a_second_size_equals_eager',
-    'test_compiled_training_with_dynamic_true_equals_eager',
     'test_tensor_core_kernels_interpreted_round_as_they_claim',
     'test_cuda_core_kernels_interpreted_equal_the_reference_in_float64',
 )

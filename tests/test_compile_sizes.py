@@ -1,5 +1,5 @@
-"""torch.compile training at a second input size and with ``dynamic=True`` (issue 39): equal to eager mode, float64,
-loss and every parameter gradient within 1e-8.
+"""torch.compile training at a second input size (issue 39): equal to eager mode, float64, loss and every parameter
+gradient within 1e-8 (``dynamic=True`` from the first step: every block type, tests/test_compile_blocks.py).
 
 A second size makes dynamo recompile with symbolic sizes (automatic dynamic shapes), as ``dynamic=True`` does from the
 first step. Inductor then orders the strides of every view the compiled forward saves for backward by sympy
@@ -83,15 +83,6 @@ def test_compiled_training_at_a_second_size_equals_eager(inductor, batch):
     compiled.layer3 = torch.compile(compiled.layer3)
     sizes = [(32, 32), (48, 40), (40, 56)] if batch > 1 else [(64, 64), (96, 80)]
     _train_like_eager(eager, compiled, sizes, batch=batch)
-
-
-@pytest.mark.slow
-def test_compiled_training_with_dynamic_true_equals_eager(inductor):
-    """``dynamic=True``: symbolic sizes from the first step (which failed), one graph for the sizes after it."""
-    eager = _small()
-    compiled = copy.deepcopy(eager)
-    compiled.layer3 = torch.compile(compiled.layer3, dynamic=True)
-    _train_like_eager(eager, compiled, [(40, 48), (56, 32)])
 
 
 def _registered():
