@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from torch import nn
+from torch.nn.utils.fusion import fuse_conv_bn_weights
 
 from .._compat import register_load_state_dict_pre_hook
 from .batch_one import reshape_normed
@@ -188,20 +189,17 @@ class LambdaLayer(nn.Module):
         foldable = [(n, a, b) for n, a, b in parts if _folds(n)]
         if not foldable:
             return
-        w = self.qkv.weight.double().flatten(1)
+        w = self.qkv.weight.to(torch.float64, copy=True)  # (copies: the old projection is left as it was)
         bias = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device) if self.qkv.bias is None \
-            else self.qkv.bias.double()
-        for norm, a, b in foldable:
-            var, mean = norm.running_var.double(), norm.running_mean.double()
-            scale = (var + norm.eps).rsqrt()
-            if norm.weight is not None:
-                scale = scale * norm.weight.double()
-            w[a:b] *= scale[:, None]
-            bias[a:b] = (bias[a:b] - mean) * scale + (0 if norm.bias is None else norm.bias.double())
+            else self.qkv.bias.to(torch.float64, copy=True)
+        for norm, a, b in foldable:  # (torch's conv + BN fusion, on the norm's channel slice, in float64)
+            gamma, beta = (None if t is None else t.double() for t in (norm.weight, norm.bias))
+            w[a:b], bias[a:b] = fuse_conv_bn_weights(w[a:b], bias[a:b], norm.running_mean.double(),
+                                                     norm.running_var.double(), norm.eps, gamma, beta)
         old = self.qkv
         self.qkv = nn.Conv2d(old.in_channels, old.out_channels, 1, bias=True, device=old.weight.device,
                              dtype=old.weight.dtype)
-        self.qkv.weight.copy_(w.view_as(old.weight))
+        self.qkv.weight.copy_(w)
         self.qkv.bias.copy_(bias)
         for norm, a, b in foldable:
             setattr(self, 'norm_q' if norm is self.norm_q else 'norm_v', nn.Identity())
