@@ -8,8 +8,7 @@ import torch
 from .._compat import DYNAMO_FOLDS_FUNCTORCH_FLAG
 
 __all__ = ['is_exporting', 'functorch_active', 'contiguous', 'compiled_copy', 'compiled_fresh_copy', 'compiling',
-           'warn_once',
-           'recorder', 'BackendUnusable']
+           'warn_once', 'recorder', 'BackendUnusable']
 
 
 @torch.jit.ignore
