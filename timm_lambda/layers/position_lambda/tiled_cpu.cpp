@@ -140,9 +140,27 @@ void scatter(const T* L, int64_t ls, const T* gy, int64_t H, int64_t V, T* v, in
       });
 }
 
-torch::Tensor padded_table(const torch::Tensor& table, int64_t C, int64_t Rn, int64_t Rp) {
-  auto r = torch::zeros({C, Rp}, table.options());
-  r.narrow(1, 0, Rn).copy_(table.reshape({C, Rn}));
+// table [C, U, K_h, K_w] (any strides: the window of a larger table that the map reaches) -> [C, Rp] rows (u, ky, kx),
+// or transposed -> [Rn, Cp] (columns c), zero padded: one pass, no ATen copies (each costs a microsecond of host time
+// on a small map)
+template <typename T, bool Transposed>
+torch::Tensor padded_table(const torch::Tensor& table, int64_t Rp, int64_t Cp = 0) {
+  const int64_t C = table.size(0), U = table.size(1), KH = table.size(2), KW = table.size(3), Rn = U * KH * KW;
+  const int64_t s0 = table.stride(0), s1 = table.stride(1), s2 = table.stride(2), s3 = table.stride(3);
+  auto r = Transposed ? torch::empty({Rn, Cp}, table.options()) : torch::empty({C, Rp}, table.options());
+  const T* src = table.data_ptr<T>();
+  T* d = r.data_ptr<T>();
+  if (Transposed) std::fill(d, d + Rn * Cp, T(0));
+  for (int64_t c = 0; c < C; ++c) {
+    int64_t n = 0;
+    for (int64_t u = 0; u < U; ++u)
+      for (int64_t ky = 0; ky < KH; ++ky)
+        for (int64_t kx = 0; kx < KW; ++kx, ++n) {
+          const T x = src[c * s0 + u * s1 + ky * s2 + kx * s3];
+          if (Transposed) d[n * Cp + c] = x; else d[c * Rp + n] = x;
+        }
+    if (!Transposed) std::fill(d + c * Rp + Rn, d + (c + 1) * Rp, T(0));
+  }
   return r;
 }
 
@@ -183,7 +201,7 @@ torch::Tensor rows_by_phase(const torch::Tensor& v, int64_t Hp, int64_t Wq, int6
 // q [B, h, c, Ho, Wo], v [B, u V, H, W], table [c, u, K_h, K_w], content [B, c, V] or None -> y [B, h V, Ho, Wo]
 torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor v, torch::Tensor table, std::optional<torch::Tensor> content,
                             int64_t step) {
-  q = q.contiguous(); table = table.contiguous();
+  q = q.contiguous();
   Shape s(q, v, table, step);
   const torch::Tensor lc = content_of(content, s);
   auto y = torch::empty({s.B, s.H * s.V, s.Ho, s.Wo}, v.options());
@@ -191,7 +209,7 @@ torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor v, torch::Tensor tabl
     using T = scalar_t;
     auto vl = to_channels_last<T>(v);  // channels last: a scope's rows are whole channel vectors
     const int64_t Rp = round_up(s.Rn, Vec<T>::lanes), P = s.plane(), rs = s.width * s.CV;
-    auto R = padded_table(table, s.C, s.Rn, Rp);
+    auto R = padded_table<T, false>(table, Rp);
     const T *Rp_ = R.data_ptr<T>(), *qd = q.data_ptr<T>(), *vd = vl.data_ptr<T>();
     const T* lcd = lc.defined() ? lc.data_ptr<T>() : nullptr;
     T* yd = y.data_ptr<T>();
@@ -222,7 +240,7 @@ torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor v, torch::Tensor tabl
 // (gcontent empty without a content lambda)
 std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, torch::Tensor v, torch::Tensor table,
                                           std::optional<torch::Tensor> content, int64_t step) {
-  gy = gy.contiguous(); q = q.contiguous(); table = table.contiguous();
+  gy = gy.contiguous(); q = q.contiguous();
   Shape s(q, v, table, step);
   const torch::Tensor lc = content_of(content, s);
   std::vector<torch::Tensor> grads;
@@ -233,9 +251,8 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
     const int64_t Rp = round_up(s.Rn, W), Cp = bw.Cp, P = s.plane(), Hp = bw.Hp, Wp = bw.Wp;
     const int64_t Tt = s.Tt, KWq = round_up(s.KW, QVec<T>::columns);
     static_assert(Shape::Tt == QVec<T>::lanes, "a run's queries are the lanes of the logit gradients");
-    auto R = padded_table(table, s.C, s.Rn, Rp);
-    auto RT = torch::zeros({s.Rn, Cp}, table.options());
-    RT.narrow(1, 0, s.C).copy_(table.reshape({s.C, s.Rn}).t());
+    auto R = padded_table<T, false>(table, Rp);
+    auto RT = padded_table<T, true>(table, 0, Cp);
     // zero-padded rows of channels, each row's columns split by phase (column c at (c % step, c / step)) so that the
     // queries of a run meet consecutive columns: [B, Hp, step, CV, Wq]
     // (the last query's window reads up to column (Wp - KW) / step + Tt - 1 + (KWq - 1) / step; that is past the image's

@@ -281,20 +281,27 @@ struct Backward {
   const int64_t Cp, Hp, Wp, per_image;
   const int nthreads;
   const bool by_image;  // threads own whole images: no shared value gradient
-  torch::Tensor gq, gv_parts, gr_parts, lcT, gc_parts;
+  const torch::TensorOptions opts;
+  const bool content;  // a content lambda
+  torch::Tensor gq, gv_parts;
+  // (plain buffers, not tensors: each ATen call costs a microsecond of host time, the whole kernel a few on a small map)
+  std::vector<T> gr_parts, lcT, gc_parts;
   std::vector<char> used;  // the value-gradient parts to sum
   Backward(const Shape& shape, const torch::Tensor& lc, const torch::TensorOptions& o)
       : s(shape), Cp(round_up(s.C, Vec<T>::lanes)), Hp(std::max(s.step * (s.Ho - 1) + s.KH, s.y_lo + s.height)),
         Wp(std::max(s.step * (s.Wo - 1) + s.KW, s.x_lo + s.width)), per_image(s.Ho * s.runs),
-        nthreads(at::get_num_threads()), by_image(s.B >= nthreads) {
+        nthreads(at::get_num_threads()), by_image(s.B >= nthreads), opts(o), content(lc.defined()) {
     gq = torch::empty({s.B, s.H, s.C, s.Ho, s.Wo}, o);
     gv_parts = torch::empty({by_image ? 1 : nthreads, s.B, Hp, Wp, s.CV}, o);
     used.assign(gv_parts.size(0), by_image && s.B > 0);
-    gr_parts = torch::zeros({nthreads, s.Rn, Cp}, o);
-    if (lc.defined()) {
-      lcT = torch::zeros({s.B, s.V, Cp}, o);
-      lcT.narrow(2, 0, s.C).copy_(lc.transpose(1, 2));
-      gc_parts = torch::zeros({by_image ? 1 : nthreads, s.B, s.V, Cp}, o);
+    gr_parts.assign(nthreads * s.Rn * Cp, T(0));
+    if (content) {  // lc [B, c, V] contiguous (content_of), in T
+      const T* l = lc.data_ptr<T>();
+      lcT.assign(s.B * s.V * Cp, T(0));
+      for (int64_t b = 0; b < s.B; ++b)
+        for (int64_t c = 0; c < s.C; ++c)
+          for (int64_t j = 0; j < s.V; ++j) lcT[(b * s.V + j) * Cp + c] = l[(b * s.C + c) * s.V + j];
+      gc_parts.assign((by_image ? 1 : nthreads) * s.B * s.V * Cp, T(0));
     }
   }
   // the value gradients [B, Hp, Wp, CV] of thread tid, taking the runs [begin, end)
@@ -309,15 +316,15 @@ struct Backward {
     }
     return gvp;
   }
-  T* table(int tid) { return gr_parts.data_ptr<T>() + tid * s.Rn * Cp; }
+  T* table(int tid) { return gr_parts.data() + tid * s.Rn * Cp; }
   // the content rows of a run of image b (gyr [h, V, Tt] float32/T, qp [h, Tt, Cp]): gq[h, qx, :] += gy[h, :, qx]
   // lambda^c^T, gcontent^T += gy[h, :, qx] q[h, qx, :] over the run
   void content_rows(int tid, int64_t b, const T* gyr, const T* qp, int64_t nq, T* gqq) {
-    if (!lcT.defined()) return;
-    T* gcT = gc_parts.data_ptr<T>() + ((by_image ? 0 : tid) * s.B + b) * s.V * Cp;
+    if (!content) return;
+    T* gcT = gc_parts.data() + ((by_image ? 0 : tid) * s.B + b) * s.V * Cp;
     for (int64_t h = 0; h < s.H; ++h) {
       const T* g = gyr + h * s.V * Shape::Tt;
-      gemm<T, true>(g, 1, Shape::Tt, lcT.data_ptr<T>() + b * s.V * Cp, Cp, nq, s.V, Cp, gqq + h * Shape::Tt * Cp, Cp);
+      gemm<T, true>(g, 1, Shape::Tt, lcT.data() + b * s.V * Cp, Cp, nq, s.V, Cp, gqq + h * Shape::Tt * Cp, Cp);
       gemm<T, true>(g, Shape::Tt, 1, qp + h * Shape::Tt * Cp, Cp, s.V, nq, Cp, gcT, Cp);
     }
   }
@@ -339,9 +346,26 @@ struct Backward {
       at::parallel_for(0, s.B * per_image, 1, body);
     }
     auto gv = sum_parts_channels_first<T>(gv_parts, used, s.y_lo, s.x_lo, s.height, s.width);
-    auto gtable = gr_parts.sum(0).narrow(1, 0, s.C).t().reshape(table.sizes()).contiguous();
-    auto gcontent = lcT.defined() ? gc_parts.sum(0).narrow(2, 0, s.C).transpose(1, 2).contiguous()
-                                  : torch::empty({0}, gq.options());
+    auto gtable = torch::empty(table.sizes(), opts);  // [c, (u, ky, kx)] = the parts' [(u, ky, kx), c] summed
+    T* gt = gtable.data_ptr<T>();
+    for (int64_t r = 0; r < s.Rn; ++r)
+      for (int64_t c = 0; c < s.C; ++c) {
+        T acc = 0;
+        for (int p = 0; p < nthreads; ++p) acc += gr_parts[(p * s.Rn + r) * Cp + c];
+        gt[c * s.Rn + r] = acc;
+      }
+    auto gcontent = torch::empty(content ? std::vector<int64_t>{s.B, s.C, s.V} : std::vector<int64_t>{0}, opts);
+    if (content) {  // [b, c, j] = the parts' [b, j, c] summed
+      T* gc = gcontent.data_ptr<T>();
+      const int64_t parts = by_image ? 1 : nthreads;
+      for (int64_t b = 0; b < s.B; ++b)
+        for (int64_t j = 0; j < s.V; ++j)
+          for (int64_t c = 0; c < s.C; ++c) {
+            T acc = 0;
+            for (int64_t p = 0; p < parts; ++p) acc += gc_parts[((p * s.B + b) * s.V + j) * Cp + c];
+            gc[(b * s.C + c) * s.V + j] = acc;
+          }
+    }
     return {gq, gv, gtable, gcontent};
   }
 };
