@@ -34,19 +34,22 @@ from .plain_ops import normalize_keys
 __all__ = ['forward', 'backward', 'views', 'content_lambda', 'patched', 'pooled_table', 'in_image_counts']
 
 
-def content_lambda(keys: Optional[Tensor], v: Tensor, shared: Optional[Tensor], key_norm: str) -> Tuple[
+def content_lambda(keys: Optional[Tensor], v: Tensor, shared: Optional[Tensor], key_norm: str, k: int) -> Tuple[
         Optional[Tensor], Optional[Tensor]]:
-    """``(lambda^c + shared [B, k, V], the normalised keys [B, u, k, n])`` (eq. 1, Table 11: softmax over the context
-    positions, in float32 at least as autocast computes a softmax). Without keys: ``(shared, None)``."""
+    """``(lambda^c + shared [B, k, V], the normalised keys [B, u, k, n])`` of the maps ``keys [B, u k, H, W]`` (or
+    ``[B, u k, n]``) and ``v [B, u V, H, W]`` (eq. 1, Table 11: softmax over the context positions, in float32 at
+    least as autocast computes a softmax). Without keys: ``(shared, None)``."""
     if keys is None:
         return shared, None
-    kn = normalized_keys(keys, key_norm)
-    if keys.shape[1] == 1:
-        lam = torch.bmm(kn[:, 0], v[:, 0].transpose(1, 2)) if shared is None else \
-            torch.baddbmm(shared, kn[:, 0], v[:, 0].transpose(1, 2))
+    b, n = v.shape[0], v.shape[2] * v.shape[3]
+    u = keys.shape[1] // k
+    kn = normalized_keys(keys.reshape(b, u, k, n), key_norm)
+    if u == 1:
+        vt = v.reshape(b, v.shape[1], n).transpose(1, 2)  # [B, n, V]
+        lam = torch.bmm(kn[:, 0], vt) if shared is None else torch.baddbmm(shared, kn[:, 0], vt)
     else:  # sum over |u|: one GEMM of depth |u| |n|
-        b, u, k, n = kn.shape
-        lam = torch.bmm(kn.transpose(1, 2).reshape(b, k, u * n), v.transpose(2, 3).reshape(b, u * n, v.shape[2]))
+        v4 = v.reshape(b, u, v.shape[1] // u, n)
+        lam = torch.bmm(kn.transpose(1, 2).reshape(b, k, u * n), v4.transpose(2, 3).reshape(b, u * n, v4.shape[2]))
         lam = lam if shared is None else lam + shared
     return lam, kn
 
@@ -60,13 +63,13 @@ def normalized_keys(keys: Tensor, key_norm: str) -> Tensor:
 
 
 def _keys_grad(gkn: Tensor, keys: Tensor, kn: Tensor, key_norm: str) -> Tensor:
-    """The keys' gradient from the normalised keys' ``gkn``."""
+    """The keys' gradient (in ``gkn``'s shape, ``kn``'s layout) from the normalised keys' ``gkn``."""
     if key_norm == 'softmax':
         if keys.dtype in (torch.float16, torch.bfloat16):
             return torch._softmax_backward_data(gkn.float(), kn.float(), -1, torch.float32).to(keys.dtype)
         return torch._softmax_backward_data(gkn, kn, -1, keys.dtype)
     if key_norm == 'l2':  # F.normalize's: y = x / max(|x|, eps); autograd is off inside an operator's backward
-        norm = keys.norm(dim=-1, keepdim=True)
+        norm = keys.reshape(gkn.shape).norm(dim=-1, keepdim=True)
         inner = torch.where(norm >= 1e-12, (gkn * kn).sum(-1, keepdim=True), 0)  # (clamp_min passes at |x| >= eps)
         return (gkn - kn * inner) / norm.clamp_min(1e-12)
     return gkn
@@ -138,12 +141,11 @@ def patched(k: int, dv: int, kh: int, kw: int) -> bool:
     return 9 * k * (kh + 2) * (kw + 2) + (kh + 2) * (kw + 2) * dv < 4 * kh * kw * (k + dv)
 
 
-def _patches(q: Tensor, height: int, width: int) -> Tensor:
-    """``q [B, h, k, n] -> [B, h, 9 k, Ho, Wo]``: the 3x3 patches (padding 1, stride 2) of the queries, channels
+def _patches(q: Tensor, heads: int, height: int, width: int) -> Tensor:
+    """``q [B, h k, H, W] -> [B, h, 9 k, Ho, Wo]``: the 3x3 patches (padding 1, stride 2) of the queries, channels
     ``(k, dy, dx)``: one im2col."""
-    b, h, k = q.shape[0], q.shape[1], q.shape[2]
-    cols = F.unfold(q.reshape(b, h * k, height, width), 3, padding=1, stride=2)
-    return cols.view(b, h, 9 * k, (height + 1) // 2, (width + 1) // 2)
+    cols = F.unfold(q, 3, padding=1, stride=2)
+    return cols.view(q.shape[0], heads, cols.shape[1] // heads, (height + 1) // 2, (width + 1) // 2)
 
 
 def _repeat9(lam: Optional[Tensor]) -> Optional[Tensor]:
@@ -180,15 +182,16 @@ def forward(backend: str, form: str, q: Tensor, keys: Optional[Tensor], v: Tenso
             shared: Optional[Tensor], height: int, width: int, stride: int, count_include_pad: bool, key_norm: str,
             global_scope: bool, saved: Optional[dict] = None) -> Tensor:
     """The layer's output after its norms, ``[B, h V, Ho, Wo]`` (contiguous), by ``backend`` in ``form``. ``saved``: a
-    dict that keeps the content lambda and the normalised keys for :func:`backward` (else it recomputes them)."""
-    q, keys, v = views(q, keys, v, table, height, width)
-    b, h, k = q.shape[0], q.shape[1], q.shape[2]
-    u, dv = v.shape[1], v.shape[2]
-    lam, kn = content_lambda(keys, v, shared, key_norm)
+    dict that keeps the content lambda and the normalised keys for :func:`backward` (else it recomputes them). (Each
+    view or reshape here costs about a microsecond of host time: the maps go to the kernels as they are.)"""
+    b, k, u = q.shape[0], table.shape[0], table.shape[1]
+    h, dv = q.shape[1] // k, v.shape[1] // u
+    lam, kn = content_lambda(keys, v, shared, key_norm, k)
     if saved is not None:
         saved['lam'], saved['kn'] = lam, kn
     table = _reach(table, height, width, global_scope)
     if form == 'dense':
+        q, _, v = views(q, None, v, table, height, width)
         qd, vd, emb, _ = _dense_operands(q, v, table, height, width, global_scope)
         y = torch.bmm(_dense_logits(qd, emb, b, h), vd)  # [B, n h, V]
         y = y.view(b, height * width, h * dv).transpose(1, 2).reshape(b, h, dv, height * width)
@@ -197,11 +200,10 @@ def forward(backend: str, form: str, q: Tensor, keys: Optional[Tensor], v: Tenso
         y = y.view(b, h * dv, height, width)
         return pooling.avg_pool_3x3_s2(y, count_include_pad) if stride == 2 else y
     kernel = backends.tiled_kernels(backend)[0]
-    v4 = v.reshape(b, u * dv, height, width)
     if stride == 1 or not patched(k, dv, table.shape[2], table.shape[3]):
-        y = kernel(q.reshape(b, h, k, height, width), v4, table, 1, lam)
+        y = kernel(q.reshape(b, h, k, height, width), v, table, 1, lam)
         return y if stride == 1 else pooling.avg_pool_3x3_s2(y, count_include_pad)
-    y = kernel(_patches(q, height, width), v4, pooled_table(table), 2, _repeat9(lam))
+    y = kernel(_patches(q, h, height, width), v, pooled_table(table), 2, _repeat9(lam))
     return y.div_(9) if count_include_pad else y.div_(in_image_counts(height, width, y))
 
 
@@ -210,47 +212,47 @@ def backward(backend: str, form: str, gy: Tensor, q: Tensor, keys: Optional[Tens
              global_scope: bool, saved: Optional[dict] = None) -> List[Optional[Tensor]]:
     """The gradients of ``q``, ``keys``, ``v``, ``table`` and ``shared`` (None for an input that is None); ``saved``:
     what :func:`forward` kept."""
-    shapes = [q.shape, None if keys is None else keys.shape, v.shape]
-    q, keys, v = views(q, keys, v, table, height, width)
-    b, h, k = q.shape[0], q.shape[1], q.shape[2]
-    u, dv = v.shape[1], v.shape[2]
-    lam, kn = (saved['lam'], saved['kn']) if saved else content_lambda(keys, v, shared, key_norm)
+    b, k, u = q.shape[0], table.shape[0], table.shape[1]
+    h, dv, n = q.shape[1] // k, v.shape[1] // u, height * width
+    lam, kn = (saved['lam'], saved['kn']) if saved else content_lambda(keys, v, shared, key_norm, k)
     if kn is None and keys is not None:  # (key_norm='none': the keys themselves, not kept)
-        kn = normalized_keys(keys, key_norm)
+        kn = normalized_keys(keys.reshape(b, u, k, n), key_norm)
     whole = table
     table = _reach(table, height, width, global_scope)
     if form == 'dense':
-        gq, gv, gtable, glam = _dense_backward(gy, q, v, table, lam, height, width, stride, count_include_pad,
+        qv, _, vv = views(q, None, v, table, height, width)
+        gq, gv, gtable, glam = _dense_backward(gy, qv, vv, table, lam, height, width, stride, count_include_pad,
                                                global_scope)
     elif stride == 1 or not patched(k, dv, table.shape[2], table.shape[3]):
-        kernel = backends.tiled_kernels(backend)[1]
-        v4 = v.reshape(b, u * dv, height, width)
         if stride == 2:
             gy = _pool_backward(gy, height, width, count_include_pad)
-        gq, gv, gtable, glam = kernel(gy, q.reshape(b, h, k, height, width), v4, table, 1, lam)
+        gq, gv, gtable, glam = backends.tiled_kernels(backend)[1](gy, q.reshape(b, h, k, height, width), v, table, 1,
+                                                                   lam)
     else:
-        kernel = backends.tiled_kernels(backend)[1]
-        v4 = v.reshape(b, u * dv, height, width)
         gy = gy / 9 if count_include_pad else gy / in_image_counts(height, width, gy)
-        gp, gv, gtable, glam = kernel(gy, _patches(q, height, width), v4, pooled_table(table), 2, _repeat9(lam))
+        gp, gv, gtable, glam = backends.tiled_kernels(backend)[1](gy, _patches(q, h, height, width), v,
+                                                                   pooled_table(table), 2, _repeat9(lam))
         gq = F.fold(gp.reshape(b, h * 9 * k, gp.shape[3] * gp.shape[4]), (height, width), 3, padding=1, stride=2)
         gtable = _pooled_table_grad(gtable, table.shape[2], table.shape[3])
         if lam is not None:
             glam = glam.view(b, k, 9, dv).sum(2)
     gtable = _reach_grad(gtable, whole)
-    gq = gq.view(b, h, k, height * width)
-    gv = gv.view(b, u, dv, height * width)
     gkeys = None
     if keys is not None:  # lambda^c = sum_u K_u V_u^T (eq. 1)
         if u == 1:
-            gkn = torch.bmm(glam, v[:, 0]).unsqueeze(1)
-            gv = torch.baddbmm(gv[:, 0], glam.transpose(1, 2), kn[:, 0]).unsqueeze(1)
+            kn = kn[:, 0]  # [B, k, n]
+            gkn = torch.bmm(glam, v.reshape(b, dv, n))
+            gv = torch.baddbmm(gv.reshape(b, dv, n), glam.transpose(1, 2), kn)
         else:
-            gkn = torch.matmul(glam.unsqueeze(1), v)
-            gv = gv + torch.matmul(glam.transpose(1, 2).unsqueeze(1), kn)
-        gkeys = _keys_grad(gkn, keys, kn, key_norm)
-    return [gq.reshape(shapes[0]), None if gkeys is None else gkeys.reshape(shapes[1]), gv.reshape(shapes[2]), gtable,
-            None if shared is None else glam]
+            gkn = torch.matmul(glam.unsqueeze(1), v.reshape(b, u, dv, n))
+            gv = gv.reshape(b, u, dv, n) + torch.matmul(glam.transpose(1, 2).unsqueeze(1), kn)
+        gkeys = _as(_keys_grad(gkn, keys, kn, key_norm), keys.shape)
+    return [_as(gq, q.shape), gkeys, _as(gv, v.shape), gtable, None if shared is None else glam]
+
+
+def _as(x: Tensor, shape) -> Tensor:
+    """``x`` in ``shape`` (no call where it already is)."""
+    return x if x.shape == shape else x.reshape(shape)
 
 
 def views(q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor, height: int, width: int):
