@@ -31,7 +31,7 @@ from .checks import (
     to_int,
 )
 from .dilation import batch_to_space, check_dilation, space_to_batch
-from .execution import compiling, functorch_active, warn_once
+from .execution import compiling, functorch_active, recorder, warn_once
 from .pooling import downsample_pool
 from .position_lambda import (
     KEY_NORMS,
@@ -241,10 +241,14 @@ class LambdaLayer(nn.Module):
             q = F.conv2d(x, w[:h * k], None if b is None else b[:h * k])
             keys = F.conv2d(x, w[h * k:h * k + k * u], None if b is None else b[h * k:h * k + k * u])
             values = F.conv2d(x, w[h * k + k * u:], None if b is None else b[h * k + k * u:])
+        elif not torch.jit.is_scripting() and recorder() is None:
+            # eager: one split of the projection (its backward is one concatenation; three slices were six launches
+            # and two sums), each part a view
+            q, keys, values = self.qkv(x).split([h * k, k * u, v * u], dim=1)
         else:
-            # one split of the flattened projection (its backward is one concatenation; three slices were six
-            # launches and two sums), each part a view, back to 4-D (a reshape of a 4-D channel slice makes
-            # torch.export guard on sizes of 1 even with backed_size_oblivious: docs/execution_modes.md)
+            # recorded (jit.trace, torch.export, torch.func) and scripted: the split of the flattened projection, back
+            # to 4-D (a reshape of a 4-D channel slice makes torch.export guard on sizes of 1 even with
+            # backed_size_oblivious: docs/execution_modes.md)
             q, keys, values = self.qkv(x).flatten(2).split([h * k, k * u, v * u], dim=1)  # keys stay [B, u k, n]
             q, values = q.unflatten(2, [H, W]), values.unflatten(2, [H, W])
         if not torch.jit.is_scripting() and functorch_active():
