@@ -309,6 +309,32 @@ def detection_shapes():
     assert load('detection_shapes_269e94e.json')['commit'].startswith('269e94e')
     return [b, a] + [x for pair in zip(bs, as_) for x in pair]
 
+def lean_counts():
+    """The "less host work" passage's kernel counts: cpu_kernel training, eval, eval reparameterized at stride 1 / 2,
+    then triton_tc's training at stride 1 (aten, Triton)."""
+    rows = {(r['shape'], r['mode']): r['backends'] for r in load('launches_lean.json')['rows']}
+    out = [rows[(shape, mode)]['cpu_kernel']['aten'] for mode in ('train f32', 'eval f32', 'eval f32 reparameterized')
+           for shape in ('16ch 4x4', '16ch 4x4 stride 2')]
+    t = rows[('16ch 4x4', 'train f32')]['triton_tc']
+    return out + [t['aten'], t['triton']]
+
+
+def lean_times():
+    """Its host-time table: the loads before (lowest, highest), then per row before 1 / 2, now 1 / 2 (layer / conv)."""
+    now = [load(f'host_time_lean_{i}.json') for i in (1, 2)]
+    before = [load(f'host_time_before_lean_{i}.json') for i in (1, 2)]
+    assert all(d['commit'].startswith('6ce8794') for d in before)
+    assert all(d['commit'].startswith('eb9f77f') for d in now)
+    loads = [d['load_before'][0] for d in now + before]
+    out = [min(loads), max(loads)]
+    for stride in (1, 2):
+        for mode, key in (('train', 'ratio'), ('eval', 'ratio'), ('eval', 'ratio_reparameterized')):
+            for d in before + now:
+                row, = [r for r in d['rows'] if (r['stride'], r['mode']) == (stride, mode)]
+                out.append(row[key])
+    return out
+
+
 FIGURES = [
     ('docs/benchmarks.md', """| training, float32 | 4 | {} / {} | {} / {} | {} + {} / {} + {} |
 | eval | 1 | {} / {} | {} / {} | {} + {} / {} + {} |
@@ -328,6 +354,20 @@ right after (`results/host_time_before_one_operator.json`), this one in `results
 | eval, stride 2 | {} | {} | {} | {} |
 
 After `reparameterize()` the eval forward is {}x the conv at stride 1 and {}x at stride 2.""", one_operator_times),
+    ('docs/benchmarks.md', """`cpu_kernel` training {} / {} at stride 1 / 2,
+eval {} / {}, eval reparameterized {} / {} (were 29 / 31, 7 / 8, 5 / 6); `triton_tc` unchanged ({} + {} training at
+stride 1)""", lean_counts),
+    ('docs/benchmarks.md', """load {} to {} before each,
+layer / conv (`results/host_time_lean_{1,2}.json`, `results/host_time_before_lean_{1,2}.json`):
+
+| step | before (6ce8794), pair 1 / 2 | now (eb9f77f), pair 1 / 2 |
+|---|---:|---:|
+| training, stride 1 | {} / {} | {} / {} |
+| eval, stride 1 | {} / {} | {} / {} |
+| eval reparameterized, stride 1 | {} / {} | {} / {} |
+| training, stride 2 | {} / {} | {} / {} |
+| eval, stride 2 | {} / {} | {} / {} |
+| eval reparameterized, stride 2 | {} / {} | {} / {} |""", lean_times),
     ('docs/benchmarks.md', """layer / conv summed
 {}x before and {}x after (c4 {}x / {}x, c5 stride 2 {}x / {}x, c5 {}x / {}x)""", detection_shapes),
     ('README.md', """| one lambda layer / its 3x3 conv, 1024 px shapes summed, batch 8, TF32 / bf16 autocast |
