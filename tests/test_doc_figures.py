@@ -309,6 +309,17 @@ def detection_shapes():
     assert load('detection_shapes_269e94e.json')['commit'].startswith('269e94e')
     return [b, a] + [x for pair in zip(bs, as_) for x in pair]
 
+
+def lean_detection_shapes():
+    """The leaner host path at the detection shapes: layer / conv summed, 6ce8794, then this (two runs)."""
+    def summed(name):
+        r = load(name)['results']
+        return sum(x['auto']['ms'] for x in r) / sum(x['conv3x3']['ms'] for x in r)
+    assert load('detection_shapes_before_lean.json')['commit'].startswith('6ce8794')
+    return [summed(n) for n in ('detection_shapes_before_lean.json', 'detection_shapes_lean_1.json',
+                                'detection_shapes_lean_2.json')]
+
+
 def lean_counts():
     """The "less host work" passage's kernel counts: cpu_kernel training, eval, eval reparameterized at stride 1 / 2,
     then triton_tc's training at stride 1 (aten, Triton)."""
@@ -357,6 +368,8 @@ After `reparameterize()` the eval forward is {}x the conv at stride 1 and {}x at
     ('docs/benchmarks.md', """`cpu_kernel` training {} / {} at stride 1 / 2,
 eval {} / {}, eval reparameterized {} / {} (were 29 / 31, 7 / 8, 5 / 6); `triton_tc` unchanged ({} + {} training at
 stride 1)""", lean_counts),
+    ('docs/benchmarks.md', """load 0.7-1.0): layer / conv summed {}x at 6ce8794
+and {}x / {}x now""", lean_detection_shapes),
     ('docs/benchmarks.md', """load {} to {} before each,
 layer / conv (`results/host_time_lean_{1,2}.json`, `results/host_time_before_lean_{1,2}.json`):
 
