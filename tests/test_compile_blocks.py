@@ -128,8 +128,6 @@ def _attention_blocks():
     return [(name, _random_norms(block)) for name, block in blocks]
 
 
-NOT_YET = ()  # every block type of the registered models is compiled here (issue 51)
-
 # Compiled behind --heavy only (CI's budget: each of these costs 1.5-4 minutes of compiling on 2 cores; CI keeps one
 # block of each family's lambda layer at stride 1 and 2, local and global, one dilated lambda block and AA-ResNet-34's
 # c5 blocks, the block of the issue). The attention blocks here: about 21 CPU minutes in all.
@@ -201,11 +199,12 @@ def _compiled_training_equals_eager(named_blocks):
 
 def _group(group):
     """The blocks of ``group``: 'lambda' and 'attention' (CI: the blocks not in :data:`HEAVY`) or 'heavy'."""
-    blocks = _lambda_blocks() + _attention_blocks()
+    lambda_blocks = _lambda_blocks()
+    blocks = lambda_blocks + _attention_blocks()
     assert set(HEAVY) <= {name for name, _ in blocks}
     if group == 'heavy':
         return [(name, b) for name, b in blocks if name in HEAVY]
-    lam = {name for name, _ in _lambda_blocks()}
+    lam = {name for name, _ in lambda_blocks}
     return [(name, b) for name, b in blocks if name not in HEAVY and (name in lam) == (group == 'lambda')]
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 
-from .execution import compiling, contiguous
+from .execution import compiled_fresh_copy, contiguous
 
 __all__ = ['space_to_batch', 'batch_to_space', 'check_dilation']
 
@@ -37,15 +37,11 @@ def space_to_batch(x: torch.Tensor, dilation: int) -> torch.Tensor:
     d = dilation
     hs, ws = (H + d - 1) // d, (W + d - 1) // d
     x = F.pad(x, [0, ws * d - W, 0, hs * d - H])
-    if not torch.jit.is_scripting() and compiling():
-        # compiled: the last op a copy, not a view (the lambda operator saves its input for backward, and inductor
-        # orders a saved view's strides by sympy comparisons it cannot decide for a square map, whose width after a
-        # split of the flattened H W = s**2 reads s**2 // s: an InductorError with dynamic=True, issue 51); inductor
-        # fuses the two copies
-        x = contiguous(x.view(B, C, hs, d, ws, d).permute(1, 2, 4, 0, 3, 5)).view(C, hs, ws, B * d * d)
-        return contiguous(x.permute(3, 0, 1, 2))
     x = contiguous(x.view(B, C, hs, d, ws, d).permute(0, 3, 5, 1, 2, 4))
-    return x.view(B * d * d, C, hs, ws)
+    # compiled: a copy, not a view (the lambda operator saves its input for backward, and inductor orders a saved
+    # view's strides by sympy comparisons it cannot decide for a square map, whose width after a split of the
+    # flattened H W = s**2 reads s**2 // s: an InductorError with dynamic=True, issue 51)
+    return compiled_fresh_copy(x.view(B * d * d, C, hs, ws))
 
 
 def batch_to_space(y: torch.Tensor, dilation: int, height: int, width: int) -> torch.Tensor:
