@@ -24,9 +24,9 @@ Set ``TIMM_LAMBDA_NO_AUTOLOAD=1`` (or true/yes/on, any case) to disable the
 hook (then ``import timm_lambda`` explicitly to register the models);
 0/false/no/off or unset keep it.  Any other value keeps the hook, and the
 ``import timm_lambda`` it runs raises the error naming the variable's values
-(shown as the hook's warning).  ``_flag`` is a stdlib copy of
-``timm_lambda._env.parse_flag`` (this module runs before the package can be
-imported); tests/test_env.py keeps the two equal.
+(shown as the hook's warning).  The variable is read at ``import timm`` by
+the package's own parser, ``timm_lambda/_env.py``, loaded by its file (the
+package itself is not imported for it).
 """
 import os
 import sys
@@ -36,26 +36,30 @@ __all__ = ["install", "uninstall", "TimmImportHook"]
 _TARGET = "timm"
 _PLUGIN = "timm_lambda"
 _DISABLE_ENV = "TIMM_LAMBDA_NO_AUTOLOAD"
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 
 
-def _flag(value, default):
-    """``value`` of a flag variable: True/False for the flag words (any case), ``default`` if unset or empty,
-    None for anything else (timm_lambda._env.parse_flag raises for it)."""
-    word = (value or "").strip().lower()
-    if not word:
-        return default
-    if word in _TRUE:
-        return True
-    if word in _FALSE:
+def _disabled():
+    """Whether ``TIMM_LAMBDA_NO_AUTOLOAD`` turns the hook off, read by ``timm_lambda/_env.py`` (loaded by its file,
+    without importing the package). An invalid value, or a package without that file, keeps the hook: the
+    ``import timm_lambda`` it runs then says what is wrong."""
+    if not os.environ.get(_DISABLE_ENV, "").strip():
+        return False  # (unset: no file read)
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec(_PLUGIN)
+        path = os.path.join(os.path.dirname(spec.origin), "_env.py")
+        env_spec = importlib.util.spec_from_file_location("_timm_lambda_env", path)
+        env = importlib.util.module_from_spec(env_spec)
+        env_spec.loader.exec_module(env)
+        return env.env(_DISABLE_ENV)
+    except Exception:
         return False
-    return None
 
 
 def _load_plugin():
     """Import the plugin package; warn instead of raising on failure."""
-    if _PLUGIN in sys.modules:
+    if _PLUGIN in sys.modules or _disabled():
         return
     try:
         __import__(_PLUGIN)
@@ -145,9 +149,8 @@ class TimmImportHook:
 
 
 def install():
-    """Put the hook on ``sys.meta_path`` (idempotent). Returns the active hook or None."""
-    if _flag(os.environ.get(_DISABLE_ENV), False):  # an invalid value keeps the hook: its import names it
-        return None
+    """Put the hook on ``sys.meta_path`` (idempotent; ``TIMM_LAMBDA_NO_AUTOLOAD`` is read when ``timm`` is
+    imported). Returns the active hook or None."""
     for finder in sys.meta_path:
         if isinstance(finder, TimmImportHook) or type(finder).__name__ == "TimmImportHook":
             return finder

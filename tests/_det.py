@@ -3,11 +3,11 @@ skipped cleanly with the install hint; with TIMM_LAMBDA_REQUIRE_DET=1 (CI) a mis
 
 import pytest
 
-from timm_lambda._env import env_flag
+from timm_lambda._env import env
 
 INSTALL_HINT = 'pip install "timm-lambda[det]"'
 
-if env_flag('TIMM_LAMBDA_REQUIRE_DET', False):
+if env('TIMM_LAMBDA_REQUIRE_DET'):
     import mmdet  # noqa: F401
 else:
     pytest.importorskip('mmdet', reason=f'detection extra not installed ({INSTALL_HINT})')

@@ -13,7 +13,7 @@ Set ``TIMM_LAMBDA_TIMM_SUITE_ALL=1`` to run every test on every model.
 import fnmatch
 import re
 
-from timm_lambda._env import env_flag
+from timm_lambda._env import env
 
 # timm: EXCLUDE_FILTERS += ['*resnetrs350*', '*resnetrs420*'] (its GitHub Actions list)
 EXCLUDE_FILTERS = ('lambdaresnet350*', 'lambdaresnet420*', 'resnetrs350_nose', 'resnetrs420_nose')
@@ -30,7 +30,7 @@ FX_TS_REPRESENTATIVES = {
 
 def excluded(test_name: str, model_name: str) -> bool:
     """Whether timm's test ``test_name`` leaves our model ``model_name`` out."""
-    if env_flag('TIMM_LAMBDA_TIMM_SUITE_ALL', False):
+    if env('TIMM_LAMBDA_TIMM_SUITE_ALL'):
         return False
     if _deepest(model_name):
         return True

@@ -1,8 +1,9 @@
-"""The ``TIMM_LAMBDA_*`` variables (issue 39): one convention (``timm_lambda/_env.py``: 1/true/yes/on and
-0/false/no/off in any case, unset or empty the default), an invalid value an error naming the variable and its values
-when the package loads, and the two stdlib copies of the parser (the ``.pth`` hook, tools/install.sh's
-``mmcv_cuda.py``) equal to it."""
+"""The ``TIMM_LAMBDA_*`` variables (issue 39): one convention and one parser (``timm_lambda/_env.py``: 1/true/yes/on
+and 0/false/no/off in any case, unset or empty the default), one table of variables, an invalid value an error naming
+the variable and its values when the package loads; the ``.pth`` hook and tools/install.sh's ``mmcv_cuda.py`` load
+that parser by its file (no copies)."""
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -61,9 +62,12 @@ def test_choice_takes_its_words_and_the_flag_words():
 
 
 def test_a_name_takes_its_words_only():
-    """``TIMM_LAMBDA_BACKEND`` names a backend: its words in any case; a flag word means nothing there."""
+    """``TIMM_LAMBDA_BACKEND`` names a backend: its words (the registry's) in any case; a flag word means nothing
+    there."""
+    from timm_lambda.layers.position_lambda import backends
     kind, default, choices, _ = _env.VARIABLES['TIMM_LAMBDA_BACKEND']
-    assert (kind, default) == ('name', 'auto')
+    assert (kind, default, choices) == ('name', 'auto', None)  # (the registry's names: one list of them)
+    choices = ('auto',) + backends.names()
     assert _env.parse_choice('TIMM_LAMBDA_BACKEND', ' Triton_TC ', choices, default, flags=False) == 'triton_tc'
     assert _env.parse_choice('TIMM_LAMBDA_BACKEND', '', choices, default, flags=False) == 'auto'
     for value in ('1', 'on', 'off', 'triton'):
@@ -82,11 +86,11 @@ def test_every_variable_of_the_package_is_in_the_table():
             if path.suffix in ('.py', '.sh'):
                 found |= set(re.findall(r'TIMM_LAMBDA_[A-Z0-9_]+', path.read_text()))
     found |= set(re.findall(r'TIMM_LAMBDA_[A-Z0-9_]+', (REPO / 'timm_lambda_autoload.py').read_text()))
-    # values, not switches (the CPU kernel's -march= target: cpu_kernel.arch checks it)
-    paths = {'TIMM_LAMBDA_WHEEL_CACHE', 'TIMM_LAMBDA_CACHE', 'TIMM_LAMBDA_COMMIT', 'TIMM_LAMBDA_CPU_ARCH'}
+    # paths and the benchmarks' commit: values, not switches
+    paths = {'TIMM_LAMBDA_WHEEL_CACHE', 'TIMM_LAMBDA_CACHE', 'TIMM_LAMBDA_COMMIT'}
     assert found - paths - {'TIMM_LAMBDA_'} <= set(_env.VARIABLES) | set(_env.RETIRED), found
-    from timm_lambda.layers.position_lambda import backends
-    assert _env.VARIABLES['TIMM_LAMBDA_BACKEND'][:3] == ('name', 'auto', ('auto',) + backends.BACKENDS)
+    assert _env.VARIABLES['TIMM_LAMBDA_BACKEND'][:3] == ('name', 'auto', None)
+    assert _env.VARIABLES['TIMM_LAMBDA_CPU_ARCH'][:2] == ('pattern', 'native')
     assert _env.VARIABLES['TIMM_LAMBDA_NO_AUTOLOAD'][:2] == ('flag', False)
     assert _env.VARIABLES['TIMM_LAMBDA_STRICT'][:2] == ('flag', False)
     assert _env.VARIABLES['TIMM_LAMBDA_MMCV_CUDA'][:3] == ('choice', 'auto', ('auto',))
@@ -94,29 +98,32 @@ def test_every_variable_of_the_package_is_in_the_table():
 
 @pytest.mark.parametrize('name', sorted(_env.VARIABLES))
 def test_check_names_an_invalid_variable(name, monkeypatch):
+    """:func:`_env.check` (at ``import timm_lambda``) refuses an invalid value of each variable, naming it; a name's
+    (the backend's) is refused when the package has registered its backends."""
     for other in _env.VARIABLES:
         monkeypatch.delenv(other, raising=False)
     for other in _env.RETIRED:
         monkeypatch.delenv(other, raising=False)
     _env.check()
     kind, _, choices, _ = _env.VARIABLES[name]
-    monkeypatch.setenv(name, 'Off' if kind != 'name' else choices[-1].upper())
+    good, bad = {'name': ('GEMM', 'maybe'), 'pattern': ('x86-64-v3', 'native; rm')}.get(kind, ('Off', 'maybe'))
+    monkeypatch.setenv(name, good)
     _env.check()
-    monkeypatch.setenv(name, 'maybe')
-    with pytest.raises(ValueError, match=f"^{name}='maybe' is not a valid value: use "):
+    monkeypatch.setenv(name, bad)
+    if kind == 'name':
+        from timm_lambda.layers.position_lambda import backends
+        with pytest.raises(ValueError, match=f"^{name}='{bad}' is not a valid value: use auto, cpu_kernel, "):
+            backends.set_backend_from_environment()
+        return
+    with pytest.raises(ValueError, match=f"^{name}='{re.escape(bad)}' is not a valid value: use "):
         _env.check()
 
 
-def test_the_stdlib_copies_read_every_value_as_the_package_does():
-    """``timm_lambda_autoload._flag`` (None where the package raises) and ``mmcv_cuda.read_switch`` (the same
-    error) equal :mod:`timm_lambda._env` on every value."""
+def test_the_hook_and_the_install_script_read_the_packages_parser():
+    """No copies: the ``.pth`` hook and ``mmcv_cuda.py`` load ``timm_lambda/_env.py`` by its file (the package is not
+    imported for it) and read their variables by it, errors included."""
+    assert not hasattr(timm_lambda_autoload, '_flag') and not hasattr(mmcv_cuda, '_TRUE')
     for value in ON + OFF + UNSET + BAD + ['auto', 'AUTO']:
-        for default in (True, False):
-            try:
-                want = _env.parse_flag('TIMM_LAMBDA_NO_AUTOLOAD', value, default)
-            except ValueError:
-                want = None
-            assert timm_lambda_autoload._flag(value, default) is want, value
         try:
             want = _env.parse_choice('TIMM_LAMBDA_MMCV_CUDA', value, ('auto',), 'auto')
         except ValueError as e:
@@ -125,8 +132,7 @@ def test_the_stdlib_copies_read_every_value_as_the_package_does():
             assert str(got.value) == str(e)
         else:
             assert mmcv_cuda.read_switch(value) == want, value
-    assert timm_lambda_autoload._TRUE == mmcv_cuda._TRUE == _env.TRUE
-    assert timm_lambda_autoload._FALSE == mmcv_cuda._FALSE == _env.FALSE
+    assert mmcv_cuda._env().parse_flag.__code__.co_filename == str(REPO / 'timm_lambda' / '_env.py')
 
 
 def _python(code, env_extra, pythonpath, cwd):
@@ -148,6 +154,7 @@ def test_autoload_switch(value, hooked, tmp_path):
     (stub / 'timm' / '__init__.py').write_text('')
     (stub / 'timm_lambda').mkdir()
     (stub / 'timm_lambda' / '__init__.py').write_text('')
+    (stub / 'timm_lambda' / '_env.py').write_text((REPO / 'timm_lambda' / '_env.py').read_text())  # (its parser)
     out = _python('''
         import sys, timm_lambda_autoload, timm
         print(timm_lambda_autoload.__file__, 'timm_lambda' in sys.modules)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from timm_lambda._env import env_flag
+from timm_lambda._env import env
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def _have(module: str) -> bool:
 
 
 HAVE_DET = all(_have(m) for m in ('mmdet', 'mmengine', 'mmcv'))
-requires_det = pytest.mark.skipif(not HAVE_DET and not env_flag('TIMM_LAMBDA_REQUIRE_DET', False),
+requires_det = pytest.mark.skipif(not HAVE_DET and not env('TIMM_LAMBDA_REQUIRE_DET'),
                                   reason='detection extra not installed (pip install "timm-lambda[det]")')
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from timm_lambda._env import env_flag
+from timm_lambda._env import env
 
 REPO = Path(__file__).resolve().parents[1]
 CONSTRAINTS = REPO / "constraints.txt"
@@ -40,7 +40,7 @@ def _installed(dist):
 
 
 HAVE_DET = all(_installed(d) for d in DET_DISTS)
-REQUIRE_DET = env_flag("TIMM_LAMBDA_REQUIRE_DET", False)
+REQUIRE_DET = env("TIMM_LAMBDA_REQUIRE_DET")
 requires_det = pytest.mark.skipif(
     not (HAVE_DET or REQUIRE_DET),
     reason=f"detection extra not installed ({INSTALL_HINT}); set TIMM_LAMBDA_REQUIRE_DET=1 to fail instead",

@@ -72,9 +72,10 @@ def test_decide_refuses(switch, torch_cuda):
 
 
 def test_decide_script_on_this_machine(tmp_path):
-    """The shell interface: `python - decide < mmcv_cuda.py` (CI=true: CPU ops, whatever the machine has)."""
+    """The shell interface: `python mmcv_cuda.py decide`, as tools/install.sh runs it (CI=true: CPU ops, whatever the
+    machine has), and from standard input (the parser then found through the installed package)."""
     env = {k: v for k, v in os.environ.items() if k not in ('TIMM_LAMBDA_MMCV_CUDA', 'TORCH_CUDA_ARCH_LIST')}
-    out = subprocess.run([sys.executable, '-', 'decide'], stdin=CHECK_PY.open(), capture_output=True, text=True,
+    out = subprocess.run([sys.executable, str(CHECK_PY), 'decide'], capture_output=True, text=True,
                          cwd=tmp_path, env={**env, 'CI': 'true'}, check=True).stdout
     assert out.splitlines()[:2] == ['cuda=0', 'archs='] and out.splitlines()[3] == 'switch=auto', out
     off = subprocess.run([sys.executable, '-', 'decide'], stdin=CHECK_PY.open(), capture_output=True, text=True,

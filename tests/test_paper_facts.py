@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from timm_lambda import paper
-from timm_lambda._env import env_flag
+from timm_lambda._env import env
 
 PAPERS = Path(os.environ.get('TIMM_LAMBDA_PAPERS', Path(__file__).resolve().parents[2] / 'shared' / 'papers'))
 PAPER = PAPERS / 'lambdanetworks_iclr.txt'
 AA_PAPER = PAPERS / 'attention_augmented_convnets.txt'
-REQUIRE_PAPERS = env_flag('TIMM_LAMBDA_REQUIRE_PAPERS', False) or os.environ.get('CI', '').lower() == 'true'
+REQUIRE_PAPERS = env('TIMM_LAMBDA_REQUIRE_PAPERS') or os.environ.get('CI', '').lower() == 'true'
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from timm_lambda._env import env_flag
+from timm_lambda._env import env
 
 
 def _suite_path() -> Path:
@@ -35,7 +35,7 @@ if SUITE.is_file():
     _module = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_module)
     globals().update({k: v for k, v in vars(_module).items() if k.startswith('test_') or k == 'cfg_device'})
-elif env_flag('TIMM_LAMBDA_REQUIRE_TIMM_SUITE', False):
+elif env('TIMM_LAMBDA_REQUIRE_TIMM_SUITE'):
     raise FileNotFoundError(f'{SUITE} is missing: run tools/install.sh (it fetches timm\'s sdist tests)')
 else:
     def test_timm_suite_available():

@@ -1,29 +1,45 @@
-"""The ``TIMM_LAMBDA_*`` environment variables: one convention, read in one place (as timm's ``layers/config.py``).
+"""The ``TIMM_LAMBDA_*`` environment variables: one table, one parser, read in one place (as timm's
+``layers/config.py``).
 
 A flag takes ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``, in any case, surrounding spaces ignored;
-unset or empty is its default. A choice takes its words (any case) and, where it has an on/off meaning, the flag
-words (read as ``'1'``/``'0'``). Anything else raises a ValueError that names the variable and its values:
-``import timm_lambda`` checks every variable of :data:`VARIABLES` (:func:`check`), so a typo fails at load, not
-18 frames deep at a first forward. Two stdlib-only copies of the parser keep the convention where this package
-cannot be imported: ``timm_lambda_autoload.py`` (run from a ``.pth`` file at start-up) and
-``timm_lambda_mmdet/mmcv_cuda.py`` (run as a script by ``tools/install.sh``); tests/test_env.py keeps them equal.
+unset or empty is its default. A choice takes its words (any case) and the flag words (read as ``'1'``/``'0'``); a
+name its words only (``TIMM_LAMBDA_BACKEND``: the registered backends', checked when the package has registered
+them); a pattern a value that matches it. Anything else raises a ValueError that names the variable and its values:
+``import timm_lambda`` checks every variable of :data:`VARIABLES` (:func:`check`), so a typo fails at load, not 18
+frames deep at a first forward.
+
+Standard library only, and loaded by its file where this package cannot be imported: by the ``.pth`` hook
+``timm_lambda_autoload.py`` at ``import timm``, and by ``timm_lambda_mmdet/mmcv_cuda.py``, which ``tools/install.sh``
+runs before the package is installed (each through ``importlib.util.spec_from_file_location``).
 """
 import os
-from typing import Optional, Sequence
+import re
+from typing import Optional, Sequence, Union
 
-__all__ = ['TRUE', 'FALSE', 'VARIABLES', 'RETIRED', 'env_flag', 'env_choice', 'parse_flag', 'parse_choice', 'check']
+__all__ = ['TRUE', 'FALSE', 'VARIABLES', 'RETIRED', 'env', 'env_flag', 'env_choice', 'parse_flag', 'parse_choice',
+           'check']
 
 TRUE = ('1', 'true', 'yes', 'on')
 FALSE = ('0', 'false', 'no', 'off')
 
-# name: (kind, default, choices, what it does). 'flag', 'choice' (its choices plus the flag words as '1'/'0') or
-# 'name' (its choices only).
+# name: (kind, default, choices, what it does). Kinds: 'flag'; 'choice' (its choices plus the flag words as '1'/'0');
+# 'name' (its choices only; None: the registry's, checked by timm_lambda.layers.position_lambda); 'pattern' (a value
+# matching the regular expression in place of the choices).
 VARIABLES = {
-    'TIMM_LAMBDA_BACKEND': ('name', 'auto', ('auto', 'cpu_kernel', 'triton_tc', 'triton_fma', 'gemm', 'plain'),
-                            'the backend of the position lambdas (layers/position_lambda/backends.py)'),
-    'TIMM_LAMBDA_NO_AUTOLOAD': ('flag', False, (), 'skip registering the models at `import timm` (the .pth hook)'),
+    'TIMM_LAMBDA_BACKEND': ('name', 'auto', None, 'the backend of the position lambdas: auto or a registered '
+                                                  "backend's name (layers/position_lambda/backends.py)"),
     'TIMM_LAMBDA_STRICT': ('flag', False, (), 'a position-lambda backend that fails raises (no next backend)'),
+    'TIMM_LAMBDA_NO_AUTOLOAD': ('flag', False, (), 'skip registering the models at `import timm` (the .pth hook)'),
+    'TIMM_LAMBDA_CPU_ARCH': ('pattern', 'native', r'[A-Za-z0-9][A-Za-z0-9.+-]*',
+                             "the CPU kernel's -march= target (layers/position_lambda/cpu_kernel.py)"),
     'TIMM_LAMBDA_MMCV_CUDA': ('choice', 'auto', ('auto',), 'tools/install.sh: mmcv with CUDA ops: auto, on or off'),
+    # the test suite's: a missing part fails its tests instead of skipping them (.ci/run sets them)
+    'TIMM_LAMBDA_REQUIRE_DET': ('flag', False, (), 'tests: MMDetection must be installed'),
+    'TIMM_LAMBDA_REQUIRE_TIMM_SUITE': ('flag', False, (), "tests: timm's own model tests must run"),
+    'TIMM_LAMBDA_REQUIRE_CPU_KERNEL': ('flag', False, (), 'tests: the CPU kernel must be built'),
+    'TIMM_LAMBDA_REQUIRE_TRITON': ('flag', False, (), "tests: Triton's interpreted kernel tests must run"),
+    'TIMM_LAMBDA_REQUIRE_PAPERS': ('flag', False, (), 'tests: the paper texts must be found (also CI=true)'),
+    'TIMM_LAMBDA_TIMM_SUITE_ALL': ('flag', False, (), "tests: timm's model suite on every model, not representatives"),
 }
 
 
@@ -60,6 +76,28 @@ def parse_choice(name: str, value: Optional[str], choices: Sequence[str], defaul
     raise ValueError(f'{name}={value!r} is not a valid value: use {values}, or leave it unset')
 
 
+def parse_pattern(name: str, value: Optional[str], pattern: str, default: str) -> str:
+    """``value`` of ``name`` where it matches ``pattern`` (surrounding spaces ignored; unset or empty: ``default``)."""
+    word = (value or '').strip()
+    if not word:
+        return default
+    if not re.fullmatch(pattern, word):
+        raise ValueError(f'{name}={value!r} is not a valid value: use a value matching {pattern}, or leave it unset')
+    return word
+
+
+def env(name: str, choices: Optional[Sequence[str]] = None) -> Union[bool, str]:
+    """The variable ``name`` of :data:`VARIABLES`, read by its kind: a flag as a bool, a choice, name or pattern as a
+    string (``choices``: a name's words where the table leaves them to the caller)."""
+    kind, default, table_choices, _ = VARIABLES[name]
+    value = os.environ.get(name)
+    if kind == 'flag':
+        return parse_flag(name, value, default)
+    if kind == 'pattern':
+        return parse_pattern(name, value, table_choices, default)
+    return parse_choice(name, value, table_choices if choices is None else choices, default, flags=kind == 'choice')
+
+
 def env_flag(name: str, default: bool) -> bool:
     """The flag ``$name``: True for 1/true/yes/on, False for 0/false/no/off (any case), ``default`` if unset."""
     return parse_flag(name, os.environ.get(name), default)
@@ -71,14 +109,13 @@ def env_choice(name: str, choices: Sequence[str], default: str, flags: bool = Tr
 
 
 def check() -> None:
-    """Read every variable of :data:`VARIABLES`: a ValueError names the first invalid one and its values, or a
-    retired one (:data:`RETIRED`) and its successor."""
+    """Read every variable of :data:`VARIABLES` (a name without its words: when they are known): a ValueError names
+    the first invalid one and its values, or a retired one (:data:`RETIRED`) and its successor."""
     for name, successor in RETIRED.items():
         if os.environ.get(name):
             raise ValueError(f'{name} is no longer read: unset it and use {successor}; '
                              'docs/install.md, "Environment variables"')
-    for name, (kind, default, choices, _) in VARIABLES.items():
-        if kind == 'flag':
-            env_flag(name, default)
-        else:
-            env_choice(name, choices, default, flags=kind == 'choice')
+    for name, (kind, _, choices, _) in VARIABLES.items():
+        if not (kind == 'name' and choices is None):
+            env(name)
+

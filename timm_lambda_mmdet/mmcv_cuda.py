@@ -27,24 +27,33 @@ CUDA_SECTION = '.nv_fatbin'
 # Ampere (A100 8.0, RTX 30xx 8.6), Ada (RTX 40xx / L4 / L40 8.9), Hopper (H100/H200 9.0); the PTX of 9.0 lets
 # newer GPUs (Blackwell) JIT-compile the kernels. CUDA 13 has no targets below 7.5. Each arch adds compile time.
 DEFAULT_CUDA_ARCHS = '8.0;8.6;8.9;9.0+PTX'
-_TRUE = ('1', 'true', 'yes', 'on')
-_FALSE = ('0', 'false', 'no', 'off')
+
+
+def _env():
+    """``timm_lambda/_env.py``, the package's parser of its variables, loaded by its file: the one beside this
+    package's folder (tools/install.sh runs this file as a script before the package is installed), else an installed
+    one."""
+    import importlib.util
+    here = globals().get('__file__')
+    path = ''
+    if here and os.path.isfile(here):
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(here))), 'timm_lambda', '_env.py')
+    if not os.path.isfile(path):  # (read from standard input)
+        spec = importlib.util.find_spec('timm_lambda')
+        path = os.path.join(os.path.dirname(spec.origin), '_env.py') if spec and spec.origin else path
+    spec = importlib.util.spec_from_file_location('_timm_lambda_env', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def read_switch(switch: Optional[str]) -> str:
-    """``$TIMM_LAMBDA_MMCV_CUDA`` as ``'0'``, ``'1'`` or ``'auto'``: auto, 1/true/yes/on or 0/false/no/off in any
-    case, unset or empty meaning auto; anything else a ValueError naming the variable and its values. A stdlib copy
-    of ``timm_lambda._env.parse_choice`` (this file runs before the package is installed); tests/test_env.py keeps
-    the two equal."""
-    word = (switch or '').strip().lower()
-    if not word or word == 'auto':
-        return 'auto'
-    if word in _TRUE:
-        return '1'
-    if word in _FALSE:
-        return '0'
-    raise ValueError(f'TIMM_LAMBDA_MMCV_CUDA={switch!r} is not a valid value: use auto, 1/true/yes/on or '
-                     '0/false/no/off (any case), or leave it unset')
+    """``$TIMM_LAMBDA_MMCV_CUDA`` (``switch``) as ``'0'``, ``'1'`` or ``'auto'``, by the package's parser: auto,
+    1/true/yes/on or 0/false/no/off in any case, unset or empty meaning auto; anything else a ValueError naming the
+    variable and its values."""
+    env = _env()
+    kind, default, choices, _ = env.VARIABLES['TIMM_LAMBDA_MMCV_CUDA']
+    return env.parse_choice('TIMM_LAMBDA_MMCV_CUDA', switch, choices, default)
 
 
 def elf_sections(path: str) -> Dict[str, int]:

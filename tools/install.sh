@@ -70,10 +70,10 @@ MMCV_VERSION="$(sed -n 's/^mmcv==\([^ ;#]*\).*/\1/p' "$CONSTRAINTS" | head -n1)"
 [[ -n "$MMCV_VERSION" ]] || die "no mmcv==X pin in $CONSTRAINTS"
 TORCH_VERSION="$("$PY" -c 'import torch; print(torch.__version__)')"
 CACHE_ROOT="${TIMM_LAMBDA_WHEEL_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/timm-lambda/wheels}/torch-${TORCH_VERSION//+/_}"
-CHECK_PY="$ROOT/timm_lambda_mmdet/mmcv_cuda.py"   # stdlib-only, run as a script (the package is not installed yet)
+CHECK_PY="$ROOT/timm_lambda_mmdet/mmcv_cuda.py"   # stdlib-only (and timm_lambda/_env.py beside it), run as a script
 
 # CPU or CUDA ops (timm_lambda_mmdet/mmcv_cuda.py: decide_mmcv_build)
-DECISION="$("$PY" - decide <"$CHECK_PY")" || die "${DECISION#error=}"
+DECISION="$("$PY" "$CHECK_PY" decide)" || die "${DECISION#error=}"
 MMCV_CUDA="$(sed -n 's/^cuda=//p' <<<"$DECISION")"
 MMCV_SWITCH="$(sed -n 's/^switch=//p' <<<"$DECISION")"  # $TIMM_LAMBDA_MMCV_CUDA read as 0, 1 or auto
 MMCV_ARCHS="$(sed -n 's/^archs=//p' <<<"$DECISION")"
@@ -118,7 +118,7 @@ except ImportError as e:
     sys.exit(f"mmcv's compiled ops do not load against torch {torch.__version__}: {e}")
 if not hasattr(mod, "nms") or not hasattr(mod, "roi_align_forward"):
     sys.exit("mmcv._ext lacks nms/roi_align_forward")
-ns = {"__name__": "mmcv_cuda"}
+ns = {"__name__": "mmcv_cuda", "__file__": check_py}
 exec(compile(open(check_py).read(), check_py, "exec"), ns)
 cuda = ns["has_cuda_device_code"](str(exts[0].locate()))
 if want_ops == "cuda" and not cuda:
@@ -174,7 +174,7 @@ if [[ -z "$MMCV_SOURCE" ]]; then
     mmcv_ops_ok || die "the freshly built mmcv wheel does not load; see $CACHE_DIR/mmcv-$MMCV_VERSION-build.log"
     MMCV_SOURCE="source build (cached as $CACHE_DIR/$WHEEL_NAME)"
 fi
-log "mmcv $MMCV_VERSION with $("$PY" - has-cuda-ops <"$CHECK_PY" && echo "CPU + CUDA" || echo "CPU-only") ops: $MMCV_SOURCE"
+log "mmcv $MMCV_VERSION with $("$PY" "$CHECK_PY" has-cuda-ops && echo "CPU + CUDA" || echo "CPU-only") ops: $MMCV_SOURCE"
 
 # 4. the package itself ----------------------------------------------------------
 log "installing timm-lambda[det,test] (constraints.txt)"
