@@ -201,6 +201,7 @@ torch::Tensor rows_by_phase(const torch::Tensor& v, int64_t Hp, int64_t Wq, int6
 // q [B, h, c, Ho, Wo], v [B, u V, H, W], table [c, u, K_h, K_w], content [B, c, V] or None -> y [B, h V, Ho, Wo]
 torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor v, torch::Tensor table, std::optional<torch::Tensor> content,
                             int64_t step) {
+  check_arguments("tiled_forward", q, v, table, content, step);
   q = q.contiguous();
   Shape s(q, v, table, step);
   const torch::Tensor lc = content_of(content, s);
@@ -240,6 +241,7 @@ torch::Tensor tiled_forward(torch::Tensor q, torch::Tensor v, torch::Tensor tabl
 // (gcontent empty without a content lambda)
 std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, torch::Tensor v, torch::Tensor table,
                                           std::optional<torch::Tensor> content, int64_t step) {
+  check_arguments("tiled_backward", q, v, table, content, step, &gy);
   gy = gy.contiguous(); q = q.contiguous();
   Shape s(q, v, table, step);
   const torch::Tensor lc = content_of(content, s);

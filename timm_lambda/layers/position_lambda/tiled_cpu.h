@@ -165,6 +165,51 @@ struct Content {
   int64_t C;
 };
 
+// Every tensor an entry point reads, checked against the others before any kernel runs (the kernels index by these
+// sizes and never read outside them): q [B, h, c, Ho, Wo] with Ho, Wo = ceil(H / step), ceil(W / step), v [B, u V, H,
+// W], table [c, u, K_h, K_w] with odd K_h, K_w, content [B, c, V] or none, gy [B, h V, Ho, Wo] (the backward's), one
+// floating dtype (`dtype`: the entry point's, or q's where undefined), all on the CPU, step 1 or 2. (Strides: q and gy
+// are made contiguous, v and the table read through their strides.)
+inline void check_arguments(const char* name, const torch::Tensor& q, const torch::Tensor& v,
+                            const torch::Tensor& table, const std::optional<torch::Tensor>& content, int64_t step,
+                            const torch::Tensor* gy = nullptr,
+                            std::optional<c10::ScalarType> dtype = std::nullopt) {
+  TORCH_CHECK_VALUE(step == 1 || step == 2, name, ": step must be 1 or 2, got ", step);
+  TORCH_CHECK_VALUE(q.dim() == 5, name, ": q must be [B, h, c, Ho, Wo], got ", q.sizes());
+  TORCH_CHECK_VALUE(v.dim() == 4, name, ": v must be [B, u V, H, W], got ", v.sizes());
+  TORCH_CHECK_VALUE(table.dim() == 4, name, ": table must be [c, u, K_h, K_w], got ", table.sizes());
+  const c10::ScalarType dt = dtype.value_or(q.scalar_type());
+  std::vector<std::pair<const char*, const torch::Tensor*>> all{{"q", &q}, {"v", &v}, {"table", &table}};
+  if (content.has_value()) all.push_back({"content", &*content});
+  if (gy != nullptr) all.push_back({"gy", gy});
+  for (const auto& [what, t] : all) {
+    TORCH_CHECK_TYPE(t->device().is_cpu(), name, ": ", what, " must be a CPU tensor, got one on ", t->device());
+    TORCH_CHECK_TYPE(t->scalar_type() == dt, name, ": ", what, " must be ", dt, " (the call's dtype), got ",
+                     t->scalar_type());
+  }
+  TORCH_CHECK_TYPE(at::isFloatingType(dt), name, ": the tensors must be floating, got ", dt);
+  const int64_t B = q.size(0), c = q.size(2), U = table.size(1), KH = table.size(2), KW = table.size(3);
+  const int64_t H = v.size(2), W = v.size(3);
+  TORCH_CHECK_VALUE(q.size(1) >= 1 && c >= 1 && U >= 1 && table.size(0) == c && KH % 2 == 1 && KW % 2 == 1, name,
+                    ": table must be [c, u, K_h, K_w] with q's c and odd sides, got q ", q.sizes(), ", table ",
+                    table.sizes());
+  TORCH_CHECK_VALUE(v.size(0) == B && v.size(1) >= U && v.size(1) % U == 0, name,
+                    ": v must be [B, u V, H, W] with q's B and a multiple of the table's u, got v ", v.sizes(),
+                    ", q ", q.sizes(), ", table ", table.sizes());
+  TORCH_CHECK_VALUE(q.size(3) == (H + step - 1) / step && q.size(4) == (W + step - 1) / step, name,
+                    ": q's map must be v's at step ", step, " (", (H + step - 1) / step, "x", (W + step - 1) / step,
+                    "), got q ", q.sizes(), ", v ", v.sizes());
+  const int64_t V = v.size(1) / U;
+  if (content.has_value())
+    TORCH_CHECK_VALUE(content->dim() == 3 && content->size(0) == B && content->size(1) == c && content->size(2) == V,
+                      name, ": content must be [B, c, V] = [", B, ", ", c, ", ", V, "], got ", content->sizes());
+  if (gy != nullptr)
+    TORCH_CHECK_VALUE(gy->dim() == 4 && gy->size(0) == B && gy->size(1) == q.size(1) * V &&
+                          gy->size(2) == q.size(3) && gy->size(3) == q.size(4),
+                      name, ": gy must be the output's gradient [B, h V, Ho, Wo] = [", B, ", ", q.size(1) * V, ", ",
+                      q.size(3), ", ", q.size(4), "], got ", gy->sizes());
+}
+
 // Queries q [B, h, c, Ho, Wo], values v [B, u V, H, W], table R [c, u, K_h, K_w]; query (oy, ox) meets the values
 // from (s oy - (K_h - 1) / 2, s ox - (K_w - 1) / 2) on (s = step). The kernels walk the queries in runs of up to Tt
 // along a row (one logits GEMM per head and run).

@@ -329,8 +329,7 @@ void scatter_bf16(const uint32_t* L, int64_t ls, const uint32_t* gy, int64_t HP,
 // y [B, h V, Ho, Wo] bfloat16: tiled_forward's result with the logits and y rounded to bfloat16 (see above)
 torch::Tensor tiled_forward_bf16(torch::Tensor q, torch::Tensor v, torch::Tensor table,
                                  std::optional<torch::Tensor> content, int64_t step) {
-  for (const auto* t : {&q, &v, &table})
-    TORCH_CHECK(t->scalar_type() == torch::kBFloat16, "tiled_forward_bf16: bfloat16 inputs only");
+  check_arguments("tiled_forward_bf16", q, v, table, content, step, nullptr, torch::kBFloat16);
   q = q.contiguous();
   Shape s(q, v, table, step);
   s.KWs = round_up(s.KW + 1, 2);
@@ -389,8 +388,7 @@ torch::Tensor tiled_forward_bf16(torch::Tensor q, torch::Tensor v, torch::Tensor
 // with float32 sums; the content rows in float32, as tiled_backward
 std::vector<torch::Tensor> tiled_backward_bf16(torch::Tensor gy, torch::Tensor q, torch::Tensor v, torch::Tensor table,
                                                std::optional<torch::Tensor> content, int64_t step) {
-  for (const auto* t : {&gy, &q, &v, &table})
-    TORCH_CHECK(t->scalar_type() == torch::kBFloat16, "tiled_backward_bf16: bfloat16 inputs only");
+  check_arguments("tiled_backward_bf16", q, v, table, content, step, &gy, torch::kBFloat16);
   gy = gy.contiguous(); q = q.contiguous();
   Shape s(q, v, table, step);
   const torch::Tensor lc = content.has_value() ? content_of(content->to(torch::kFloat), s) : torch::Tensor();
