@@ -22,7 +22,7 @@ DTYPE_IDS = ['f64', 'f32', 'bf16', 'f16']
 # their rounding (2^-8 for bfloat16, 2^-11 for float16) summed over the depth
 BOUND = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
 ROWS = [(name, form) for name in PL.BACKENDS for form in ('einsum', 'conv', 'dense', 'tiled')
-        if form in backends._FORMS_OF[name]]
+        if form in backends.get(name).forms]
 ROW_IDS = ['-'.join(r) for r in ROWS]
 MATRIX_CASES = [C.CASES[2], C.CASES[7]]  # stride 2 with |u| 2; 5 heads and |v| 43 at stride 1
 MATRIX_IDS = [C.IDS[2], C.IDS[7]]
@@ -51,9 +51,12 @@ def check_row(backend_fixture, name: str, form: str, device: str, dtype: torch.d
     ref = position_term_reference(*exact, case[1], case[2], step, case[9])
     PL.served_backends(reset=True)
     y = C.call(form, case, *low)
-    assert (form, name, device, str(dtype).replace('torch.', '')) in PL.served_backends(), PL.served_backends()
+    served = PL.served_backends()
+    assert (form, name, device, str(dtype).replace('torch.', ''), 'forward') in served, served
     g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     got = [y] + list(torch.autograd.grad(y, low, g.to(device, dtype)))
+    if backends.get(name).operator:  # its backward computed the gradients too (plain ops: autograd's, uncounted)
+        assert (form, name, device, str(dtype).replace('torch.', ''), 'backward') in PL.served_backends()
     want = [ref] + list(torch.autograd.grad(ref, exact, g))
     for what, a, w in zip(['output', 'q', 'v', 'table'], got, want):
         assert a.dtype == dtype and a.device.type == device, f'{what}: {a.dtype} on {a.device}'

@@ -34,9 +34,9 @@ def inputs(case, dtype=torch.float64, seed=0):
     return q, v, table
 
 
-def call(impl, case, q, v, table):
+def call(form, case, q, v, table):
     _, hh, ww, _, _, _, _, scope, stride, cip, _ = case
-    y = PL.position_lambdas(q, v, table, hh, ww, impl, scope is None, stride, cip)  # [B, h V, H_out, W_out]
+    y = PL.position_lambdas(q, v, table, hh, ww, form, scope is None, stride, cip)  # [B, h V, H_out, W_out]
     return y.reshape(q.shape[0], q.shape[1], v.shape[2], -1)
 
 

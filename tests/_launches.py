@@ -1,7 +1,8 @@
-"""Which Triton kernels each direction of a call launched (``tiled_triton.KERNELS``), checked per direction and
-stride: a forward or a backward that fell back to another path (the GEMM path inside ``triton_tc``, another
-backend) launches none of its kernels and fails, whatever the other direction launched. Shared by the interpreted
-run (tests/_triton_interpreted.py) and the GPU tests (tests/test_cuda.py)."""
+"""Which Triton kernels each direction of a call launched, observed through Triton's own launch hooks
+(``add_pre_run_hook`` on the kernels of ``tiled_triton.kernels()``): a forward or a backward that fell back to another
+path (the GEMM path inside ``triton_tc``, another backend) launches none of its kernels and fails, whatever the other
+direction launched. Shared by the interpreted run (tests/_triton_interpreted.py) and the GPU tests
+(tests/test_cuda.py). The product keeps no counters: this module is the only record."""
 import collections
 
 from timm_lambda.layers.position_lambda import tiled_triton
@@ -13,23 +14,50 @@ EXPECTED = {
     'triton_fma': {'forward': {'_query_rows'}, 'backward': {'_query_rows+logit_grad', '_value_grad'}},
 }
 
+LAUNCHES: 'collections.Counter[str]' = collections.Counter()  # every launch of this process, by kernel and variant
+METAS: list = []  # each launch's (name, keyword arguments: the constants), in order; clear it where you read it
+_HOOKED = set()
+
+
+def hook_kernels() -> None:
+    """Record every launch of the Triton kernels in :data:`LAUNCHES` and :data:`METAS` (once a process)."""
+    kernels = tiled_triton.kernels()
+    for key in ('query_rows', 'value_grad', 'tc_rows', 'tc_value_grad'):
+        kernel = kernels[key]
+        if id(kernel) in _HOOKED:
+            continue
+        _HOOKED.add(id(kernel))
+        name = '_' + key
+
+        def hook(*args, _name=name, **kwargs):
+            full = _name + ('+logit_grad' if kwargs.get('LOGIT_GRAD') else '')
+            LAUNCHES[full] += 1
+            METAS.append((full, kwargs))
+        kernel.add_pre_run_hook(hook)
+
+
+def launched() -> int:
+    """Launches recorded so far in this process."""
+    return sum(LAUNCHES.values())
+
 
 class Directions:
     """Counts of the kernels launched since it was made: :meth:`forward_done` after the forward, then
     :meth:`check` after the backward."""
 
     def __init__(self):
-        self.start = collections.Counter(tiled_triton.KERNELS)
+        hook_kernels()
+        self.start = collections.Counter(LAUNCHES)
         self.forward = self.middle = None
 
     def forward_done(self):
-        self.forward = collections.Counter(tiled_triton.KERNELS) - self.start
-        self.middle = collections.Counter(tiled_triton.KERNELS)
+        self.forward = collections.Counter(LAUNCHES) - self.start
+        self.middle = collections.Counter(LAUNCHES)
 
     def check(self, backend: str, stride: int, label: str = '', backward: bool = True):
         """Assert that the forward (and the backward) launched ``backend``'s kernels; returns both counts."""
         assert self.forward is not None, 'forward_done() was not called'
-        launched = dict(forward=self.forward, backward=collections.Counter(tiled_triton.KERNELS) - self.middle)
+        launched = dict(forward=self.forward, backward=collections.Counter(LAUNCHES) - self.middle)
         expected = EXPECTED[backend]
         for direction in ('forward', 'backward') if backward else ('forward',):
             missing = expected[direction] - set(launched[direction])

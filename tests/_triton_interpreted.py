@@ -1,6 +1,7 @@
 """Run by tests/test_tiled_triton.py in a process with ``TRITON_INTERPRET=1``: the tiled operator's Triton kernels
 (timm_lambda/layers/position_lambda/tiled_triton.py), interpreted on the CPU, in strict mode (a kernel that fails
-raises; a run in which no kernel launched fails), outputs pre-filled with NaN (an element no kernel wrote fails).
+raises; a run in which a direction launched none of its kernels fails, tests/_launches.py), every tensor torch
+allocates uninitialised filled with NaN (torch's deterministic mode: an element no kernel wrote fails).
 
 Arguments, one run each:
 
@@ -16,12 +17,12 @@ Arguments, one run each:
 A suffix ``@y<n>`` runs the tensor-core kernels with ``n`` output rows a program (``BLOCK_Y``; otherwise the
 wrappers' default, ``tiled_triton.tc_launch_meta``), e.g. ``tc:float32:1@y4``: a row count that does not divide the
 map's checks the last program's rows. A suffix ``@sm<n>`` launches them as on a GPU of ``n`` multiprocessors
-(``tiled_triton._sm_count``; off a GPU: none, the tiles of a full grid), e.g. ``tc:bfloat16:2@sm100000``: every grid
+(``tiled_triton.sm_count``; off a GPU: none, the tiles of a full grid), e.g. ``tc:bfloat16:2@sm100000``: every grid
 smaller than that, so the fewest output rows and value-gradient channels a program (``tc_launch_meta``'s small-grid
 rule).
 
-Each run chooses its backend through the public override (``set_backend``) and checks that the backend table
-counted the call for it and that a kernel launch returned. Prints one line per run and a summary; exits non-zero on
+Each run chooses its backend through the public override (``set_backend``) and checks that the registry counted the
+call, forward and backward, for it alone. Prints one line per run and a summary; exits non-zero on
 the first mismatch."""
 import os
 import sys
@@ -31,6 +32,7 @@ import torch
 
 assert os.environ.get('TRITON_INTERPRET') == '1', 'run with TRITON_INTERPRET=1'
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _launches  # noqa: E402
 import _sixteen_bit as SB  # noqa: E402
 from _cases import CASES, IDS  # noqa: E402
 from _cases import content_reference as _content_reference  # noqa: E402
@@ -42,7 +44,10 @@ from timm_lambda.layers import position_lambda as PL  # noqa: E402
 from timm_lambda.layers.position_lambda import tiled_triton  # noqa: E402
 
 PL.set_backend('triton_tc', strict=True)  # a kernel that fails raises (no other backend's answer)
-tiled_triton.PREFILL_NAN = True  # an output element no kernel wrote stays NaN and fails the comparison
+# torch fills what it allocates uninitialised with NaN here (torch.utils.deterministic.fill_uninitialized_memory): an
+# output element no kernel wrote stays NaN and fails the comparison
+torch.use_deterministic_algorithms(True, warn_only=True)
+assert torch.utils.deterministic.fill_uninitialized_memory
 torch.backends.cuda.matmul.allow_tf32 = False  # float32: the exact tl.dot
 
 
@@ -50,7 +55,7 @@ def float64_run(run, index, with_content, dtype=torch.float64):
     case = CASES[index]
     _, hh, ww, _, k, _, dv, scope, stride, cip, _ = case
     tiled_triton.CHUNK_ELEMENTS = 1 if run % 2 else 1 << 27  # one image a chunk, or all in one
-    PL.set_backend('triton_fma' if dtype == torch.float64 else 'triton_tc')
+    PL.set_backend('triton_fma' if dtype == torch.float64 else 'triton_tc')  # (the plans made anew: they read it)
     q, v, table = _inputs(case)
     leaves = [q, v, table]
     content = None
@@ -100,18 +105,8 @@ def tensor_core_run(dtype, index):
 
 runs = sys.argv[1:] or [str(i) + c for i in range(len(CASES)) for c in ('', 'c')]
 launch_meta = tiled_triton.tc_launch_meta
-sm_count = tiled_triton._sm_count
-launch = tiled_triton._launch
-launched = []  # the constants of each tensor-core launch of the current run
-
-
-def recording_launch(kernel, grid, *args, **meta):
-    if 'WIDEN' in meta:
-        launched.append(meta)
-    return launch(kernel, grid, *args, **meta)
-
-
-tiled_triton._launch = recording_launch
+sm_count = tiled_triton.sm_count
+_launches.hook_kernels()
 
 
 def rows_a_program(n):
@@ -122,12 +117,13 @@ def rows_a_program(n):
 
 
 for run, arg in enumerate(runs):
-    start, launches = time.time(), tiled_triton.LAUNCHES
+    start = time.time()
+    _launches.METAS.clear()
     PL.served_backends(reset=True)
     arg, _, sms = arg.partition('@sm')
     arg, _, rows = arg.partition('@y')
     tiled_triton.tc_launch_meta = rows_a_program(int(rows)) if rows else launch_meta
-    tiled_triton._sm_count = (lambda device, n=int(sms): n) if sms else sm_count
+    tiled_triton.sm_count = (lambda device, n=int(sms): n) if sms else sm_count
     if arg.startswith('tc:'):
         _, dtype, index = arg.split(':')
         line = tensor_core_run(getattr(torch, dtype), int(index))
@@ -136,7 +132,7 @@ for run, arg in enumerate(runs):
         line = float64_run(run, int(index.rstrip('c')), index.endswith('c'), torch.float32)
     else:
         line = float64_run(run, int(arg.rstrip('c')), arg.endswith('c'))
-    assert tiled_triton.LAUNCHES > launches, f'{arg}: no Triton kernel launched'
+    launched = [meta for _, meta in _launches.METAS if 'WIDEN' in meta]  # the tensor-core launches' constants
     stride = (SB.SIXTEEN_BIT_CASES if arg.startswith('tc:') else CASES)[int(arg.split(':')[-1].rstrip('c'))][8]
     if arg.startswith(('tc:', 'f32:')) and stride == 1:  # forward and logit gradient (with dq) fused
         assert {('BLOCK_P' in m, m.get('LOGIT_GRAD')) for m in launched if m.get('FUSED')} == {
@@ -144,8 +140,9 @@ for run, arg in enumerate(runs):
     if sms:  # the wrappers applied the small-grid rule: one output row and at most 32 value channels a program
         assert launched and all(m.get('BLOCK_Y', 1) == 1 for m in launched), launched
         assert all(m['BLOCK_V'] <= 32 for m in launched if 'BLOCK_P' in m), launched
-    launched.clear()
-    assert {k[1] for k in PL.served_backends() if k[0] == 'tiled'} == {PL.get_backend()}, PL.served_backends()
+    served = PL.served_backends()
+    assert {k[1] for k in served if k[0] == 'tiled'} == {PL.get_backend()}, served
+    assert {k[4] for k in served if k[0] == 'tiled'} == {'forward', 'backward'}, served
     print(f'{line}{" BLOCK_Y=" + rows if rows else ""}{" SMs=" + sms if sms else ""} ({time.time() - start:.1f} s)',
           flush=True)
 print(f'{len(runs)} runs equal the reference')

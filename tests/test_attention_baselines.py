@@ -121,7 +121,7 @@ def test_table4_models_share_one_resnet50_frame(name):
 def test_table4_lambda_variants():
     lam = lambda name: timm.create_model(name, device='meta').layer3[1].conv2  # noqa: E731
     assert lam('resnet50_lambda_k8').dim_k == 8
-    assert (lam('resnet50_lambda_conv7').scope, lam('resnet50_lambda_conv7').impl) == ((7, 7), 'conv')
+    assert (lam('resnet50_lambda_conv7').scope, lam('resnet50_lambda_conv7').form) == ((7, 7), 'conv')
     shared = timm.create_model('resnet50_lambda_shared', device='meta')
     tables = {id(m.pos_embedding) for m in shared.modules() if isinstance(m, LambdaLayer)}
     assert len(tables) == 1

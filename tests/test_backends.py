@@ -1,7 +1,8 @@
-"""The backend table of the position lambdas (timm_lambda/layers/position_lambda/backends.py) on a CPU: every row
-(backend x form) in every dtype through the public override (tests/_backend_matrix.py; tests/test_cuda.py runs the
-CUDA case), the override's and the table's own promises: 'auto' picks per call, a chosen backend raises with the
-table's reason, the served calls are counted and logged once, the environment variable is read at import."""
+"""The backend registry of the position lambdas (timm_lambda/layers/position_lambda/backends.py) on a CPU: every
+row (backend x form) in every dtype through the public override (tests/_backend_matrix.py; tests/test_cuda.py runs the
+CUDA case), the override's and the registry's own promises: 'auto' picks per call, a chosen backend raises with its
+reason, the served calls are counted (forward and backward) and logged once, the environment variable is read at
+import."""
 import logging
 import os
 import subprocess
@@ -12,6 +13,7 @@ import torch
 
 import _backend_matrix as M
 import _cases as C
+from timm_lambda._env import env
 from timm_lambda.layers import position_lambda as PL
 from timm_lambda.layers.position_lambda import backends, cpu_kernel
 
@@ -21,7 +23,7 @@ from timm_lambda.layers.position_lambda import backends, cpu_kernel
 @pytest.mark.parametrize('case', M.MATRIX_CASES, ids=M.MATRIX_IDS)
 def test_every_row_serves_its_calls_or_refuses_them_with_the_tables_reason(case, name, form, dtype, backend):
     if name == 'cpu_kernel':
-        assert cpu_kernel.unavailable() is None or not os.environ.get('TIMM_LAMBDA_REQUIRE_CPU_KERNEL'), \
+        assert cpu_kernel.unavailable() is None or not env('TIMM_LAMBDA_REQUIRE_CPU_KERNEL'), \
             'the CPU kernel must be built here'
     M.check_row(backend, name, form, 'cpu', dtype, case)
 
@@ -36,13 +38,15 @@ def test_auto_picks_the_first_backend_that_serves_a_call(backend):
     for form in ('tiled', 'dense', 'einsum', 'conv', 'tiled'):
         C.call(form, case, q, v, table)
     kernel = 'cpu_kernel' if cpu_kernel.unavailable() is None else 'gemm'
-    assert PL.served_backends() == {('tiled', kernel, 'cpu', 'float32'): 2, ('dense', 'gemm', 'cpu', 'float32'): 1,
-                                    ('einsum', 'plain', 'cpu', 'float32'): 1, ('conv', 'plain', 'cpu', 'float32'): 1}
+    assert PL.served_backends() == {('tiled', kernel, 'cpu', 'float32', 'forward'): 2,
+                                    ('dense', 'gemm', 'cpu', 'float32', 'forward'): 1,
+                                    ('einsum', 'plain', 'cpu', 'float32', 'forward'): 1,
+                                    ('conv', 'plain', 'cpu', 'float32', 'forward'): 1}
     assert PL.served_backends(reset=True) and PL.served_backends() == {}
 
 
 def test_each_new_combination_is_logged_once_at_info(backend, caplog, monkeypatch):
-    monkeypatch.setattr(backends, '_SERVED', backends._SERVED.__class__())
+    monkeypatch.setattr(backends, 'SERVED', backends.SERVED.__class__())
     backend('gemm')
     case = C.CASES[0]
     q, v, table = C.inputs(case, torch.float32)
@@ -50,25 +54,22 @@ def test_each_new_combination_is_logged_once_at_info(backend, caplog, monkeypatc
         for _ in range(3):
             C.call('tiled', case, q, v, table)
     assert [r.getMessage() for r in caplog.records] == [
-        'timm_lambda: the tiled form of the position lambdas runs by the gemm backend (device cpu, float32): chosen '
-        'by set_backend or TIMM_LAMBDA_BACKEND']
+        'timm_lambda: the tiled form of the position lambdas runs by the gemm backend (device cpu, float32, forward): '
+        'chosen by set_backend or TIMM_LAMBDA_BACKEND']
 
 
 def test_served_backends_say_why_auto_chose_each(backend, monkeypatch):
     """``served_backends(why=True)`` (and the INFO line) name why a backend served a combination: under 'auto' the
     reasons of the backends before it (issue 52: a CPU kernel that auto passes over says so)."""
-    from timm_lambda.layers.position_lambda import plan
     monkeypatch.setattr(cpu_kernel, 'declines', lambda dtype, step: 'auto: declined for this test')
-    monkeypatch.setattr(backends, '_SERVED', backends._SERVED.__class__())
-    plan._decided.cache_clear()
-    backend('auto', strict=False)
+    monkeypatch.setattr(backends, 'SERVED', backends.SERVED.__class__())
+    backend('auto', strict=False)  # (a new plan: the switch makes every plan anew)
     case = C.CASES[0]
     q, v, table = C.inputs(case, torch.float32)
     C.call('tiled', case, q, v, table)
-    why = PL.served_backends(why=True)[('tiled', 'gemm', 'cpu', 'float32')]
-    assert why.startswith('auto: the first backend of the table that serves the call (')
+    why = PL.served_backends(why=True)[('tiled', 'gemm', 'cpu', 'float32', 'forward')]
+    assert why.startswith('auto: the first backend of the registry that serves the call (')
     assert 'cpu_kernel: auto: declined for this test' in why and 'triton_tc: ' in why
-    plan._decided.cache_clear()
 
 
 def test_a_chosen_backend_that_cannot_serve_raises_with_the_reason(backend):
@@ -76,7 +77,7 @@ def test_a_chosen_backend_that_cannot_serve_raises_with_the_reason(backend):
     q, v, table = C.inputs(case, torch.float32)
     backend('cpu_kernel')
     with pytest.raises(ValueError, match=r"backend 'cpu_kernel' computes the tiled form, not 'dense': choose the "
-                                         r"layer's impl accordingly, or set_backend\('auto'\)"):
+                                         r"layer's form accordingly, or set_backend\('auto'\)"):
         C.call('dense', case, q, v, table)
     backend('gemm')
     with pytest.raises(ValueError, match="backend 'gemm' computes the dense and tiled forms, not 'conv'"):
@@ -92,12 +93,13 @@ def test_a_chosen_backend_that_cannot_serve_raises_with_the_reason(backend):
 def test_a_chosen_kernel_backend_makes_auto_forms_tiled(backend):
     """'auto' resolves to a form the chosen backend computes: the tiled form for the kernel backends (a small map that
     'auto' would run dense), the measured rule otherwise."""
+    local, global_ = (PL.Spec('auto', 4, 1, 4, 2, 7, 7, g) for g in (False, True))
     backend('auto')
-    assert PL.choose_form('auto', 4, 4, 7, 7, False) == 'dense'
+    assert PL.choose_form(local, 4, 4) == 'dense'
     for name in ('cpu_kernel', 'triton_tc', 'triton_fma'):
         backend(name)
-        assert PL.choose_form('auto', 4, 4, 7, 7, False) == 'tiled'
-        assert PL.choose_form('auto', 4, 4, 7, 7, True) == 'dense'  # a global scope has no tiled advantage
+        assert PL.choose_form(local, 4, 4) == 'tiled'
+        assert PL.choose_form(global_, 4, 4) == 'dense'  # a global scope has no tiled advantage
 
 
 def test_graph_recorders_record_plain_ops_whatever_the_choice(backend):

@@ -33,7 +33,7 @@ LAYERS = [
     ('augmented', lambda **kw: AugmentedConv2d(8, 16, heads=2, max_size=(5, 6), min_dim_head_k=2, upsilon=0.25,
                                                **kw)),
 ]
-IMPLS = ['einsum', 'conv', 'dense', 'tiled']
+FORMS = ['einsum', 'conv', 'dense', 'tiled']
 
 
 def _gradcheck_batch_one(layer: nn.Module, train: bool):
@@ -51,10 +51,10 @@ def _gradcheck_batch_one(layer: nn.Module, train: bool):
 
 @pytest.mark.parametrize('train', [True, False], ids=['train', 'eval'])
 @pytest.mark.parametrize('stride', [1, 2])
-@pytest.mark.parametrize('impl', IMPLS)
-def test_lambda_layer_gradcheck_batch_one(impl, stride, train):
+@pytest.mark.parametrize('form', FORMS)
+def test_lambda_layer_gradcheck_batch_one(form, stride, train):
     torch.manual_seed(0)
-    _gradcheck_batch_one(LambdaLayer(8, dim_k=4, heads=2, scope=3, impl=impl, stride=stride), train)
+    _gradcheck_batch_one(LambdaLayer(8, dim_k=4, heads=2, scope=3, form=form, stride=stride), train)
 
 
 @pytest.mark.parametrize('train', [True, False], ids=['train', 'eval'])

@@ -7,7 +7,7 @@ comparisons; at symbolic sizes it could not decide those of the dense form's emb
 at the second size of progressive resizing, fine-tuning at a new resolution and multi-scale training (torch 2.14.1).
 
 In CI: a small LambdaResNet whose c4 stage (one bottleneck, its stride-2 lambda layer on the dense form, as
-``impl='auto'`` picks it for small maps) is compiled with inductor: that stage alone failed as the whole network did,
+``form='auto'`` picks it for small maps) is compiled with inductor: that stage alone failed as the whole network did,
 in a fraction of its compile time (an inductor compile of a whole network at symbolic sizes takes minutes on 2
 cores: lambdaresnet50 at 96 px after 64 px, 14 min on 2 busy cores; compiling the lambda layer alone did not fail).
 The layer passes copies where the compiled forward would save views (``execution.compiled_copy``). Behind
@@ -34,12 +34,12 @@ def inductor():
     torch._dynamo.reset()
 
 
-def _small(impl='auto'):
+def _small(form='auto'):
     torch.manual_seed(0)
     return timm.create_model(
         'lambdaresnet50', layers=(1, 1, 1, 1), channels=(8, 16, 32, 64), stem_width=8, stem_type='',
         replace_stem_pool=False, avg_down=False, lambda_blocks=(None, None, 'all', None), dim_k=4, heads=2,
-        se_stages=(), num_classes=3, zero_init_last=False, impl=impl).double().train()
+        se_stages=(), num_classes=3, zero_init_last=False, form=form).double().train()
 
 
 def _step(model, x, y):

@@ -15,6 +15,7 @@ import timm
 import torch
 
 import _backend_matrix as M
+import _launches
 import _sixteen_bit as SB
 import timm_lambda
 from _batch_one import BLOCK_BY_BLOCK, check_model_batch_one, input_size, model_params, worst_grad_diff
@@ -52,18 +53,25 @@ def test_every_row_serves_its_calls_or_refuses_them_on_cuda(case, name, form, dt
 
 
 @pytest.fixture(autouse=True)
-def _nan_prefill(monkeypatch):
-    """As in the interpreted run (tests/_triton_interpreted.py): the outputs the kernels write start as NaN, so that
-    an element no kernel wrote fails the comparison instead of passing as the allocator's zeros."""
-    monkeypatch.setattr(tiled_triton, 'PREFILL_NAN', True)
+def _nan_prefill():
+    """As in the interpreted run (tests/_triton_interpreted.py): what torch allocates uninitialised starts as NaN
+    (torch's deterministic mode fills it), so that an element no kernel wrote fails the comparison instead of passing
+    as the allocator's leftovers."""
+    before = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    yield
+    torch.use_deterministic_algorithms(before, warn_only=warn_only)
 
 
 def _use(name, backend):
     """Run the position lambdas by backend ``name`` through the public override, strict (a kernel that fails raises:
-    no other backend answers for it); a function that says whether a Triton kernel launch returned since."""
+    no other backend answers for it); a function that says whether a Triton kernel launched since (Triton's hooks,
+    tests/_launches.py)."""
     backend(name, strict=True)
-    start = tiled_triton.LAUNCHES
-    return lambda: tiled_triton.LAUNCHES > start
+    _launches.hook_kernels()
+    start = _launches.launched()
+    return lambda: _launches.launched() > start
 
 
 # the float64 rows (triton_tc computes 16-bit and float32: its refusal is the matrix's)
@@ -72,20 +80,21 @@ AUTOCAST_ROWS = [('tiled', 'triton_tc')] + FLOAT64_ROWS
 
 
 @pytest.mark.parametrize('chunks', ['one', 'many'])
-@pytest.mark.parametrize('impl,execution', FLOAT64_ROWS, ids=['-'.join(r) for r in FLOAT64_ROWS])
+@pytest.mark.parametrize('form,execution', FLOAT64_ROWS, ids=['-'.join(r) for r in FLOAT64_ROWS])
 @pytest.mark.parametrize('case', CASES, ids=IDS)
-def test_forms_equal_the_reference_on_cuda(case, impl, execution, chunks, monkeypatch, backend):
+def test_forms_equal_the_reference_on_cuda(case, form, execution, chunks, monkeypatch, backend):
     """float64 on the device: outputs and gradients equal the per-query reference (computed on the CPU), in one chunk
     and in many."""
     launched = _use(execution, backend)
     if chunks == 'many':  # one query block (gemm) or one image (Triton) per chunk: the device loop over chunks
         monkeypatch.setattr(gemm, 'DEVICE_CHUNK_ELEMENTS', 1)
         monkeypatch.setattr(tiled_triton, 'CHUNK_ELEMENTS', 1)
+        PL.backends.invalidate()  # (the plans read them)
     q, v, table = (t.requires_grad_() for t in _inputs(case))
     ref = position_term_reference(q, v, table, case[1], case[2], case[8], case[9])
     qd, vd, td = _on_device((q.detach(), v.detach(), table.detach()))
     directions = Directions()
-    y = _call(impl, case, qd, vd, td)
+    y = _call(form, case, qd, vd, td)
     directions.forward_done()
     assert y.device.type == DEV and y.dtype == torch.float64
     assert launched() == (execution == 'triton_fma'), 'Triton ran where it should not, or not'
@@ -134,20 +143,20 @@ def test_triton_in_float32_equals_the_gemm_path_in_float64_at_backbone_shapes(wi
 
 
 @pytest.mark.parametrize('dtype, tol', [(torch.float16, 1e-2), (torch.bfloat16, 4e-2)], ids=['fp16', 'bf16'])
-@pytest.mark.parametrize('impl,execution', AUTOCAST_ROWS, ids=['-'.join(r) for r in AUTOCAST_ROWS])
+@pytest.mark.parametrize('form,execution', AUTOCAST_ROWS, ids=['-'.join(r) for r in AUTOCAST_ROWS])
 @pytest.mark.parametrize('case', CASES, ids=IDS)
-def test_forms_under_autocast_close_to_float32(case, impl, execution, dtype, tol, backend):
+def test_forms_under_autocast_close_to_float32(case, form, execution, dtype, tol, backend):
     """Autocast outputs (and gradients) in the autocast dtype, farther from the float32 result than a float32
     computation would be and within the low precision's rounding of it."""
     _use(execution, backend)
     inputs = _inputs(case, dtype=torch.float32)
     q32, v32, t32 = _on_device(inputs)
-    y32 = _call(impl, case, q32, v32, t32)
+    y32 = _call(form, case, q32, v32, t32)
     g = torch.randn(y32.shape, generator=torch.Generator().manual_seed(5)).to(DEV)
     grads32 = torch.autograd.grad(y32, (q32, v32, t32), g)
     q, v, t = _on_device(inputs)
     with torch.autocast(DEV, dtype=dtype):
-        y = _call(impl, case, q, v, t)
+        y = _call(form, case, q, v, t)
     assert y.dtype == dtype and torch.isfinite(y).all()  # computed in the autocast dtype, as a matmul is
     err = ((y.float() - y32).norm() / y32.norm()).item()
     # farther from the float32 result than that result rounded to the dtype (a float32 computation whose output

@@ -1,5 +1,5 @@
 """Dilated lambda and attention layers and backbones with output_stride 16 / 8 (our extension, see
-docs/paper_choices.md "Dilation"): the layer against the per-query reference, every impl in float64 (outputs
+docs/paper_choices.md "Dilation"): the layer against the per-query reference, every form in float64 (outputs
 and gradients, train and eval), traces and exports, and timm / segmentation_models_pytorch backbones."""
 import io
 
@@ -14,19 +14,19 @@ from reference import lambda_layer_reference
 from timm_lambda.layers import LambdaLayer, LocalSelfAttention2d
 from timm_lambda.layers.dilation import batch_to_space, space_to_batch
 
-IMPLS = ('einsum', 'conv', 'dense', 'tiled', 'auto')
+FORMS = ('einsum', 'conv', 'dense', 'tiled', 'auto')
 
 
-def _layer(dilation, impl='auto', scope=5, seed=0, **kw):
+def _layer(dilation, form='auto', scope=5, seed=0, **kw):
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    layer = LambdaLayer(8, 8, dim_k=4, heads=2, dim_u=2, scope=scope, impl=impl, dilation=dilation, **kw).double()
+    layer = LambdaLayer(8, 8, dim_k=4, heads=2, dim_u=2, scope=scope, form=form, dilation=dilation, **kw).double()
     return perturb_for_eval(layer, g)
 
 
 def _dense_form(layer, x):
     """A differentiable [n, m] form of the layer (any mode): the layer's own projections and norms, the
-    position term from an explicit dilated e_nm (m = n + d o, o inside the table), no impl of the package."""
+    position term from an explicit dilated e_nm (m = n + d o, o inside the table), no form of the package."""
     B, _, H, W = x.shape
     h, k, u, v, d = layer.heads, layer.dim_k, layer.dim_u, layer.dim_v, layer.dilation
     q, keys, vals = torch.split(layer.qkv(x), [h * k, k * u, v * u], dim=1)
@@ -64,19 +64,19 @@ def test_dense_form_is_the_per_query_reference(dilation):
     torch.testing.assert_close(_dense_form(layer, x), lambda_layer_reference(layer, x), rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('form', FORMS)
 @pytest.mark.parametrize('dilation,hw', [(2, (19, 21)), (3, (19, 21)), (2, (8, 8)), (3, (7, 5))])
-def test_matches_reference_eval(impl, dilation, hw):
-    layer = _layer(dilation, impl).eval()
+def test_matches_reference_eval(form, dilation, hw):
+    layer = _layer(dilation, form).eval()
     x = torch.randn(2, 8, *hw, dtype=torch.float64)
     torch.testing.assert_close(layer(x), lambda_layer_reference(layer, x), rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('form', FORMS)
 @pytest.mark.parametrize('dilation', [2, 3])
 @pytest.mark.parametrize('train', [True, False], ids=['train', 'eval'])
-def test_outputs_and_gradients_match_dense_form(impl, dilation, train):
-    layer = _layer(dilation, impl).train(train)
+def test_outputs_and_gradients_match_dense_form(form, dilation, train):
+    layer = _layer(dilation, form).train(train)
     x = torch.randn(2, 8, 19, 21, dtype=torch.float64, requires_grad=True)
     gy = torch.randn(2, 8, 19, 21, dtype=torch.float64)
     params = [x, layer.qkv.weight, layer.pos_embedding.weight]
@@ -90,7 +90,7 @@ def test_outputs_and_gradients_match_dense_form(impl, dilation, train):
 
 
 def test_dilation_one_is_the_plain_layer():
-    a, b = _layer(1, 'einsum'), LambdaLayer(8, 8, dim_k=4, heads=2, dim_u=2, scope=5, impl='einsum').double()
+    a, b = _layer(1, 'einsum'), LambdaLayer(8, 8, dim_k=4, heads=2, dim_u=2, scope=5, form='einsum').double()
     b.load_state_dict(a.state_dict())
     x = torch.randn(1, 8, 6, 7, dtype=torch.float64)
     torch.testing.assert_close(a.eval()(x), b.eval()(x))

@@ -19,9 +19,9 @@ from timm_lambda.layers import (
 )
 
 ATTN = (0, 8, 5, 6)
-LAMBDA = [(f'lambda_{impl}_stride{s}',
-           functools.partial(LambdaLayer, 8, dim_k=4, heads=2, scope=5, stride=s, impl=impl),
-           (0, 8, 12, 13)) for impl in ('dense', 'tiled') for s in (1, 2)]
+LAMBDA = [(f'lambda_{form}_stride{s}',
+           functools.partial(LambdaLayer, 8, dim_k=4, heads=2, scope=5, stride=s, form=form),
+           (0, 8, 12, 13)) for form in ('dense', 'tiled') for s in (1, 2)]
 LAYERS = LAMBDA + [
     ('masked_causal', lambda: MaskedLambdaLayer1d(8, dim_k=4, heads=2, max_len=12), (0, 5, 8)),
     ('masked_not_causal', lambda: MaskedLambdaLayer1d(8, dim_k=4, heads=2, max_len=12, causal=False), (0, 5, 8)),

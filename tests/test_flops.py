@@ -37,7 +37,7 @@ def test_dense_operator_counts_as_torch_counts_its_plain_ops(backend):
     model = timm.create_model('resnet26_lambda_cifar', device='meta').eval()
     for layer in model.modules():
         if isinstance(layer, LambdaLayer):
-            layer.impl = 'dense'
+            layer.form = 'dense'
     x = torch.zeros(1, 3, 32, 32, device='meta')
     ops = _counts(model, x)
     backend('plain')
@@ -48,17 +48,17 @@ def test_dense_operator_counts_as_torch_counts_its_plain_ops(backend):
     assert sum(ops.values()) + lambdas == sum(plain.values())
 
 
-@pytest.mark.parametrize('impl', ['dense', 'tiled'])
-def test_position_lambda_count_by_hand(impl):
+@pytest.mark.parametrize('form', ['dense', 'tiled'])
+def test_position_lambda_count_by_hand(form):
     """One layer, 16x16 input, |k| = 16, 4 heads, |v| = 64 / 4 = 16, 7x7 scope. dense: every (query, context)
     pair: logits |n| |h| |n| |k| and output |n| |h| |n| |v|. tiled: 2x2 blocks of 8x8 queries, each
     query against its own 7x7 scope (the CPU kernel's exact arithmetic): logits |k| per offset, output |v| per offset
     inside the image (along each axis 16 x 7 offsets minus 3 + 2 + 1 at each border = 100), and the content term
     that the operator applies inside, |k| |v| per query and head; both forms also the content lambda, |k| |n| |v|."""
-    layer = LambdaLayer(64, dim_k=16, heads=4, scope=7, impl=impl, device='meta').eval()
+    layer = LambdaLayer(64, dim_k=16, heads=4, scope=7, form=form, device='meta').eval()
     counts = _counts(layer, torch.zeros(1, 64, 16, 16, device='meta'))
     n, h, k, v = 16 * 16, 4, 16, 16
-    if impl == 'dense':
+    if form == 'dense':
         expected = n * h * n * (k + v) + n * h * k * v
     else:
         expected = n * h * 7 * 7 * k + h * 100 * 100 * v + n * h * k * v

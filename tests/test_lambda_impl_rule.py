@@ -1,4 +1,4 @@
-"""impl='auto' rule (timm_lambda.layers.position_lambda.choose_form) against the committed sweeps.
+"""form='auto' rule (timm_lambda.layers.position_lambda.choose_form) against the committed sweeps.
 
 The expectations are read from docs/results/sweep_*.json, written by the commands in their ``command`` field
 (`tools/benchmark_lambda_layer.py --sweep ...`): training steps of the dense and tiled forms side by side,
@@ -20,7 +20,7 @@ from timm_lambda.layers import LambdaLayer
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((ROOT / 'docs' / 'results').glob('sweep_*.json'))
-FORMS = ('dense', 'tiled')  # the forms 'auto' chooses between, as named in the sweep files and in `impl`
+FORMS = ('dense', 'tiled')  # the forms 'auto' chooses between, as named in the sweep files and in `form`
 
 
 def _load(path):
@@ -55,17 +55,17 @@ def test_the_sweeps_are_committed_and_decide_both_ways():
 @pytest.mark.parametrize('settings,side,winner', list(_clear_cases()))
 def test_auto_chooses_the_form_measured_clearly_faster(settings, side, winner):
     layer = LambdaLayer(16, dim_k=4, heads=2, dim_u=settings['dim_u'], scope=settings['scope'])
-    assert layer.choose_impl(side, side) == winner
+    assert layer.choose_form(side, side) == winner
 
 
 def test_global_scope_is_always_dense():
     layer = LambdaLayer(16, dim_k=4, heads=2, scope='global', max_size=(64, 64))
-    assert layer.choose_impl(64, 64) == 'dense'
+    assert layer.choose_form(64, 64) == 'dense'
 
 
 def test_explicit_impl_is_kept():
-    layer = LambdaLayer(16, dim_k=4, heads=2, impl='conv')
-    assert layer.choose_impl(1, 1) == 'conv'
+    layer = LambdaLayer(16, dim_k=4, heads=2, form='conv')
+    assert layer.choose_form(1, 1) == 'conv'
 
 
 def test_auto_gives_the_same_output_as_every_impl():
@@ -73,10 +73,10 @@ def test_auto_gives_the_same_output_as_every_impl():
     layer = LambdaLayer(16, dim_k=4, heads=2, dim_u=4, scope=7).eval()
     for hw in [(9, 9), (12, 11)]:
         x = torch.randn(2, 16, *hw)
-        layer.impl = 'auto'
+        layer.form = 'auto'
         auto = layer(x)
-        for impl in ('einsum', 'conv', 'dense', 'tiled'):
-            layer.impl = impl
+        for form in ('einsum', 'conv', 'dense', 'tiled'):
+            layer.form = form
             torch.testing.assert_close(auto, layer(x), rtol=1e-4, atol=1e-4)
 
 

@@ -11,7 +11,7 @@ from _layer_helpers import CUSTOM_OP_FLOPS, perturb_for_eval
 from reference import lambda_layer_reference
 from timm_lambda.layers import LambdaLayer, RelativePositionEmbedding
 
-IMPLS = ['einsum', 'conv', 'dense', 'tiled']
+FORMS = ['einsum', 'conv', 'dense', 'tiled']
 
 
 def _make(seed=0, emb_scale=0.3, **kw) -> LambdaLayer:
@@ -46,11 +46,11 @@ REF_CASES = [
 ]
 
 
-@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('form', FORMS)
 @pytest.mark.parametrize('name,kw,shape', REF_CASES, ids=[c[0] for c in REF_CASES])
-def test_matches_naive_reference(name, kw, shape, impl):
-    layer = _make(impl=impl, **kw)
-    assert layer.choose_impl(*shape[2:]) == (impl if layer.position else 'none')
+def test_matches_naive_reference(name, kw, shape, form):
+    layer = _make(form=form, **kw)
+    assert layer.choose_form(*shape[2:]) == (form if layer.position else 'none')
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     y = layer(x)
     ref = lambda_layer_reference(layer, x)
@@ -61,7 +61,7 @@ def test_matches_naive_reference(name, kw, shape, impl):
 
 def test_reference_detects_wrong_embedding_offset():
     """The reference comparison can fail: a transposed (n - m instead of m - n) table is caught."""
-    layer = _make(impl='conv', scope=3, content=False)
+    layer = _make(form='conv', scope=3, content=False)
     x = torch.randn(1, 8, 4, 5, generator=torch.Generator().manual_seed(2))
     ref = lambda_layer_reference(layer, x)
     with torch.no_grad():
@@ -69,22 +69,22 @@ def test_reference_detects_wrong_embedding_offset():
     assert not torch.allclose(layer(x).double(), ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('impl', IMPLS)
-def test_impls_agree_at_lambdaresnet_defaults(impl):
+@pytest.mark.parametrize('form', FORMS)
+def test_impls_agree_at_lambdaresnet_defaults(form):
     """Default |k|=16, |h|=4, scope 23 on an input larger than the scope: both match the reference."""
-    layer = _make(dim=16, dim_k=16, heads=4, impl=impl, emb_scale=0.05)
+    layer = _make(dim=16, dim_k=16, heads=4, form=form, emb_scale=0.05)
     x = torch.randn(1, 16, 12, 9, generator=torch.Generator().manual_seed(3)) * 0.5
     ref = lambda_layer_reference(layer, x)
     assert ref.abs().max() > 0.05
     torch.testing.assert_close(layer(x).double(), ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('form', FORMS)
 @pytest.mark.parametrize('kw', [dict(scope=3, dim_u=2, stride=2), dict(scope='global', max_size=(3, 4))],
                          ids=['local_u2_stride2', 'global'])
-def test_gradcheck_float64(impl, kw):
+def test_gradcheck_float64(form, kw):
     torch.manual_seed(0)
-    layer = LambdaLayer(4, dim_k=2, heads=2, impl=impl, **kw).double().train()  # BN batch stats
+    layer = LambdaLayer(4, dim_k=2, heads=2, form=form, **kw).double().train()  # BN batch stats
     x = torch.randn(2, 4, 3, 4, dtype=torch.float64, requires_grad=True)
     names = ['qkv.weight', 'pos_embedding.weight', 'norm_q.weight', 'norm_v.bias']
     params = {n: p.detach().clone().requires_grad_(True) for n, p in layer.named_parameters() if n in names}
@@ -102,13 +102,13 @@ def _shift_zero(x, sy, sx):
     return out
 
 
-@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('form', FORMS)
 @pytest.mark.parametrize('mode', ['circular', 'zero'])
-def test_position_term_translation_equivariant(impl, mode):
+def test_position_term_translation_equivariant(form, mode):
     """content=False: shifting the input shifts the output away from the borders (section 3.3)."""
     scope, (sy, sx) = 5, (2, 3)
     r = scope // 2
-    layer = _make(impl=impl, scope=scope, content=False)
+    layer = _make(form=form, scope=scope, content=False)
     x = torch.randn(2, 8, 12, 13, generator=torch.Generator().manual_seed(4))
     xs = torch.roll(x, (sy, sx), dims=(-2, -1)) if mode == 'circular' else _shift_zero(x, sy, sx)
     y, ys = layer(x), layer(xs)
@@ -123,11 +123,11 @@ def test_position_term_translation_equivariant(impl, mode):
     assert not torch.allclose(ys[..., rows, cols], y[..., rows, cols], atol=1e-3)
 
 
-@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('form', FORMS)
 @pytest.mark.parametrize('hw,stride', [((1, 1), 1), ((1, 7), 1), ((9, 2), 1), ((3, 30), 1),
                                        ((7, 5), 2), ((5, 5), 2), ((1, 1), 2), ((2, 9), 2)])
-def test_any_size_shapes(impl, hw, stride):
-    layer = _make(impl=impl, scope=23, stride=stride, dim_out=12, heads=3)
+def test_any_size_shapes(form, hw, stride):
+    layer = _make(form=form, scope=23, stride=stride, dim_out=12, heads=3)
     x = torch.randn(1, 8, *hw, requires_grad=True)
     y = layer(x)
     assert y.shape == (1, 12, math.ceil(hw[0] / stride), math.ceil(hw[1] / stride))
@@ -136,10 +136,10 @@ def test_any_size_shapes(impl, hw, stride):
     assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('form', FORMS)
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16], ids=['bf16', 'fp16'])
-def test_cpu_autocast(impl, dtype):
-    layer = _make(impl=impl, scope=5, dim_u=2, stride=2)
+def test_cpu_autocast(form, dtype):
+    layer = _make(form=form, scope=5, dim_u=2, stride=2)
     x = torch.randn(2, 8, 7, 6, generator=torch.Generator().manual_seed(5))
     ref = layer(x)
     with torch.autocast('cpu', dtype=dtype):
@@ -155,9 +155,9 @@ def test_cpu_autocast(impl, dtype):
     assert all(p.grad.dtype == torch.float32 for p in layer.parameters())
 
 
-@pytest.mark.parametrize('impl', IMPLS)
-def test_channels_last_same_output(impl):
-    layer = _make(impl=impl, scope=3, dim_u=2)
+@pytest.mark.parametrize('form', FORMS)
+def test_channels_last_same_output(form):
+    layer = _make(form=form, scope=3, dim_u=2)
     x = torch.randn(2, 8, 6, 5)
     y = layer(x)
     y_cl = layer(x.contiguous(memory_format=torch.channels_last))
@@ -170,9 +170,9 @@ def test_channels_last_same_output(impl):
 # kernels' autocast check therefore asks for devices other than cpu / cuda only (tested: 2.4.1, 2.14.1).
 
 
-@pytest.mark.parametrize('impl,backend', [(impl, 'aot_eager') for impl in IMPLS] + [
-    pytest.param(impl, 'inductor', marks=pytest.mark.slow) for impl in ('dense', 'tiled')])
-def test_torch_compile_matches_eager(impl, backend, monkeypatch):
+@pytest.mark.parametrize('form,backend', [(form, 'aot_eager') for form in FORMS] + [
+    pytest.param(form, 'inductor', marks=pytest.mark.slow) for form in ('dense', 'tiled')])
+def test_torch_compile_matches_eager(form, backend, monkeypatch):
     """A training step of the compiled layer (many chunks of query blocks, stride 2, |u| = 2): output and every
     gradient equal to eager, with the operators' own backward (not the higher-order fallback) in the compiled
     backward. Inductor (C++ code generation) for the two forms that run custom operators: the reference forms are
@@ -183,7 +183,7 @@ def test_torch_compile_matches_eager(impl, backend, monkeypatch):
     plain_vjp = custom_ops._higher_order
     monkeypatch.setattr(custom_ops, '_higher_order', lambda *a: fallback.append(1) or plain_vjp(*a))
     torch._dynamo.reset()
-    layer = _make(impl=impl, scope=3, dim_u=2).train()
+    layer = _make(form=form, scope=3, dim_u=2).train()
     x = torch.randn(2, 8, 5, 6, requires_grad=True)
     y = layer(x)
     (gx,) = torch.autograd.grad(y.square().sum(), x)
@@ -196,12 +196,12 @@ def test_torch_compile_matches_eager(impl, backend, monkeypatch):
     assert not fallback
 
 
-@pytest.mark.parametrize('impl', IMPLS)
-def test_torchscript_trace_and_script(impl):
+@pytest.mark.parametrize('form', FORMS)
+def test_torchscript_trace_and_script(form):
     """torch.jit.trace and torch.jit.script both compile the layer (TorchScript runs the plain-op forms and warns
     once that it does); the trace fixes the form chosen for the traced input size."""
     import warnings
-    layer = _make(impl=impl, scope=3)
+    layer = _make(form=form, scope=3)
     x = torch.randn(2, 8, 5, 6)
     traced = torch.jit.trace(layer, (x,), check_trace=False)
     with warnings.catch_warnings():
@@ -216,8 +216,8 @@ def test_global_scope_larger_than_max_size_raises():
     layer = LambdaLayer(8, dim_k=4, heads=2, scope='global', max_size=(4, 6))
     layer(torch.randn(1, 8, 4, 6))  # at max_size: fine
     for hw in [(5, 6), (4, 7)]:
-        for impl in IMPLS:
-            layer.impl = impl
+        for form in FORMS:
+            layer.form = form
             with pytest.raises(ValueError, match='max_size'):
                 layer(torch.randn(1, 8, *hw))
 
@@ -257,9 +257,9 @@ class _NumelTracker(TorchDispatchMode):
         return out
 
 
-def _largest_intermediate(impl, device, B=2, H=64, W=64):
+def _largest_intermediate(form, device, B=2, H=64, W=64):
     torch.manual_seed(0)
-    layer = LambdaLayer(16, dim_k=16, heads=4, scope=23, impl=impl).to(device)  # |v| = 4
+    layer = LambdaLayer(16, dim_k=16, heads=4, scope=23, form=form).to(device)  # |v| = 4
     x = torch.randn(B, 16, H, W, device=device, requires_grad=True)
     with _NumelTracker() as tr:
         layer(x).square().sum().backward()
@@ -290,7 +290,7 @@ def test_bad_arguments_raise_value_error_naming_parameter():
         (dict(dim=8, scope=0), 'scope'),
         (dict(dim=8, scope=-3), 'scope'),
         (dict(dim=8, scope=(3, 2)), 'scope'),
-        (dict(dim=8, impl='fft'), 'impl'),
+        (dict(dim=8, form='fft'), 'form'),
         (dict(dim=8, key_norm='sigmoid'), 'key_norm'),
         (dict(dim=8, stride=3), 'stride'),
         (dict(dim=8, dim_k=4, pos_embedding=RelativePositionEmbedding(8, 1, 23)), 'pos_embedding'),
@@ -319,14 +319,14 @@ def test_shared_embedding_counted_once_and_grads_accumulate():
     torch.manual_seed(0)
     emb = RelativePositionEmbedding(4, 2, 5)
     kw = dict(dim=8, dim_k=4, heads=2, dim_u=2, scope=5)
-    l1 = LambdaLayer(**kw, pos_embedding=emb, impl='einsum')
-    l2 = LambdaLayer(**kw, pos_embedding=emb, impl='conv')
+    l1 = LambdaLayer(**kw, pos_embedding=emb, form='einsum')
+    l2 = LambdaLayer(**kw, pos_embedding=emb, form='conv')
     model = nn.Sequential(l1, nn.ReLU(), l2).train()
     params = list(model.parameters())
     assert sum(p is emb.weight for p in params) == 1
     assert _emb(l1) is emb and _emb(l2) is emb
     # an unshared twin: each layer owns a copy of the same table; all other weights equal
-    u1, u2 = LambdaLayer(**kw, impl='einsum'), LambdaLayer(**kw, impl='conv')
+    u1, u2 = LambdaLayer(**kw, form='einsum'), LambdaLayer(**kw, form='conv')
     twin = nn.Sequential(u1, nn.ReLU(), u2).train()
     with torch.no_grad():
         for src, dst in ((l1, u1), (l2, u2)):
@@ -350,16 +350,16 @@ def test_shared_embedding_counted_once_and_grads_accumulate():
     torch.testing.assert_close(emb.weight.grad, g1 + g2, rtol=1e-5, atol=1e-6)
 
 
-def _position_macs(layer, B, H, W, impl):
-    """Multiply-adds of the two contractions of the position lambdas of the form ``impl`` (a LambdaLayer forward),
+def _position_macs(layer, B, H, W, form):
+    """Multiply-adds of the two contractions of the position lambdas of the form ``form`` (a LambdaLayer forward),
     computed from their equations."""
     k, h, u, v, n = layer.dim_k, layer.heads, layer.dim_u, layer.dim_v, H * W
     th, tw = (2 * H - 1, 2 * W - 1) if layer.global_scope else layer.scope  # the table cut to the input
-    if impl == 'einsum':  # lambda^p_n = E_n v for every n (|k||v||u||m| per query), then (lambda^p_n)^T q_n^h
+    if form == 'einsum':  # lambda^p_n = E_n v for every n (|k||v||u||m| per query), then (lambda^p_n)^T q_n^h
         return B * n * k * v * u * n, B * h * k * v * n
-    if impl == 'conv':  # the lambda convolution: |k||v| outputs per position, |u| K_h K_w deep
+    if form == 'conv':  # the lambda convolution: |k||v| outputs per position, |u| K_h K_w deep
         return B * k * v * n * u * th * tw, B * h * k * v * n
-    if impl == 'dense':  # logits q_n . E_nm, then logits x values: |h|(|k| + |v|) per (n, m) pair and |u|
+    if form == 'dense':  # logits q_n . E_nm, then logits x values: |h|(|k| + |v|) per (n, m) pair and |u|
         return B * h * n * u * n * k, B * h * n * u * n * v
     # tiled: each query against its own K_h x K_w scope (the CPU kernel's arithmetic): logits |k| (pooled: 9|k| deep
     # against the 3x3-shifted tables, K + 2 wide) per offset, output |v| per offset that meets the image (a stride-2
@@ -382,34 +382,34 @@ def _content_macs(layer, B, H, W):
     return B * layer.heads * layer.dim_k * layer.dim_v * n_out
 
 
-def _macs_by_hand(layer, B, H, W, impl):
+def _macs_by_hand(layer, B, H, W, form):
     """Multiply-adds of a LambdaLayer forward: the 1x1 projections, the content lambda (eq. 1) and its application
     to the queries (eq. 2), and the position lambdas."""
     d, k, h, u, v, n = layer.dim, layer.dim_k, layer.heads, layer.dim_u, layer.dim_v, H * W
     return B * n * d * (h * k + k * u + v * u) + B * u * k * n * v + _content_macs(layer, B, H, W) + sum(
-        _position_macs(layer, B, H, W, impl))
+        _position_macs(layer, B, H, W, form))
 
 
 @CUSTOM_OP_FLOPS
-@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('form', FORMS)
 @pytest.mark.parametrize('kw,size', [(dict(scope=5, dim_u=2), (13, 10)), (dict(scope=7, stride=2), (19, 17)),
                                      (dict(scope='global', max_size=(9, 9)), (9, 7))], ids=['u2', 'stride2', 'global'])
-def test_flop_counter_counts_every_form(impl, kw, size):
+def test_flop_counter_counts_every_form(form, kw, size):
     """torch.utils.flop_counter.FlopCounterMode sees the position lambdas of every form (the custom operators have
     FLOP formulas), 2 FLOPs per multiply-add; the operators' backward: the logits recomputed and the gradients,
     3x the first contraction and 2x the second (the tiled one's content term at stride 1: 2x, the gradients of the
     queries and of the content lambda)."""
     from torch.utils.flop_counter import FlopCounterMode
-    layer = LambdaLayer(8, dim_k=4, heads=2, impl=impl, **kw)
+    layer = LambdaLayer(8, dim_k=4, heads=2, form=form, **kw)
     x = torch.randn(2, 8, *size, requires_grad=True)
     with FlopCounterMode(display=False) as counter:
         y = layer(x)
-    assert counter.get_total_flops() == 2 * _macs_by_hand(layer, 2, *size, impl)
-    if impl in ('dense', 'tiled'):
+    assert counter.get_total_flops() == 2 * _macs_by_hand(layer, 2, *size, form)
+    if form in ('dense', 'tiled'):
         with FlopCounterMode(display=False) as counter:
             y.sum().backward()
         ops = {str(op): n for op, n in counter.get_flop_counts()['Global'].items()}
-        first, second = _position_macs(layer, 2, *size, impl)
+        first, second = _position_macs(layer, 2, *size, form)
         # the operator computes the content lambda and its term inside, their gradients twice each
         n = size[0] * size[1]
         content = 2 * (_content_macs(layer, 2, *size) + 2 * layer.dim_u * layer.dim_k * n * layer.dim_v)
@@ -425,7 +425,7 @@ def test_flop_count_of_the_issue_example():
     layer = LambdaLayer(256)
     with FlopCounterMode(display=False) as counter:
         layer(torch.randn(1, 256, 64, 64))
-    assert layer.choose_impl(64, 64) == 'tiled'
+    assert layer.choose_form(64, 64) == 'tiled'
     assert counter.get_total_flops() == 2 * _macs_by_hand(layer, 1, 64, 64, 'tiled')
 
 

@@ -1,20 +1,22 @@
 """The per-direction launch check (tests/_launches.py) itself: a forward that ran another path fails it although
 the backward launched its kernels (a whole-run count of launches passed), and so does a backward that ran
-another path, or a forward that launched backward kernels."""
+another path, or a forward that launched backward kernels; and the launches it reads are Triton's own (its
+``add_pre_run_hook`` on the kernels of ``tiled_triton.kernels()``), by kernel and variant."""
 import pytest
 
+import _launches
 from _launches import Directions
-from timm_lambda.layers.position_lambda import tiled_triton
 
 
 def _launch(*names):
     for name in names:
-        tiled_triton.KERNELS[name] += 1
+        _launches.LAUNCHES[name] += 1
 
 
 @pytest.mark.parametrize('stride', [1, 2])
 def test_each_direction_must_launch_its_own_kernels(stride, monkeypatch):
-    monkeypatch.setattr(tiled_triton, 'KERNELS', type(tiled_triton.KERNELS)())
+    pytest.importorskip('triton')
+    monkeypatch.setattr(_launches, 'LAUNCHES', type(_launches.LAUNCHES)())
     backward = ('_tc_rows+logit_grad', '_tc_value_grad')
 
     d = Directions()
@@ -45,22 +47,16 @@ def test_each_direction_must_launch_its_own_kernels(stride, monkeypatch):
         d.check('triton_fma', stride)
 
 
-def test_launches_are_counted_by_kernel_and_variant(monkeypatch):
-    """``tiled_triton._launch`` counts each launch that returned under its kernel's name (the rows kernel's
-    logit-gradient variant apart); one that raised is not counted."""
-    monkeypatch.setattr(tiled_triton, 'KERNELS', type(tiled_triton.KERNELS)())
-    monkeypatch.setattr(tiled_triton, '_LAUNCHED', True)
-
-    class Kernel:  # as a Triton function: kernel[grid](*args, **meta), the Python function as ``fn``
-        def __init__(self, fn):
-            self.fn = fn
-
-        def __getitem__(self, grid):
-            return self.fn
-
-    def _tc_rows(*args, **meta):
-        return None
-
-    tiled_triton._launch(Kernel(_tc_rows), (1,), LOGIT_GRAD=False)
-    tiled_triton._launch(Kernel(_tc_rows), (1,), LOGIT_GRAD=True)
-    assert tiled_triton.KERNELS == {'_tc_rows': 1, '_tc_rows+logit_grad': 1}
+def test_launches_are_seen_through_tritons_hooks_by_kernel_and_variant(monkeypatch):
+    """A launch of a kernel of ``tiled_triton.kernels()`` reaches the hooks with its constants: counted under the
+    kernel's name, the rows kernel's logit-gradient variant apart; the product keeps no count of its own."""
+    pytest.importorskip('triton')
+    from timm_lambda.layers.position_lambda import tiled_triton
+    monkeypatch.setattr(_launches, 'LAUNCHES', type(_launches.LAUNCHES)())
+    _launches.hook_kernels()
+    rows = tiled_triton.kernels()['tc_rows']
+    for hook in rows.pre_run_hooks:
+        hook(LOGIT_GRAD=False)
+        hook(LOGIT_GRAD=True)
+    assert _launches.LAUNCHES == {'_tc_rows': 1, '_tc_rows+logit_grad': 1}
+    assert not any(hasattr(tiled_triton, name) for name in ('LAUNCHES', 'KERNELS', 'PREFILL_NAN'))

@@ -50,7 +50,7 @@ def _dense_layer_steps(training: bool):
     16x16 input, batch 2 (logits 16 MiB, the embedding 0.5 MiB)."""
     torch.manual_seed(0)
     b, heads, size = 2, 32, 16
-    layer = LambdaLayer(64, dim_k=2, heads=heads, scope=23, impl='dense').train(training)
+    layer = LambdaLayer(64, dim_k=2, heads=heads, scope=23, form='dense').train(training)
     x = torch.randn(b, 64, size, size, requires_grad=training)
 
     def step():

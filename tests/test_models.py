@@ -143,11 +143,11 @@ def test_vanilla_resnet50_lambda_has_plain_stem():
 
 
 def test_study_kwargs_reach_the_layers():
-    model = timm.create_model('lambdaresnet50', dim_k=8, heads=2, dim_u=2, scope=7, impl='conv',
+    model = timm.create_model('lambdaresnet50', dim_k=8, heads=2, dim_u=2, scope=7, form='conv',
                               key_norm='l2', se_stages=(), shared_embeddings=True)
     lams = [b.conv2 for b in model.modules() if _is_lambda(b)]
     assert len(lams) == 4
-    assert {(m.dim_k, m.heads, m.dim_u, m.scope, m.impl, m.key_norm) for m in lams} == {(8, 2, 2, (7, 7), 'conv', 'l2')}
+    assert {(m.dim_k, m.heads, m.dim_u, m.scope, m.form, m.key_norm) for m in lams} == {(8, 2, 2, (7, 7), 'conv', 'l2')}
     assert len({id(m.pos_embedding) for m in lams}) == 1
     assert not any(isinstance(m, SEModule) for m in model.modules())
     out = model(torch.randn(2, 3, 64, 64))

@@ -24,7 +24,7 @@ from reference import dli14_lambda_reference, dli14_resnet_reference, lambda_lay
 from timm_lambda.layers import LambdaLayer
 from timm_lambda.models.lambda_resnet import DLI14_MODEL_ARGS, checkpoint_filter_dli14
 
-IMPLS = ['einsum', 'conv', 'dense', 'tiled']
+FORMS = ['einsum', 'conv', 'dense', 'tiled']
 MANIFEST = Path(__file__).parent / 'fixtures' / 'dli14_lambda_resnet50_state_dict.txt'
 NAMED = 'resnet50_lambda_dli14.in1k'  # the architecture by its name, the weights by their tag
 TAGGED = 'resnet50_lambda.dli14_in1k'  # deprecated: a tag of resnet50_lambda that switched the architecture
@@ -41,11 +41,11 @@ def _create(name, **kwargs):
 
 # --- the two options on the layer -------------------------------------------------------------------
 
-def _layer(impl, seed=0, **kw) -> LambdaLayer:
+def _layer(form, seed=0, **kw) -> LambdaLayer:
     """A small layer with non-trivial BN statistics, a shrunken table and an O(1) position bias."""
     torch.manual_seed(seed)
     kw = {'dim': 8, 'dim_k': 4, 'heads': 2, **kw}
-    layer = LambdaLayer(impl=impl, **kw)
+    layer = LambdaLayer(form=form, **kw)
     g = torch.Generator().manual_seed(seed)
     perturb_for_eval(layer, g)
     with torch.no_grad():
@@ -68,11 +68,11 @@ OPTION_CASES = [
 ]
 
 
-@pytest.mark.parametrize('impl', IMPLS)
+@pytest.mark.parametrize('form', FORMS)
 @pytest.mark.parametrize('name,kw,shape', OPTION_CASES, ids=[c[0] for c in OPTION_CASES])
-def test_options_match_naive_reference(name, kw, shape, impl):
-    layer = _layer(impl, **kw)
-    assert layer.choose_impl(*shape[2:]) == impl
+def test_options_match_naive_reference(name, kw, shape, form):
+    layer = _layer(form, **kw)
+    assert layer.choose_form(*shape[2:]) == form
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     ref = lambda_layer_reference(layer, x)
     assert ref.abs().max() > 0.05
@@ -101,10 +101,10 @@ def test_defaults_unchanged():
     assert sum(p.numel() for p in timm.create_model('resnet50_lambda').parameters()) == 14_995_592
 
 
-@pytest.mark.parametrize('impl', IMPLS)
-def test_position_bias_gradient(impl):
+@pytest.mark.parametrize('form', FORMS)
+def test_position_bias_gradient(form):
     torch.manual_seed(0)
-    layer = LambdaLayer(4, dim_k=2, heads=2, scope=3, stride=2, impl=impl, position_bias=True,
+    layer = LambdaLayer(4, dim_k=2, heads=2, scope=3, stride=2, form=form, position_bias=True,
                        pool_count_include_pad=True).double().train()
     x = torch.randn(2, 4, 3, 4, dtype=torch.float64, requires_grad=True)
     names = ['pos_bias', 'pos_embedding.weight', 'qkv.weight']

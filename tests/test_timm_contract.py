@@ -14,7 +14,7 @@ from timm_lambda import registered_models
 from timm_lambda.layers import LambdaLayer, MaskedLambdaLayer1d, MultiHeadLambdaLayer
 
 OUR_MODELS = registered_models()
-IMPLS = ['einsum', 'conv', 'dense', 'tiled']
+FORMS = ['einsum', 'conv', 'dense', 'tiled']
 
 
 def _tiny(name='lambdaresnet50', **kw):
@@ -93,7 +93,7 @@ def test_norm_layer_reaches_every_norm():
 def test_fx_symbolic_trace_runs_size_logic_at_call_time():
     model = _tiny()
     gm = torch.fx.symbolic_trace(model)
-    for size in (64, 96, 160):  # 160: c4 at 10x10 (dense form), 32: ... different impls per size
+    for size in (64, 96, 160):  # 160: c4 at 10x10 (dense form), 32: ... different forms per size
         x = torch.randn(1, 3, size, size)
         with torch.no_grad():
             assert rel_err(gm(x), model(x)) < 1e-5
@@ -121,22 +121,22 @@ def test_torchscript_model_matches_eager_at_every_size():
     with timm.layers.set_layer_config(scriptable=True):
         model = _tiny()
     scripted = torch.jit.script(model)
-    for size in (32, 96, 300):  # c4 at 2, 6 and 19 px; with 'auto' the c4 layers switch impl at 30 px
+    for size in (32, 96, 300):  # c4 at 2, 6 and 19 px; with 'auto' the c4 layers switch form at 30 px
         x = torch.randn(2, 3, size, size)
         with torch.no_grad():
             assert rel_err(scripted(x), model(x)) < 1e-5
 
 
-@pytest.mark.parametrize('impl', IMPLS + ['auto'])
+@pytest.mark.parametrize('form', FORMS + ['auto'])
 @pytest.mark.parametrize('scope', [23, 'global'])
-def test_jit_trace_is_right_at_other_sizes(impl, scope):
+def test_jit_trace_is_right_at_other_sizes(form, scope):
     """A trace made at one input size gives the eager result at every other size (the issue's bug: a
     trace at 160 px ran at 224 px with a relative error of 1.0): smaller and larger, non-square, the 23x23 scope
     both past the c4 map (160, 224 px) and inside it (416 px: 26x26), a global scope up to its largest size. Narrow
     stages (what is traced does not depend on the width) and ``zero_init_last=False``, so that every lambda branch
     reaches the output (a zero-initialised last norm of the block would hide it)."""
     kw = dict(scope=scope, img_size=416) if scope == 'global' else {}
-    model = _tiny(impl=impl, channels=(16, 32, 64, 128), stem_width=16, zero_init_last=False, **kw)
+    model = _tiny(form=form, channels=(16, 32, 64, 128), stem_width=16, zero_init_last=False, **kw)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         traced = torch.jit.trace(model, torch.randn(1, 3, 160, 160), check_trace=False)
@@ -192,10 +192,10 @@ def _onnx_check(model, path, dynamo: bool, sizes, example=(2, 3, 96, 64)):
 
 
 @pytest.mark.parametrize('dynamo', [False, True], ids=['legacy', 'dynamo'])
-@pytest.mark.parametrize('impl', ['auto', 'conv'])
-def test_onnx_round_trip_dynamic_sizes(tmp_path, dynamo, impl):
+@pytest.mark.parametrize('form', ['auto', 'conv'])
+def test_onnx_round_trip_dynamic_sizes(tmp_path, dynamo, form):
     """Exported with dynamic H/W at 96x64, run in onnxruntime at other sizes (c4 from 2x2 to 20x20)."""
-    model = _tiny(impl=impl)
+    model = _tiny(form=form)
     _onnx_check(model, tmp_path / 'm.onnx', dynamo, [(96, 64), (224, 160), (32, 32), (320, 288)])
 
 
@@ -218,7 +218,7 @@ def test_onnx_holds_the_block_index_as_a_constant(tmp_path, dynamo):
     from onnx import numpy_helper
 
     from timm_lambda.layers.relative_embedding import block_index
-    layer = LambdaLayer(32, 32, scope=23, impl='tiled').eval()
+    layer = LambdaLayer(32, 32, scope=23, form='tiled').eval()
     x = torch.randn(1, 32, 16, 16)
     path = tmp_path / 'layer.onnx'
     with warnings.catch_warnings():
@@ -310,7 +310,7 @@ def test_bare_int_and_numpy_arguments():
     (dict(dim_k=4.0), 'dim_k'),
     (dict(heads=True), 'heads'),
     (dict(scope='local'), 'scope'),
-    (dict(impl='fft'), 'impl'),
+    (dict(form='fft'), 'form'),
     (dict(content='yes'), 'content'),
     (dict(scope=5, max_size=(8, 8)), 'max_size'),
 ])

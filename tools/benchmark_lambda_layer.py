@@ -4,20 +4,20 @@
 Default: the three detection shapes of a LambdaResNet backbone at 1024x1024 (c4 lambda layers at 64x64 with
 256 channels, the stride-2 first c5 layer at 64x64 with 512, the other c5 layers at 32x32 with 512; ``--image-size``
 for another input size), batch 1,
-``impl='auto'``; prints time, multiply-add rate (GMAC/s: ``torch.utils.flop_counter``'s count, custom operators
+``form='auto'``; prints time, multiply-add rate (GMAC/s: ``torch.utils.flop_counter``'s count, custom operators
 included, over the median time) and, on a CPU, its share of the threads' float32 multiply-add limit
 (tools/dev/benchmarks/peak.py: how far each form is from the limit), peak memory and the ratio to the convolution per
 shape and in total, for a training step (``--mode train``, the default) or eval-mode inference (``--mode eval``).
 
 ``--sweep``: every implementation and the convolution on square inputs of growing size (width 256), a PNG
 plot of time and memory against the input side, and at each size the faster of the dense and tiled forms
-(what ``impl='auto'`` chooses between, timm_lambda/layers/position_lambda/; tests/test_lambda_impl_rule.py
+(what ``form='auto'`` chooses between, timm_lambda/layers/position_lambda/; tests/test_lambda_impl_rule.py
 reads the committed sweeps). ``--json`` writes the command, date, load before, machine (with the load after),
 settings and results: the files in docs/results/ are these commands' output.
 
     python tools/benchmark_lambda_layer.py --repeats 7 --json docs/results/lambda_layer.json   # ~1 min, 2 cores
     python tools/benchmark_lambda_layer.py --repeats 7 --mode eval --json docs/results/lambda_layer_eval.json
-    python tools/benchmark_lambda_layer.py --impls auto conv einsum
+    python tools/benchmark_lambda_layer.py --forms auto conv einsum
     python tools/benchmark_lambda_layer.py --image-size 512 --json docs/results/lambda_layer_512.json  # c4 at 32x32
     python tools/benchmark_lambda_layer.py --sweep --json docs/results/sweep_scope23.json
     python tools/benchmark_lambda_layer.py --sweep --scope 7 --dim-u 4 --sizes 5 6 7 8 9 10 12 14 16 20 \
@@ -60,20 +60,20 @@ from dev.benchmarks.peak import fma_peak_gmacs
 from timm_lambda.layers import LambdaLayer
 
 
-def _candidates(width, stride, impls, device, scope=23, dim_u=1):
+def _candidates(width, stride, forms, device, scope=23, dim_u=1):
     layers = {'conv3x3': nn.Conv2d(width, width, 3, stride, 1, bias=False)}
-    for impl in impls:
-        layers[impl] = LambdaLayer(width, scope=scope, dim_u=dim_u, stride=stride, impl=impl)
+    for form in forms:
+        layers[form] = LambdaLayer(width, scope=scope, dim_u=dim_u, stride=stride, form=form)
     return {k: m.to(device) for k, m in layers.items()}
 
 
-def measure(width, size, stride, batch, impls, device, dtype, repeats, max_seconds=None, scope=23, dim_u=1,
+def measure(width, size, stride, batch, forms, device, dtype, repeats, max_seconds=None, scope=23, dim_u=1,
             mode='train', rates=False):
     """Median / min / max ms and peak MiB of each candidate; ``rates``: also its multiply-adds (``gmacs``) and
     their rate at the median (``gmac_per_s``)."""
     torch.manual_seed(0)
     x = torch.randn(batch, width, size, size, device=device, requires_grad=mode == 'train')
-    layers = _candidates(width, stride, impls, device, scope, dim_u)
+    layers = _candidates(width, stride, forms, device, scope, dim_u)
     steps = {k: layer_step(m.train(mode == 'train'), x, dtype, mode) for k, m in layers.items()}
     if repeats == 0:  # memory only
         return {k: dict(peak_mib=peak_step_bytes(step, device=device) / 2 ** 20) for k, step in steps.items()}
@@ -97,11 +97,11 @@ def _impls_at(size, impls_max={'einsum': 32, 'conv': 64, 'dense': 48, 'tiled': 2
 def memory_table(args):
     """``--memory-only``: peak MiB of each candidate's training step at the table's or the sweep's shapes."""
     shapes = [(args.width, s, 1, _impls_at(s)) for s in args.sizes] if args.sweep else \
-        [(w, s, stride, args.impls) for w, s, stride in backbone_shapes(args.image_size)]
+        [(w, s, stride, args.forms) for w, s, stride in backbone_shapes(args.image_size)]
     print(f'# peak memory of a training step (MiB), batch {args.batch}, {args.dtype}, {machine(args.device)}')
     results = []
-    for width, size, stride, impls in shapes:
-        rows = measure(width, size, stride, args.batch, impls, args.device, args.dtype, 0, scope=args.scope,
+    for width, size, stride, forms in shapes:
+        rows = measure(width, size, stride, args.batch, forms, args.device, args.dtype, 0, scope=args.scope,
                        dim_u=args.dim_u)
         key = dict(size=size) if args.sweep else dict(width=width, size=size, stride=stride)
         results.append(dict(key, **rows))
@@ -139,11 +139,11 @@ def detection_table(args):
         print(f'# float32 multiply-add limit of these threads (register-only FMA loop): {peak:.0f} GMAC/s; '
               'each GMAC/s below is followed by its share of it')
     print('| width, input, stride | ' + ' | '.join(f'{k} median ms [min-max] (x conv), GMAC/s, MiB'
-                                                   for k in ['conv3x3'] + args.impls) + ' |')
-    print('|---|' + '---|' * (1 + len(args.impls)))
+                                                   for k in ['conv3x3'] + args.forms) + ' |')
+    print('|---|' + '---|' * (1 + len(args.forms)))
     totals, results = {}, []
     for width, size, stride in backbone_shapes(args.image_size):
-        rows = measure(width, size, stride, args.batch, args.impls, args.device, args.dtype, args.repeats,
+        rows = measure(width, size, stride, args.batch, args.forms, args.device, args.dtype, args.repeats,
                        mode=args.mode, rates=True)
         conv = rows['conv3x3']['ms']
         if peak:
@@ -181,11 +181,11 @@ def sweep(args):
     # clearly faster: its median round beats the other form's fastest round (tests/test_lambda_impl_rule.py)
     other = {'dense': 'tiled', 'tiled': 'dense'}
     clear = {r['size'] for r in compared if r[faster[r['size']]]['ms'] < r[other[faster[r['size']]]]['min_ms']}
-    misses = [f"{s} px (auto: {layer.choose_impl(s, s)}, {faster[s]} faster)" for s in faster
-              if layer.choose_impl(s, s) != faster[s]]
+    misses = [f"{s} px (auto: {layer.choose_form(s, s)}, {faster[s]} faster)" for s in faster
+              if layer.choose_form(s, s) != faster[s]]
     print('faster form by size (*: within the other form\'s spread): '
           + ', '.join(f"{s}: {k}{'' if s in clear else '*'}" for s, k in faster.items()))
-    print(f"impl='auto' picks the faster form at {len(faster) - len(misses)} of {len(faster)} sizes"
+    print(f"form='auto' picks the faster form at {len(faster) - len(misses)} of {len(faster)} sizes"
           + (f"; not at {', '.join(misses)}" if misses else ''))
     if args.plot:
         _plot(results, args)
@@ -235,7 +235,7 @@ def gpu_check(out: str, tiny: bool) -> None:
     and ``layer_benchmarks.json`` (all of them, rewritten after each, a failing table recorded with its error), then
     the batch-1 CUDA-graph comparison of the layers and their convs (``graphs.json``). ``tiny``: the CPU at 64 px, one
     round (the dry run: every path runs)."""
-    from timm_lambda.layers.position_lambda import tiled_triton
+    from timm_lambda.layers import served_backends
     global fma_peak_gmacs
     if tiny:
         fma_peak_gmacs = lambda: None  # noqa: E731  (the CPU's float32 limit, a 30 s measurement, is no GPU figure)
@@ -251,7 +251,7 @@ def gpu_check(out: str, tiny: bool) -> None:
         argv = ['--dtype', dtype, '--batch', str(batch), '--mode', mode, '--json', path]
         argv += ['--image-size', '64', '--repeats', '1'] if tiny else ['--device', 'cuda', '--tf32', '--repeats', '10']
         print(f'## {execution}: benchmark_lambda_layer.py {shlex.join(argv)}', flush=True)
-        launches = tiled_triton.LAUNCHES
+        served_backends(reset=True)
         try:
             main(argv)
         except Exception as e:  # one failing table (strict mode: a kernel that fails) costs only itself
@@ -260,8 +260,8 @@ def gpu_check(out: str, tiny: bool) -> None:
             print(f'FAILED: {results[-1]["error"]}', flush=True)
         else:
             with open(path) as f:
-                results.append(dict(json.load(f), execution=execution,
-                                    triton_launches=tiled_triton.LAUNCHES - launches))
+                results.append(dict(json.load(f), execution=execution,  # what computed the calls, by direction
+                                    served={'/'.join(k): n for k, n in served_backends().items()}))
         with open(os.path.join(out, 'layer_benchmarks.json'), 'w') as f:
             json.dump(results, f, indent=1)
     use_backend('auto', device)
@@ -275,7 +275,7 @@ def gpu_check(out: str, tiny: bool) -> None:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--impls', nargs='+', default=['auto'], help='lambda implementations for the default table')
+    p.add_argument('--forms', nargs='+', default=['auto'], help='lambda implementations for the default table')
     p.add_argument('--image-size', type=int, default=1024,
                    help='the table: the lambda-layer shapes of a LambdaResNet at this input size (default 1024, the '
                         'detection setting; 512: those of the c4/c5 comparison of benchmark_models.py c4)')
@@ -329,7 +329,7 @@ def main(argv=None):
     results, peak = (sweep(args), None) if args.sweep else detection_table(args)
     if args.json:
         keys = ('width', 'scope', 'dim_u', 'batch', 'repeats', 'device') if args.sweep else \
-            ('impls', 'batch', 'repeats', 'device', 'mode', 'tf32')
+            ('forms', 'batch', 'repeats', 'device', 'mode', 'tf32')
         settings = dict({k: getattr(args, k) for k in keys}, dtype=str(args.dtype).replace('torch.', ''),
                         threads=torch.get_num_threads())
         command = shlex.join(['python', 'tools/benchmark_lambda_layer.py', *(sys.argv[1:] if argv is None else argv)])

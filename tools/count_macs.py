@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from timm_lambda.layers.position_lambda import custom_ops  # noqa: E402
 from timm_lambda.layers.position_lambda import tiled_triton as T  # noqa: E402
 
-REQUIRED = ['tc_launch_meta', 'logit_stride', 'forward', 'backward', 'CHUNK_ELEMENTS', '_chunks', '_launch']
+REQUIRED = ['tc_launch_meta', 'logit_stride', 'forward', 'backward', 'CHUNK_ELEMENTS', 'image_chunks', 'kernels']
 _missing = [n for n in REQUIRED if not hasattr(T, n)]
 if _missing:
     raise SystemExit(f'count_macs: tiled_triton no longer has {_missing}: the counting formula follows the wrappers '
@@ -113,7 +113,7 @@ def formula(qs, vs, ts, dtype, precision='ieee', sms=None, chunk_elements=None):
     if fused != meta['logit_grad']['FUSED'] or 'FUSED' in meta['value_grad']:
         raise SystemExit('count_macs: the kernels no longer agree on FUSED: update the formula')
     # the chunks of images a launch (fused forward: one launch), as the wrappers choose them
-    chunks = T._chunks(b, h * ls * ho * wo, chunk_elements or T.CHUNK_ELEMENTS)
+    chunks = T.image_chunks(b, h * ls * ho * wo, chunk_elements or T.CHUNK_ELEMENTS)
     for pass_, kinds in (('forward', ['rows']), ('backward', ['value_grad', 'logit_grad'])):
         for _, n in [(0, b)] if fused and pass_ == 'forward' else chunks:
             meta, _ = _meta(qs, vs, ts, dtype, precision, n, sms)
@@ -195,20 +195,15 @@ def _in_image(size: int, queries: int, step: int, k: int) -> int:
 
 
 def reference_flops(qs, vs, ts, backward: bool):
-    """``(name, flops)`` of the project's own FLOP formula for the position term at these operator shapes:
-    ``custom_ops._tiled_flops`` (the operator's), else ``custom_ops._flops`` (the layer operator's, without a content
-    lambda); an error if neither is there."""
+    """``(name, flops)`` of the project's own FLOP formula for the position term at these operator shapes
+    (``custom_ops.flops``, the lambda operator's, without a content lambda)."""
     (b, h, c, ho, _), (_, uv, height, width), (_, u, kh, kw) = qs, vs, ts
     step = -(-height // ho)
-    if hasattr(custom_ops, '_tiled_flops'):
-        return '_tiled_flops', custom_ops._tiled_flops(qs, vs, ts, step, backward=backward)
-    if hasattr(custom_ops, '_flops'):
-        k, pad = (c, 0) if step == 1 else (c // 9, 2)
-        # the operator's inputs are the layer's maps: q [B, h k, H, W], v [B, u V, H, W]
-        return '_flops', custom_ops._flops((b, h * k, height, width), None, (b, uv, height, width),
-                                           (k, u, kh - pad, kw - pad), None, height, width, 'tiled', None, step,
-                                           False, None, False, backward=backward)
-    raise SystemExit('count_macs: custom_ops has neither _tiled_flops nor _flops to check the query-side form against')
+    k, pad = (c, 0) if step == 1 else (c // 9, 2)
+    # the operator's inputs are the layer's maps: q [B, h k, H, W], v [B, u V, H, W]
+    return 'flops', custom_ops.flops((b, h * k, height, width), None, (b, uv, height, width),
+                                     (k, u, kh - pad, kw - pad), None, step, False, 'softmax', False, 'tiled',
+                                     backward=backward)
 
 
 def needed(qs, vs, ts) -> dict:
@@ -351,16 +346,19 @@ def interpreted(qs, vs, ts, dtype, precision='ieee', sms=None, chunk_elements=No
         add((state['pass_'], state['kernel'], site), batch * int(sa[-2]) * int(sa[-1]) * int(sb[-1]))
         return original_dot(self, a, b, d, *args, **kwargs)
 
-    original_launch = T._launch
-
-    def launch(kernel, grid, *args, **meta):
-        name = getattr(getattr(kernel, 'fn', kernel), '__name__', str(kernel)).lstrip('_')
-        state['kernel'] = name + (' (logit grad)' if meta.get('LOGIT_GRAD') else '')
-        if state['kernel'] not in {k for k, _ in SITES}:
-            raise SystemExit(f'count_macs: unknown kernel {state["kernel"]}: update the formula')
-        launched((state['pass_'], state['kernel']), grid[0] * grid[1] * grid[2])
-        original_launch(kernel, grid, *args, **meta)
-        state['kernel'] = None
+    def launch(kernel, run):
+        def counted(*args, grid, warmup, **meta):  # (Triton's ``kernel[grid](...)`` calls ``run``)
+            if warmup:
+                return run(*args, grid=grid, warmup=warmup, **meta)
+            name = getattr(getattr(kernel, 'fn', kernel), '__name__', str(kernel)).lstrip('_')
+            state['kernel'] = name + (' (logit grad)' if meta.get('LOGIT_GRAD') else '')
+            if state['kernel'] not in {k for k, _ in SITES}:
+                raise SystemExit(f'count_macs: unknown kernel {state["kernel"]}: update the formula')
+            launched((state['pass_'], state['kernel']), grid[0] * grid[1] * grid[2])
+            out = run(*args, grid=grid, warmup=warmup, **meta)
+            state['kernel'] = None
+            return out
+        return counted
 
     class Gemms(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -379,20 +377,20 @@ def interpreted(qs, vs, ts, dtype, precision='ieee', sms=None, chunk_elements=No
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = precision == 'tf32'
     interpreter.InterpreterBuilder.create_dot = create_dot
-    T._launch = launch
-    sm_count, chunks = T._sm_count, T.CHUNK_ELEMENTS
-    T._sm_count = lambda device: sms
+    kernels = [T.kernels()[key] for key in ('tc_rows', 'tc_value_grad')]
+    for kernel in kernels:
+        kernel.run = launch(kernel, kernel.run)
+    chunks = chunk_elements or T.CHUNK_ELEMENTS
     try:
         with Gemms():
             state['pass_'] = 'forward'
-            y = T.forward(q, v, tab, step, chunk_elements=chunk_elements or chunks)
+            y = T.forward(q, v, tab, step, chunk_elements=chunks, sms=sms)
             state['pass_'] = 'backward'
-            T.backward(torch.randn(y.shape, generator=g).to(dtype), q, v, tab, step,
-                       chunk_elements=chunk_elements or chunks)
+            T.backward(torch.randn(y.shape, generator=g).to(dtype), q, v, tab, step, chunk_elements=chunks, sms=sms)
     finally:
-        T._sm_count = sm_count
+        for kernel in kernels:
+            del kernel.run  # (the class's again)
         interpreter.InterpreterBuilder.create_dot = original_dot
-        T._launch = original_launch
         torch.backends.cuda.matmul.allow_tf32 = tf32
     return sites, grids
 

@@ -307,7 +307,7 @@ def layer_summary(path: str) -> list:
         shapes = [(f"{x['width']}ch {x['size']}px s{x['stride']}", x['auto']['ms'], x['conv3x3']['ms'],
                    x['auto']['peak_mib'], x['conv3x3']['peak_mib']) for x in r['results']]
         rows.append(dict(execution=r['execution'], dtype=s['dtype'], batch=s['batch'], mode=s['mode'], tf32=s['tf32'],
-                         triton_launches=r.get('triton_launches'),
+                         served=r.get('served'),
                          shapes={k: dict(layer_ms=round(a, 3), conv_ms=round(c, 3), ratio=round(a / c, 2),
                                          layer_peak_mib=round(m, 1), conv_peak_mib=round(cm, 1))
                                  for k, a, c, m, cm in shapes},

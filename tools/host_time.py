@@ -1,6 +1,6 @@
 """One lambda layer's eager step against the 3x3 convolution it replaces, where the arithmetic is negligible: what a
 step costs beyond its kernels (on a GPU at small batches the layer is bound by this host time: docs/benchmarks.md,
-"GPU"). ``LambdaLayer(16, dim_k=16, heads=4, scope=23, impl='tiled')`` against ``nn.Conv2d(16, 16, 3)`` on a 4x4 map,
+"GPU"). ``LambdaLayer(16, dim_k=16, heads=4, scope=23, form='tiled')`` against ``nn.Conv2d(16, 16, 3)`` on a 4x4 map,
 batch 1, stride 1 and 2: a training step (forward, ``sum``, backward, gradients set to None first, as after
 ``optimizer.zero_grad()``) and an eval forward (``no_grad``; also of the layer after ``reparameterize()``), side by
 side in one process, interleaved rounds, one thread, CPU time of the thread (``time.thread_time``: what a loaded
@@ -52,7 +52,7 @@ def main(argv=None):
     for stride in (1, 2):
         x = torch.randn(1, 16, 4, 4, requires_grad=True)
         candidates = {'conv': torch.nn.Conv2d(16, 16, 3, stride, 1, bias=False),
-                      'lambda': LambdaLayer(16, dim_k=16, heads=4, scope=23, impl='tiled', stride=stride)}
+                      'lambda': LambdaLayer(16, dim_k=16, heads=4, scope=23, form='tiled', stride=stride)}
         folded = copy.deepcopy(candidates['lambda'])
         folded.reparameterize()  # the norms folded into the projection (timm's reparameterize_model)
         for mode in ('train', 'eval'):
@@ -83,7 +83,7 @@ def main(argv=None):
             json.dump(dict(command=shlex.join(['python', 'tools/host_time.py'] + list(argv or sys.argv[1:])),
                            date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(),
                            machine=machine('cpu'), load_before=load, load_after=os.getloadavg(),
-                           setting="LambdaLayer(16, dim_k=16, heads=4, scope=23, impl='tiled') vs nn.Conv2d(16, 16, 3, "
+                           setting="LambdaLayer(16, dim_k=16, heads=4, scope=23, form='tiled') vs nn.Conv2d(16, 16, 3, "
                                    'stride, 1, bias=False), input 1x16x4x4; train: forward, sum, backward (grads set '
                                    'to None first); eval: forward under no_grad, also of the layer after '
                                    'reparameterize() (its norms folded into the projection); 1 thread; medians of the '

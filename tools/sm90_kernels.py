@@ -60,7 +60,7 @@ def launches(heads: int, dim_k: int, dim_v: int, side: int, step: int, dtype: st
     ``attrs``: the launcher's specialisation at the shape's sizes, :func:`_specialize`)."""
     from timm_lambda.layers.position_lambda import tiled_triton as T
 
-    k = T._kernels()
+    k = T.kernels()
     kw = 23 + 2 * (step == 2)
     c, out_side = 9 * dim_k if step == 2 else dim_k, -(-side // step)
     torch_dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}[dtype]

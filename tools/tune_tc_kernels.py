@@ -149,6 +149,15 @@ def _operands(width, side, stride, batch, dtype, device):
                 step=stride, batch=batch)
 
 
+def _pow2(n: int, least: int = 1) -> int:
+    """The least power of 2 >= max(n, least)."""
+    return max(least, 1 << (max(n, 1) - 1).bit_length())
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _alternatives(kernel: str, default: dict, o: dict):
     """The default constants and a few alternatives: pipeline stages, warps, tiles."""
     out = [dict(default)]
@@ -158,18 +167,18 @@ def _alternatives(kernel: str, default: dict, o: dict):
     out.append(dict(default, num_warps=8 if default['num_warps'] == 4 else 4))
     if kernel == 'tc_value_grad':
         for bp in (16, 32):  # value columns a program (the contraction: the queries that reach them)
-            if bp != default['BLOCK_P'] and bp <= T._pow2(o['side'], 16):
+            if bp != default['BLOCK_P'] and bp <= _pow2(o['side'], 16):
                 out.append(dict(default, BLOCK_P=bp))
         for qc in (default['BLOCK_QC'] // 2, default['BLOCK_QC'] * 2):  # queries a contraction step
             if 16 <= default['BLOCK_H'] * qc <= 64:
                 out.append(dict(default, BLOCK_QC=qc))
         for bv in (32, 64, 128):
-            if bv != default['BLOCK_V'] and bv <= T._pow2(o['dv'], 16):
+            if bv != default['BLOCK_V'] and bv <= _pow2(o['dv'], 16):
                 out.append(dict(default, BLOCK_V=bv))
     else:
         for bq in (default['BLOCK_Q'] // 2, default['BLOCK_Q'] * 2):
             if 16 <= default['BLOCK_H'] * bq <= 128:
-                bw = T._pow2(o['step'] * (bq - 1) + o['kw'], 16)  # (ALIGN 2 needs one window column more)
+                bw = _pow2(o['step'] * (bq - 1) + o['kw'], 16)  # (ALIGN 2 needs one window column more)
                 align = default.get('ALIGN', 1) if o['step'] * (bq - 1) + o['kw'] + 1 <= bw else 1
                 out.append(dict(default, BLOCK_Q=bq, BLOCK_W=bw, ALIGN=align))
         for by in (1, 2, 4):  # output rows a program (they share each value tile)
@@ -182,14 +191,14 @@ def _alternatives(kernel: str, default: dict, o: dict):
 
 def _runner(kernel: str, o: dict, prec: str, meta: dict):
     """A function that runs ``kernel`` once with the constants ``meta`` and returns its output."""
-    k = T._kernels()
-    cdiv = T._cdiv
+    k = T.kernels()
+    cdiv = _cdiv
     q, v, table, gy = o['q'], o['v'], o['table'], o['gy']
     b, side, ho, wo, dv, c, kw, step = o['batch'], o['side'], o['ho'], o['wo'], o['dv'], o['c'], o['kw'], o['step']
-    tp = T._padded_table(table)
-    logits = T._query_major_logits(q, tp)
+    tp = T.padded_table(table)
+    logits = T.query_major_logits(q, tp)
     ls = logits.shape[-1]
-    widen = T._widen(q.dtype)
+    widen = T.widens(q.dtype)
     gemm = False  # the logits GEMM timed with the kernel, where the kernel does not compute the logits itself
     if kernel == 'tc_value_grad':
         out = torch.empty(v.shape, device=v.device, dtype=torch.float32 if widen else v.dtype)
@@ -217,7 +226,7 @@ def _runner(kernel: str, o: dict, prec: str, meta: dict):
 
     def run():
         if gemm:
-            args[0] = T._query_major_logits(q, tp)
+            args[0] = T.query_major_logits(q, tp)
         fn[grid](*args, WIDEN=widen, **meta)
         if dq_gemm:
             rm = tp[:, :ukk].to(out.dtype)
@@ -259,7 +268,7 @@ def _dtypes(dry_run: bool):
 
 
 def _sms(device: str) -> int:
-    return T._sm_count(torch.device(device)) or 132  # (a dry run: an H100's or H200's)
+    return T.sm_count(torch.device(device)) or 132  # (a dry run: an H100's or H200's)
 
 
 def sweep(rows: list, save, budget: Budget, dry_run: bool, batch: int, device: str) -> None:

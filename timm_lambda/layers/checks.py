@@ -3,7 +3,7 @@
 Every check raises a ``ValueError`` naming the parameter and the accepted values: bad input never fails deep in torch.
 """
 import operator
-from typing import Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 from timm.layers import to_2tuple
@@ -87,10 +87,11 @@ def check_ratio(value, name: str, low: float = 0.0, high: float = float('inf'), 
     return value
 
 
-def check_input(x: torch.Tensor, channels: int, name: str) -> None:
+def check_input(x: torch.Tensor, channels: int, name: str, mode: Optional[str] = None) -> None:
     """Raise a ValueError unless ``x`` is ``[B, channels, H, W]`` (an FX leaf where the layers use it: checked
-    at run time; a trace skips it, its weights fix the channels)."""
-    if torch.jit.is_tracing():
+    at run time; a trace skips it, its weights fix the channels). ``mode``: the call's execution mode where the caller
+    has read it (:func:`.execution.mode`; ``'trace'`` skips), else ``torch.jit.is_tracing()`` is asked."""
+    if (mode == 'trace') if mode is not None else torch.jit.is_tracing():
         return
     if x.dim() != 4 or x.shape[1] != channels:
         raise ValueError(f'{name} expects x of shape [B, {channels}, H, W], got {list(x.shape)}')

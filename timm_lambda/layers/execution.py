@@ -1,14 +1,13 @@
 """The execution context of the layers (eager, compiled, recorded, transformed) and the one-time warnings about it
 (docs/execution_modes.md); the plan that reads it: :mod:`.position_lambda.plan`."""
 import warnings
-from typing import Optional
 
 import torch
 
 from .._compat import DYNAMO_FOLDS_FUNCTORCH_FLAG
 
 __all__ = ['is_exporting', 'functorch_active', 'contiguous', 'compiled_copy', 'compiled_fresh_copy', 'compiling',
-           'warn_once', 'recorder', 'BackendUnusable']
+           'warn_once', 'mode', 'MODES', 'BackendUnusable']
 
 
 @torch.jit.ignore
@@ -76,17 +75,41 @@ def compiling() -> bool:
     return torch.compiler.is_compiling() and not is_exporting()
 
 
-def recorder() -> Optional[str]:
-    """The graph recorder or transform under way, whose graph holds plain tensor ops only (None: eager mode or
-    torch.compile, which run the custom operators): ``'jit.trace'`` (also the legacy ONNX exporter),
-    ``'torch.export'`` (also the dynamo ONNX exporter) or ``'torch.func'``."""
+MODES = ('eager', 'dispatch', 'compile', 'trace', 'export', 'func', 'fx')
+
+
+@torch.jit.ignore
+def mode(x: torch.Tensor) -> str:
+    """The execution mode of a call on ``x``, read once a call (:func:`.position_lambda.plan.make_plan`):
+
+    * ``'trace'``: ``torch.jit.trace`` (also the legacy ONNX exporter), ``'export'``: ``torch.export`` (also the
+      dynamo ONNX exporter), ``'func'``: a ``torch.func`` transform: graph recorders and transforms, whose graphs hold
+      plain tensor ops only (the operator has no batching rule);
+    * ``'compile'``: torch.compile traces the code (the registered operator goes into the graph);
+    * ``'fx'``: ``torch.fx`` symbolic tracing (timm's feature extraction): the operator call is a leaf that plans when
+      the graph runs;
+    * ``'dispatch'``: a dispatch mode is active (FlopCounterMode, fake tensors) or ``x`` is on neither CPU nor CUDA
+      (the meta device): the registered operator runs;
+    * ``'eager'``: the operator's eager path runs (an autograd function, without the operator's dispatch).
+
+    (TorchScript, ``'script'``, never calls this: the layers take their plain-op branch there.)"""
     if torch.jit.is_tracing():
-        return 'jit.trace'
+        return 'trace'
     if is_exporting():
-        return 'torch.export'
+        return 'export'
     if functorch_active():
-        return 'torch.func'
-    return None
+        return 'func'
+    if torch.compiler.is_compiling():
+        return 'compile'
+    if _fx_tracing():
+        return 'fx'
+    if x.device.type not in ('cpu', 'cuda') or torch._C._len_torch_dispatch_stack():
+        return 'dispatch'
+    return 'eager'
+
+
+# torch.fx symbolic tracing (not torch.export, whose graphs is_fx_tracing also reports in recent torch)
+_fx_tracing = getattr(torch.fx._symbolic_trace, 'is_fx_symbolic_tracing', torch.fx._symbolic_trace.is_fx_tracing)
 
 
 class BackendUnusable(RuntimeError):

@@ -11,6 +11,7 @@ which is applied to ``|h|`` queries (equation 2, section 3.2)::
 The position lambdas: :mod:`.position_lambda`, over the relative embeddings of :mod:`.relative_embedding`.
 Intra-depth ``|u|`` (appendix C.4, Fig. 8) adds a dimension to keys, embeddings and values that is summed over.
 """
+import warnings
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -31,26 +32,19 @@ from .checks import (
     to_int,
 )
 from .dilation import batch_to_space, check_dilation, space_to_batch
-from .execution import compiling, functorch_active, recorder, warn_once
+from .execution import mode as execution_mode
+from .execution import warn_once
 from .pooling import downsample_pool
-from .position_lambda import (
-    KEY_NORMS,
-    POSITION_IMPLS,
-    choose_form,
-    content_term,
-    key_views,
-    lambdas,
-    normalize_keys,
-    position_lambdas,
-)
-from .position_lambda.plain_ops import content_lambda_plain
+from .position_lambda import FORMS, KEY_NORMS, Spec, choose_form, content_term, lambdas, make_plan, normalize_keys
+from .position_lambda.backends import record
+from .position_lambda.custom_ops import lambda_op
+from .position_lambda.plain_ops import content_lambda_plain, lambdas_plain
 from .relative_embedding import RelativePositionEmbedding
 
 __all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS']
 
 
 torch.fx.wrap('check_input')
-torch.fx.wrap('position_lambdas')
 torch.fx.wrap('lambdas')
 torch.fx.wrap('space_to_batch')
 torch.fx.wrap('batch_to_space')
@@ -85,8 +79,9 @@ class LambdaLayer(nn.Module):
         key_norm: 'softmax' (default), 'l2' or 'none': normalisation of the keys over context
             positions (Table 11).
         qv_norm: batch norm on queries and values (default True, section 3.1 "Normalization").
-        impl: 'auto', 'einsum', 'conv', 'dense' or 'tiled' implementation of the position lambdas
-            (:mod:`timm_lambda.layers.position_lambda`); all give the same result.
+        form: 'auto', 'einsum', 'conv', 'dense' or 'tiled': the form that computes the position lambdas
+            (:mod:`timm_lambda.layers.position_lambda`, docs/lambda_layer.md); all give the same result. (``impl``:
+            its former name, still accepted with a FutureWarning.)
         pos_embedding: a :class:`RelativePositionEmbedding` to share between layers (Table 4), with the same |k|,
             |u| and scope; counted and saved once (by the first layer that takes it).
         norm_layer: normalisation layer for queries and values (``norm_layer(channels, device=, dtype=)``).
@@ -102,11 +97,15 @@ class LambdaLayer(nn.Module):
 
     def __init__(self, dim: int, dim_out: Optional[int] = None, dim_k: int = 16, heads: int = 4, dim_u: int = 1,
                  scope=23, max_size: Optional[Tuple[int, int]] = None, stride: int = 1, content: bool = True,
-                 position: bool = True, key_norm: str = 'softmax', qv_norm: bool = True, impl: str = 'auto',
+                 position: bool = True, key_norm: str = 'softmax', qv_norm: bool = True, form: str = 'auto',
                  pos_embedding: Optional[RelativePositionEmbedding] = None, pool_count_include_pad: bool = False,
                  position_bias: bool = False, dilation: int = 1, norm_layer: Callable[..., nn.Module] = nn.BatchNorm2d,
-                 device=None, dtype=None):
+                 device=None, dtype=None, impl: Optional[str] = None):
         super().__init__()
+        if impl is not None:
+            warnings.warn("LambdaLayer's impl= is now called form= (the form of the position lambdas); impl= will "
+                          'go in a later release', FutureWarning, stacklevel=2)
+            form = impl
         dd = {'device': device, 'dtype': dtype}
         self.dim = to_int(dim, 'dim')
         self.dim_out = to_int(self.dim if dim_out is None else dim_out, 'dim_out')
@@ -125,7 +124,7 @@ class LambdaLayer(nn.Module):
         if position_bias and not position:
             raise ValueError('position_bias=True adds a bias to the position lambdas; it needs position=True')
         self.key_norm = check_choice(key_norm, 'key_norm', KEY_NORMS)
-        self.impl = check_choice(impl, 'impl', POSITION_IMPLS)
+        form = check_choice(form, 'form', ('auto',) + FORMS)
         scope = check_scope(scope)
         self.dilation = check_dilation(dilation)
         if self.dilation > 1 and (scope == 'global' or self.stride != 1):
@@ -163,7 +162,23 @@ class LambdaLayer(nn.Module):
         # the downsampling's settings as a module (peer-weight conversions read them); the forward pools with them
         # inside content_term / position_lambdas
         self.pool = downsample_pool(self.stride, self.pool_count_include_pad)
+        # the position lambdas' configuration, what every call's plan starts from (position_lambda.plan)
+        self.spec = Spec(form, k, u, v, h, self.table_size[0], self.table_size[1], self.global_scope, self.stride,
+                         self.pool_count_include_pad, self.key_norm)
+        self._reparameterized = False
         self.reset_parameters()
+
+    __jit_unused_properties__ = ['form']
+    spec: Spec  # (TorchScript reads its type here)
+
+    @property
+    def form(self) -> str:
+        """The form of the position lambdas asked for (``'auto'`` or one of :data:`FORMS`); settable."""
+        return self.spec.form
+
+    @form.setter
+    def form(self, value: str) -> None:
+        self.spec = self.spec._replace(form=check_choice(value, 'form', ('auto',) + FORMS))
 
     def reset_parameters(self) -> None:
         """Appendix F.2: W_K, W_V ~ N(0, d^-1/2); W_Q ~ N(0, (|k| d)^-1/2) (std). The optional position bias
@@ -203,11 +218,23 @@ class LambdaLayer(nn.Module):
         self.qkv.bias.copy_(bias)
         for norm, a, b in foldable:
             setattr(self, 'norm_q' if norm is self.norm_q else 'norm_v', nn.Identity())
+        self._reparameterized = True
+
+    @torch.jit.unused
+    def train(self, mode: bool = True):
+        """``nn.Module.train``; a layer folded by :meth:`reparameterize` (one-way: for inference) warns once when put
+        back into training mode, as it would then train without its query and value norms."""
+        if mode and self._reparameterized and not getattr(self, '_warned_train', False):
+            self._warned_train = True
+            warnings.warn('LambdaLayer.reparameterize() folded the query and value batch norms into the projection '
+                          '(one-way, for inference): in training mode this layer now trains without them; rebuild or '
+                          'reload the model before reparameterize() to train it', RuntimeWarning, stacklevel=2)
+        return super().train(mode)
 
     def extra_repr(self) -> str:
         return (f'dim={self.dim}, dim_out={self.dim_out}, dim_k={self.dim_k}, heads={self.heads}, '
                 f'dim_u={self.dim_u}, dim_v={self.dim_v}, scope={self.scope}, stride={self.stride}, '
-                f'content={self.content}, position={self.position}, key_norm={self.key_norm!r}, impl={self.impl!r}'
+                f'content={self.content}, position={self.position}, key_norm={self.key_norm!r}, form={self.form!r}'
                 + (f', dilation={self.dilation}' if self.dilation > 1 else '')
                 + (', position_bias=True' if self.pos_bias is not None else '')
                 + (', pool_count_include_pad=True' if self.pool_count_include_pad and self.stride == 2 else ''))
@@ -220,55 +247,102 @@ class LambdaLayer(nn.Module):
         return self
 
     @torch.jit.unused
-    def choose_impl(self, height: int, width: int) -> str:
-        """The position-lambda implementation used for a ``height x width`` input (the 'auto' rule)."""
+    def choose_form(self, height: int, width: int) -> str:
+        """The form of the position lambdas for a ``height x width`` input (the ``'auto'`` rule), or ``'none'``."""
         if not self.position:
             return 'none'
         d = self.dilation  # the position lambdas run on the d x d sub-grids
-        height, width = (height + d - 1) // d, (width + d - 1) // d
-        return choose_form(self.impl, height, width, self.table_size[0], self.table_size[1], self.global_scope)
+        return choose_form(self.spec, (height + d - 1) // d, (width + d - 1) // d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting():
+            return self._forward(x)
         check_input(x, self.dim, 'LambdaLayer')
-        B, _, H, W = x.shape
-        n = H * W
+        q, keys, values = self._project(x, 'script')
+        return self._after_norms(self.norm_q(q), keys, self.norm_v(values), x, 'script')
+
+    @torch.jit.unused
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Eager mode, torch.compile, the graph recorders and transforms: the call's plan (made once, here) says
+        how it runs; everything after the norms is one operator where it says so (position_lambda.lambdas)."""
+        mode = execution_mode(x)  # (read once a call: the plan takes it)
+        check_input(x, self.dim, 'LambdaLayer', mode)
+        plan = None
+        if self.pos_embedding is not None and self.dilation == 1 and mode != 'fx':
+            plan = make_plan(self.spec, x, mode)  # (torch.fx: the operator call is a leaf that plans when it runs)
+        q, keys, values = self._project(x, mode)
+        q, values = self.norm_q(q), self.norm_v(values)  # [B, h k, H, W], [B, u v, H, W]
+        if plan is None and mode != 'fx':
+            return self._after_norms(q, keys, values, x, mode)
+        if plan is not None and plan.backend == 'plain':  # (a recorder's: counted once a trace)
+            record(plan.form, 'plain', x.device.type, plan.dtype, 'forward')
+            return self._after_norms(q, keys, values, x, mode, plan.form)
+        if plan is None:  # torch.fx: a leaf of the graph, planning when it runs
+            return lambdas(None, self.spec, q, keys if self.content else None, values, self.pos_embedding.weight,
+                           self._shared(x.shape[0]))
+        return lambda_op(plan, q, keys if self.content else None, values, self.pos_embedding.weight,
+                         self._shared(x.shape[0]))
+
+    def _project(self, x: torch.Tensor, mode: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(q [B, h k, H, W], keys [B, u k, H, W] or [B, u k, n], values [B, u v, H, W])`` from the one 1x1
+        projection, each mode its way."""
         k, u, v, h = self.dim_k, self.dim_u, self.dim_v, self.heads
-        if not torch.jit.is_scripting() and compiling():
-            # compiled: one 1x1 convolution each (slices of the one weight), no channel-slice views of an activation:
-            # inductor orders a saved view's strides by sympy comparisons it cannot decide at symbolic sizes with
-            # B = 1 and a square map (``128*s**2 < 128*s``: an InductorError with dynamic=True, issue 51)
+        if mode == 'compile':
+            # one 1x1 convolution each (slices of the one weight), no channel-slice views of an activation: inductor
+            # orders a saved view's strides by sympy comparisons it cannot decide at symbolic sizes with B = 1 and a
+            # square map (``128*s**2 < 128*s``: an InductorError with dynamic=True, issue 51)
             w, b = self.qkv.weight, self.qkv.bias  # (a bias after reparameterize())
             q = F.conv2d(x, w[:h * k], None if b is None else b[:h * k])
             keys = F.conv2d(x, w[h * k:h * k + k * u], None if b is None else b[h * k:h * k + k * u])
             values = F.conv2d(x, w[h * k + k * u:], None if b is None else b[h * k + k * u:])
-        elif not torch.jit.is_scripting() and recorder() is None:
-            # eager: one split of the projection (its backward is one concatenation; three slices were six launches
-            # and two sums), each part a view
+            return q, keys, values
+        if mode in ('eager', 'dispatch', 'fx'):
+            # one split of the projection (its backward is one concatenation; three slices were six launches and two
+            # sums), each part a view
             q, keys, values = self.qkv(x).split([h * k, k * u, v * u], dim=1)
-        else:
-            # recorded (jit.trace, torch.export, torch.func) and scripted: the split of the flattened projection, back
-            # to 4-D (a reshape of a 4-D channel slice makes torch.export guard on sizes of 1 even with
-            # backed_size_oblivious: docs/execution_modes.md)
-            q, keys, values = self.qkv(x).flatten(2).split([h * k, k * u, v * u], dim=1)  # keys stay [B, u k, n]
-            q, values = q.unflatten(2, [H, W]), values.unflatten(2, [H, W])
-        if not torch.jit.is_scripting() and functorch_active():
+            return q, keys, values
+        # recorded (jit.trace, torch.export, torch.func) and scripted: the split of the flattened projection, back to
+        # 4-D (a reshape of a 4-D channel slice makes torch.export guard on sizes of 1 even with
+        # backed_size_oblivious: docs/execution_modes.md)
+        H, W = x.shape[2], x.shape[3]
+        q, keys, values = self.qkv(x).flatten(2).split([h * k, k * u, v * u], dim=1)  # keys stay [B, u k, n]
+        q, values = q.unflatten(2, [H, W]), values.unflatten(2, [H, W])
+        if mode == 'func':
             # torch <= 2.13: torch.func.vmap of group_norm fails on a channel slice ("Expected X.is_contiguous"),
             # and .contiguous() is no copy there (the slice is contiguous per sample)
             q = q.clone(memory_format=torch.contiguous_format)
             values = values.clone(memory_format=torch.contiguous_format)
-        q, values = self.norm_q(q), self.norm_v(values)  # [B, h k, H, W], [B, u v, H, W]
-        shared: Optional[torch.Tensor] = None
-        if self.pos_bias is not None:  # lambda^p_n[k, :] += b_k for every n: a part of lambda_n shared by every n
-            shared = self.pos_bias.unsqueeze(1).expand(k, v).unsqueeze(0).expand(B, k, v)
-        d = self.dilation
-        if self.pos_embedding is not None and d == 1:  # everything after the norms: one operator (eager, compiled)
-            return lambdas(q, keys if self.content else None, values, self.pos_embedding.weight, shared, B, h, H, W,
-                           self.impl, self.global_scope, self.stride, self.pool_count_include_pad, self.table_size,
-                           self.key_norm)
+        return q, keys, values
+
+    def _shared(self, batch: int) -> Optional[torch.Tensor]:
+        """``lambda^p_n[k, :] += b_k`` for every n: the position bias as a part of ``lambda_n`` shared by every n,
+        ``[B, k, V]`` (None without it)."""
+        if self.pos_bias is None:
+            return None
+        return self.pos_bias.unsqueeze(1).expand(self.dim_k, self.dim_v).unsqueeze(0).expand(batch, self.dim_k,
+                                                                                            self.dim_v)
+
+    def _after_norms(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, x: torch.Tensor, mode: str,
+                     form: str = '') -> torch.Tensor:
+        """The lambda computation after the norms in plain tensor ops (TorchScript, graph recorders, transforms, the
+        plain backend), and the content lambda alone or a dilated scope in every mode. (The sizes from the layer's
+        input ``x``: a recorded graph reads them from its input, so that they stay dynamic in an ONNX file.)"""
+        B, H, W = x.shape[0], x.shape[2], x.shape[3]
+        n = H * W
+        k, u, v, h = self.dim_k, self.dim_u, self.dim_v, self.heads
+        shared = self._shared(B)
         q = reshape_normed(q, [B, h, k, n])
         values = reshape_normed(values, [B, u, v, n])
+        keys = keys.unflatten(1, [u, k]) if keys.dim() == 3 else keys.reshape(B, u, k, n)  # [B, u, k, n]
+        d = self.dilation
+        if self.pos_embedding is not None and d == 1:  # the plain backend's form, or TorchScript's choice
+            if form == '':
+                form = choose_form(self.spec, H, W)
+            return lambdas_plain(q, keys if self.content else None, values, self.pos_embedding.weight, shared, H, W,
+                                 form, self.stride,
+                                 self.pool_count_include_pad, self.key_norm, self.global_scope, self.table_size)
         if self.content:  # lambda^c (eq. 1), here the part of every lambda_n shared by every n
-            lam = content_lambda_plain(key_views(keys, u, k), values, self.key_norm)
+            lam = content_lambda_plain(keys, values, self.key_norm)
             shared = lam if shared is None else lam + shared
         if self.pos_embedding is None:  # the content lambda alone (Table 9)
             assert shared is not None
@@ -276,14 +350,25 @@ class LambdaLayer(nn.Module):
         # the position lambdas on each d x d interleaved sub-grid of a dilated scope, the content term on the whole
         # map (on the sub-grids, lambda^c repeated d d times, AOTInductor packages returned NaN at small sizes)
         qs = space_to_batch(q.reshape(B, h * k, H, W), d)
+        vs = space_to_batch(values.reshape(B, u * v, H, W), d)
         hs, ws = qs.shape[-2], qs.shape[-1]
-        pos = position_lambdas(qs.reshape(B * d * d, h, k, hs * ws),
-                               space_to_batch(values.reshape(B, u * v, H, W), d).reshape(B * d * d, u, v, hs * ws),
-                               self.pos_embedding.weight, hs, ws, self.impl, self.global_scope, self.stride,
-                               self.pool_count_include_pad, self.table_size)  # [B d d, h v, hs, ws]
-        pos = batch_to_space(pos, d, H, W)
+        pos = self._sub_grids(qs.reshape(B * d * d, h * k, hs, ws), vs.reshape(B * d * d, u * v, hs, ws), mode)
+        pos = batch_to_space(pos, d, H, W)  # [B, h v, H, W]
         return pos if shared is None else content_term(shared, q, H, W) + pos
 
+    def _sub_grids(self, qs: torch.Tensor, vs: torch.Tensor, mode: str) -> torch.Tensor:
+        """The position term on the sub-grids ``qs [B d d, h k, hs, ws]``, ``vs [B d d, u v, hs, ws]``."""
+        if not torch.jit.is_scripting():
+            if mode != 'fx':
+                return lambdas(make_plan(self.spec, qs, mode), self.spec, qs, None, vs, self.pos_embedding.weight,
+                               None)
+            return lambdas(None, self.spec, qs, None, vs, self.pos_embedding.weight, None)
+        hs, ws = qs.shape[2], qs.shape[3]
+        b, n = qs.shape[0], hs * ws
+        return lambdas_plain(qs.reshape(b, self.heads, self.dim_k, n), None,
+                             vs.reshape(b, self.dim_u, self.dim_v, n), self.pos_embedding.weight, None, hs, ws,
+                             choose_form(self.spec, hs, ws), 1, False, self.key_norm, self.global_scope,
+                             self.table_size)
 
 def _folds(norm: nn.Module) -> bool:
     """Whether :meth:`LambdaLayer.reparameterize` folds ``norm``: a batch norm (``nn.BatchNorm2d``, ``SyncBatchNorm``,

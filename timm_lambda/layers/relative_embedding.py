@@ -132,10 +132,13 @@ def dense_embedding_cached(table: torch.Tensor, height: int, width: int, masked:
 
 
 @torch.jit.unused
-def dense_index_for(height: int, width: int, table_h: int, table_w: int, masked: bool,
-                    device: torch.device) -> torch.Tensor:
-    """:func:`dense_index`, kept in :data:`DENSE_INDEX_CACHE` where it may be (eager mode, at most 2^22 entries)."""
-    if not torch.compiler.is_compiling() and (height * width) ** 2 <= DENSE_INDEX_MAX_ENTRIES:
+def dense_index_for(height: int, width: int, table_h: int, table_w: int, masked: bool, device: torch.device,
+                    traced: Optional[bool] = None) -> torch.Tensor:
+    """:func:`dense_index`, kept in :data:`DENSE_INDEX_CACHE` where it may be (not traced, at most 2^22 entries).
+    ``traced``: whether torch.compile traces the call (None: asked; an operator's computation never is)."""
+    if traced is None:
+        traced = torch.compiler.is_compiling()
+    if not traced and (height * width) ** 2 <= DENSE_INDEX_MAX_ENTRIES:
         return _dense_index_cached(height, width, table_h, table_w, masked, device)
     return dense_index(height, width, table_h, table_w, masked, device)
 

@@ -74,8 +74,8 @@ class LambdaResNet(HybridResNet):
         lambda_blocks: per stage, None, 'all' or 1-based block numbers that use a lambda layer.
         se_stages: stages (0 = c2 .. 3 = c5) whose convolutional bottlenecks use SE.
         se_ratio: SE squeeze ratio relative to the block output width (0.25 = "ratio of 4").
-        dim_k, heads, dim_u, scope, impl, key_norm, qv_norm, content, position: lambda layer
-            options (see :class:`~timm_lambda.layers.LambdaLayer`).
+        dim_k, heads, dim_u, scope, form, key_norm, qv_norm, content, position: lambda layer
+            options (see :class:`~timm_lambda.layers.LambdaLayer`; ``impl``: ``form``'s former name).
         position_bias, pool_count_include_pad: the two conventions of d-li14/lambda.pytorch (a bias on the
             position lambdas; stride-2 pooling that counts the zero padding); off by default (paper), on in
             ``resnet50_lambda_dli14`` (see :class:`~timm_lambda.layers.LambdaLayer`).
@@ -99,7 +99,7 @@ class LambdaResNet(HybridResNet):
             heads: int = 4,
             dim_u: int = 1,
             scope: Union[int, str, Tuple[int, int]] = 23,
-            impl: str = 'auto',
+            form: str = 'auto',
             key_norm: str = 'softmax',
             qv_norm: bool = True,
             content: bool = True,
@@ -112,6 +112,10 @@ class LambdaResNet(HybridResNet):
             dtype=None,
             **kwargs,
     ):
+        if 'impl' in kwargs:
+            warnings.warn("LambdaResNet's impl= is now called form= (the form of the position lambdas); impl= will "
+                          'go in a later release', FutureWarning, stacklevel=2)
+            form = kwargs.pop('impl')
         layers = check_layers(layers)
         if isinstance(lambda_blocks, (str, int)) or len(lambda_blocks) != 4:
             raise ValueError(f"lambda_blocks needs 4 entries (c2..c5), each None, 'all' or block numbers, "
@@ -126,7 +130,7 @@ class LambdaResNet(HybridResNet):
                                  f'{scope[0]}x{scope[1]} scope serves any input size, so leave img_size unset')
         elif scope == 'global' and any(positions):
             raise ValueError("img_size (int or (H, W)) is required with scope='global': it sizes the embedding tables")
-        lambda_args = dict(dim_k=dim_k, heads=heads, dim_u=dim_u, scope=scope, impl=impl, key_norm=key_norm,
+        lambda_args = dict(dim_k=dim_k, heads=heads, dim_u=dim_u, scope=scope, form=form, key_norm=key_norm,
                            qv_norm=qv_norm, content=content, position=position, position_bias=position_bias,
                            pool_count_include_pad=pool_count_include_pad)
 
@@ -541,6 +545,6 @@ def resnet50_lambda_shared(pretrained: bool = False, **kwargs) -> LambdaResNet:
 @register_model
 def resnet50_lambda_conv7(pretrained: bool = False, **kwargs) -> LambdaResNet:
     """LambdaNetworks Table 4 "Lambda convolution (7x7)": resnet50_lambda with a 7x7 scope computed by the
-    lambda convolution (``impl='conv'``; ``impl='auto'`` gives the same result faster on CPU)."""
+    lambda convolution (``form='conv'``; ``form='auto'`` gives the same result faster on CPU)."""
     return build_model_with_cfg(LambdaResNet, 'resnet50_lambda_conv7', pretrained,
-                                **_resnet50_lambda(kwargs, scope=7, impl='conv'))
+                                **_resnet50_lambda(kwargs, scope=7, form='conv'))

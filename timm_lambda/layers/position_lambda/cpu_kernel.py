@@ -8,9 +8,9 @@ Each query meets exactly its ``K_h x K_w`` scope (the GEMM path pads it to its b
 (docs/benchmarks.md). float32 and float64 on a CPU. bfloat16 (CPU autocast) on a CPU with AVX-512 BF16 runs in
 bfloat16 itself, at both strides, as a bfloat16 matmul computes: the logits rounded to bfloat16, products of bfloat16
 operands summed in float32 by VDPBF16PS (``tiled_forward_bf16``, ``tiled_backward_bf16``). Other 16-bit calls run in
-float32, the result rounded back. The ``cpu_kernel`` backend of :mod:`.backends`, which says where ``'auto'`` runs it:
-not where the kernel is not built (one warning names the command, or the failed build's cause: :func:`unavailable`),
-nor where :func:`declines` says the gemm backend is faster.
+float32, the result rounded back. :class:`CpuKernel` is the ``cpu_kernel`` backend (:mod:`.backends`), which says
+where ``'auto'`` runs it: not where the kernel is not built (one warning names the command, or the failed build's
+cause: :func:`unavailable`), nor where :func:`declines` says the gemm backend is faster.
 
 The kernel's vectors are the compiler target's (``tiled_cpu.h``): 16 float32 lanes with AVX-512, 8 with AVX2 + FMA,
 4 elsewhere, its register tiles sized to the ISA's registers; :func:`isa` reads which from the build. The target is
@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import platform
-import re
 import shlex
 import shutil
 import subprocess
@@ -40,15 +39,18 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from ..._env import env
 from ..execution import BackendUnusable
+from .backends import Call
+from .fused import Tiled
 
 try:
     import fcntl
 except ImportError:  # not POSIX: torch's own lock alone serialises the builds
     fcntl = None
 
-__all__ = ['forward', 'backward', 'native', 'compute_dtype', 'build', 'load', 'unavailable', 'isa', 'declines', 'arch',
-           'CpuKernelBuildError']
+__all__ = ['CpuKernel', 'forward', 'backward', 'native', 'compute_dtype', 'build', 'load', 'unavailable', 'isa',
+           'declines', 'arch', 'CpuKernelBuildError']
 
 _logger = logging.getLogger(__name__)
 
@@ -77,10 +79,7 @@ def arch() -> str:
     """The compiler's target, ``-march=<arch>``: ``$TIMM_LAMBDA_CPU_ARCH``, default ``native`` (this CPU's whole
     instruction set). Another value builds, and loads, a separate build: e.g. ``x86-64-v3`` (AVX2 + FMA, no AVX-512),
     to measure or test that class of CPU on an AVX-512 machine, or a build for a cache shared by older CPUs."""
-    value = os.environ.get(ARCH_ENV, '').strip() or 'native'
-    if not re.fullmatch(r'[A-Za-z0-9][A-Za-z0-9.+-]*', value):
-        raise ValueError(f'{ARCH_ENV} must name a -march= target (e.g. native, x86-64-v3, znver3), got {value!r}')
-    return value
+    return env(ARCH_ENV)
 
 
 def _cflags(target: Optional[str] = None) -> List[str]:
@@ -377,6 +376,7 @@ def native(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and _kernel is not None and _kernel.bf16
 
 
+@torch.compiler.assume_constant_result  # (it reads the build: under torch.compile, once while tracing)
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype the kernel computes a ``dtype`` input in: itself for float32, float64 and :func:`native` bfloat16,
     else float32."""
@@ -447,20 +447,21 @@ def _to(x: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]
     return x if x is None or x.dtype == dtype else x.to(dtype)
 
 
-def forward(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, step: int,
-            content: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The tiled operator's output (layouts: :mod:`.custom_ops`) in :func:`compute_dtype`, returned in ``q``'s dtype."""
-    kernel, c = _module(), compute_dtype(q.dtype)
+def forward(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, step: int, content: Optional[torch.Tensor] = None,
+            dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """The tiled kernels' output (layouts: :meth:`.fused.Tiled.tiled_forward`) computed in ``dtype`` (default
+    :func:`compute_dtype` of ``q``'s), returned in ``q``'s dtype."""
+    kernel, c = _module(), dtype or compute_dtype(q.dtype)
     if c == torch.bfloat16:
         return kernel.tiled_forward_bf16(q, v, table, content, step)
     return _to(kernel.tiled_forward(_to(q, c), _to(v, c), _to(table, c), _to(content, c), step), q.dtype)
 
 
 def backward(gy: torch.Tensor, q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, step: int,
-             content: Optional[torch.Tensor] = None):
-    """The gradients of q, v, the table and the content lambda (an empty tensor without one) in the inputs' dtypes
-    (a bfloat16 call's computed from its bfloat16 operands, summed in float32)."""
-    kernel, c = _module(), compute_dtype(q.dtype)
+             content: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None):
+    """The gradients of q, v, the table and the content lambda (an empty tensor without one) in the inputs' dtypes,
+    computed in ``dtype`` (a bfloat16 call's from its bfloat16 operands, summed in float32)."""
+    kernel, c = _module(), dtype or compute_dtype(q.dtype)
     if c == torch.bfloat16:
         gq, gv, gtable, gcontent = kernel.tiled_backward_bf16(_to(gy, c), q, v, table, content, step)
     else:
@@ -468,3 +469,26 @@ def backward(gy: torch.Tensor, q: torch.Tensor, v: torch.Tensor, table: torch.Te
                                                          _to(content, c), step)
     return (_to(gq, q.dtype), _to(gv, v.dtype), _to(gtable, table.dtype),
             _to(gcontent, v.dtype if content is None else content.dtype))
+
+
+class CpuKernel(Tiled):
+    """The ``cpu_kernel`` backend: the tiled form by this module's C++ kernels on CPU tensors; float32 and float64,
+    bfloat16 natively where built for AVX-512 BF16 (:func:`native`), other 16-bit calls computed in float32."""
+    name = 'cpu_kernel'
+    devices = ('cpu',)
+
+    def unavailable(self) -> Optional[str]:
+        return unavailable()
+
+    def declines(self, call: Call) -> Optional[str]:
+        return declines(call.dtype, call.stride)
+
+    def kernel_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """:func:`compute_dtype`."""
+        return compute_dtype(dtype)
+
+    def tiled_forward(self, plan, q, v, table, step, content):
+        return forward(q, v, table, step, content, plan.compute_dtype)
+
+    def tiled_backward(self, plan, gy, q, v, table, step, content):
+        return backward(gy, q, v, table, step, content, plan.compute_dtype)

@@ -1,7 +1,8 @@
-"""The lambda computation after the query and value norms as one operator's forward and backward (sections 3.1-3.3):
-key normalisation, the content lambda (eq. 1), the position lambdas applied to the queries (eq. 2) with the content
-term in the same accumulators, and at stride 2 the 3x3 average pooling (appendix F.2), by the backend of the call's
-plan (:mod:`.plan`). :mod:`.custom_ops` registers these as ``timm_lambda::lambda_layer`` and its backward.
+"""The lambda computation after the query and value norms around the tiled kernels (sections 3.1-3.3): key
+normalisation, the content lambda (eq. 1), the position lambdas applied to the queries (eq. 2) with the content term
+in the kernels' accumulators, and at stride 2 the 3x3 average pooling (appendix F.2). :class:`Tiled` is the base of
+the built-in operator backends (:mod:`.backends`): each gives its tiled kernels (:meth:`Tiled.tiled_forward`,
+:meth:`Tiled.tiled_backward`); the ``gemm`` backend also computes the dense form (:mod:`.gemm`).
 
 Inputs (the layer's own maps): ``q [B, h k, H, W]``, ``keys [B, u k, H, W]`` (not normalised; None without the
 content lambda), ``v [B, u V, H, W]``, the relative embedding ``table [k, u, R_h, R_w]``, ``shared [B, k, V]`` (a part
@@ -9,13 +10,11 @@ of every ``lambda_n`` added to the content lambda, or standing for it without ke
 Wo]``; the gradients in the inputs' shapes. (Maps, not views of them: under torch.compile a view that the backward
 saves made inductor compare symbolic strides it cannot order at batch 1, issue 51.)
 
-Stride 2 (the tiled form) runs at the output resolution where that is fewer multiply-adds (:func:`patched`; else on
-the full map, pooled after): pooling is linear, so output ``o`` is the sum over its 3x3
-window of the inputs' terms divided by the window's in-image count (or 9): the queries' 3x3 patches (one im2col,
-channels ``(k, dy, dx)``) meet a table of the nine shifted tables (:func:`pooled_table`) and the content lambda
-repeated nine times, so that the kernel computes the window sum of both terms at once, 4x fewer queries than the map.
-The dense form (the ``gemm`` backend): the logits of every (query, context) pair, then one GEMM with the values
-(:func:`.plain_ops.dense_plain`), its backward by four more.
+Stride 2, the plan's ``variant``: ``'patched'`` runs at the output resolution (:func:`patched` says where that is
+fewer multiply-adds): pooling is linear, so output ``o`` is the sum over its 3x3 window of the inputs' terms divided
+by the window's in-image count (or 9): the queries' 3x3 patches (one im2col, channels ``(k, dy, dx)``) meet a table of
+the nine shifted tables (:func:`pooled_table`) and the content lambda repeated nine times, so that the kernel computes
+the window sum of both terms at once, 4x fewer queries than the map; ``'pooled'`` runs on the full map, pooled after.
 """
 import functools
 from typing import List, Optional, Tuple
@@ -24,18 +23,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import pooling
 from ..checks import check_max_size
-from ..relative_embedding import dense_embedding, dense_index_for
 from ..size_cache import SizeCache
-from . import backends
-from .plain_ops import normalize_keys
+from .backends import Backend, Call, Decision
 
-__all__ = ['forward', 'backward', 'views', 'content_lambda', 'patched', 'pooled_table', 'in_image_counts']
+__all__ = ['KEY_NORMS', 'normalize_keys', 'Tiled', 'content_lambda', 'content_grads', 'patched', 'pooled_table',
+           'in_image_counts', 'reach']
 
 
-def content_lambda(keys: Optional[Tensor], v: Tensor, shared: Optional[Tensor], key_norm: str, k: int) -> Tuple[
-        Optional[Tensor], Optional[Tensor]]:
+KEY_NORMS = ('softmax', 'l2', 'none')
+
+
+def normalize_keys(keys: Tensor, key_norm: str, dim: int = -1) -> Tensor:
+    """Normalise keys over the context positions ``dim`` (Table 11)."""
+    if key_norm == 'softmax':
+        return keys.softmax(dim=dim)
+    if key_norm == 'l2':
+        return F.normalize(keys, dim=dim)
+    return keys
+
+
+def content_lambda(keys: Optional[Tensor], v: Tensor, shared: Optional[Tensor], key_norm: str,
+                   k: int) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     """``(lambda^c + shared [B, k, V], the normalised keys [B, u, k, n])`` of the maps ``keys [B, u k, H, W]`` (or
     ``[B, u k, n]``) and ``v [B, u V, H, W]`` (eq. 1, Table 11: softmax over the context positions, in float32 at
     least as autocast computes a softmax). Without keys: ``(shared, None)``."""
@@ -46,16 +55,17 @@ def content_lambda(keys: Optional[Tensor], v: Tensor, shared: Optional[Tensor], 
     kn = normalized_keys(keys.reshape(b, u, k, n), key_norm)
     if u == 1:
         vt = v.reshape(b, v.shape[1], n).transpose(1, 2)  # [B, n, V]
-        lam = torch.bmm(kn[:, 0], vt) if shared is None else torch.baddbmm(shared, kn[:, 0], vt)
+        content = torch.bmm(kn[:, 0], vt) if shared is None else torch.baddbmm(shared, kn[:, 0], vt)
     else:  # sum over |u|: one GEMM of depth |u| |n|
         v4 = v.reshape(b, u, v.shape[1] // u, n)
-        lam = torch.bmm(kn.transpose(1, 2).reshape(b, k, u * n), v4.transpose(2, 3).reshape(b, u * n, v4.shape[2]))
-        lam = lam if shared is None else lam + shared
-    return lam, kn
+        content = torch.bmm(kn.transpose(1, 2).reshape(b, k, u * n),
+                            v4.transpose(2, 3).reshape(b, u * n, v4.shape[2]))
+        content = content if shared is None else content + shared
+    return content, kn
 
 
 def normalized_keys(keys: Tensor, key_norm: str) -> Tensor:
-    """:func:`.plain_ops.normalize_keys` in the keys' dtype, a 16-bit softmax computed in float32 (as under
+    """:func:`normalize_keys` in the keys' dtype, a 16-bit softmax computed in float32 (as under
     autocast)."""
     if key_norm == 'softmax' and keys.dtype in (torch.float16, torch.bfloat16):
         return torch.softmax(keys, -1, dtype=torch.float32).to(keys.dtype)
@@ -114,10 +124,7 @@ IN_IMAGE_COUNTS = SizeCache(max_bytes=8 << 20, max_entries=32)
 
 def in_image_counts(height: int, width: int, like: Tensor) -> Tensor:
     """``[Ho, Wo]``: the in-image inputs of each stride-2 output's 3x3 window (whole numbers, exact in every dtype),
-    built once a size, dtype and device in eager mode (:data:`IN_IMAGE_COUNTS`)."""
-    if torch.compiler.is_compiling():
-        return _count_in_image(height, width, like.device, like.dtype)
-
+    built once a size, dtype and device (:data:`IN_IMAGE_COUNTS`; inside the operator, never traced)."""
     def build():
         with torch.inference_mode(False):  # a later training step saves it for backward
             return _count_in_image(height, width, like.device, like.dtype)
@@ -148,15 +155,15 @@ def _patches(q: Tensor, heads: int, height: int, width: int) -> Tensor:
     return cols.view(q.shape[0], heads, cols.shape[1] // heads, (height + 1) // 2, (width + 1) // 2)
 
 
-def _repeat9(lam: Optional[Tensor]) -> Optional[Tensor]:
+def _repeat9(content: Optional[Tensor]) -> Optional[Tensor]:
     """The content lambda for the patches' channels ``(k, d)``: ``[B, k, V] -> [B, 9 k, V]``."""
-    if lam is None:
+    if content is None:
         return None
-    b, k, dv = lam.shape
-    return lam.unsqueeze(2).expand(b, k, 9, dv).reshape(b, 9 * k, dv)
+    b, k, dv = content.shape
+    return content.unsqueeze(2).expand(b, k, 9, dv).reshape(b, 9 * k, dv)
 
 
-def _reach(table: Tensor, height: int, width: int, global_scope: bool) -> Tensor:
+def reach(table: Tensor, height: int, width: int, global_scope: bool) -> Tensor:
     """The offsets of ``table [k, u, R_h, R_w]`` that an ``height x width`` map reaches, ``|dy| <= H - 1``, ``|dx|
     <= W - 1``: a centred window (a view) of ``min(R, 2 H - 1)`` rows and ``min(R, 2 W - 1)`` columns; the offsets
     past it meet only zero padding. A global table covers at most its ``max_size`` (else a ValueError naming it); a
@@ -172,82 +179,116 @@ def _reach(table: Tensor, height: int, width: int, global_scope: bool) -> Tensor
     return table if rw == cw else table.narrow(3, cw - rw, 2 * rw + 1)
 
 
-def _reach_grad(g: Tensor, table: Tensor) -> Tensor:
-    """The whole table's gradient from that of its window :func:`_reach` (zero outside)."""
+def reach_grad(g: Tensor, table: Tensor) -> Tensor:
+    """The whole table's gradient from that of its window :func:`reach` (zero outside)."""
     py, px = (table.shape[2] - g.shape[2]) // 2, (table.shape[3] - g.shape[3]) // 2
     return F.pad(g, [px, px, py, py]) if py or px else g
 
 
-def forward(backend: str, form: str, q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor,
-            shared: Optional[Tensor], height: int, width: int, stride: int, count_include_pad: bool, key_norm: str,
-            global_scope: bool, saved: Optional[dict] = None) -> Tensor:
-    """The layer's output after its norms, ``[B, h V, Ho, Wo]`` (contiguous), by ``backend`` in ``form``. ``saved``: a
-    dict that keeps the content lambda and the normalised keys for :func:`backward` (else it recomputes them). (Each
-    view or reshape here costs about a microsecond of host time: the maps go to the kernels as they are.)"""
-    b, k, u = q.shape[0], table.shape[0], table.shape[1]
-    h, dv = q.shape[1] // k, v.shape[1] // u
-    lam, kn = content_lambda(keys, v, shared, key_norm, k)
-    if saved is not None:
-        saved['lam'], saved['kn'] = lam, kn
-    table = _reach(table, height, width, global_scope)
-    if form == 'dense':
-        q, _, v = views(q, None, v, table, height, width)
-        qd, vd, emb, _ = _dense_operands(q, v, table, height, width, global_scope)
-        y = torch.bmm(_dense_logits(qd, emb, b, h), vd)  # [B, n h, V]
-        y = y.view(b, height * width, h * dv).transpose(1, 2).reshape(b, h, dv, height * width)
-        if lam is not None:  # + (lambda^c)^T q_n^h (eq. 2)
-            y = torch.matmul(lam.transpose(1, 2).unsqueeze(1), q).add_(y)
-        y = y.view(b, h * dv, height, width)
-        return pooling.avg_pool_3x3_s2(y, count_include_pad) if stride == 2 else y
-    kernel = backends.tiled_kernels(backend)[0]
-    if stride == 1 or not patched(k, dv, table.shape[2], table.shape[3]):
-        y = kernel(q.reshape(b, h, k, height, width), v, table, 1, lam)
-        return y if stride == 1 else pooling.avg_pool_3x3_s2(y, count_include_pad)
-    y = kernel(_patches(q, h, height, width), v, pooled_table(table), 2, _repeat9(lam))
-    return y.div_(9) if count_include_pad else y.div_(in_image_counts(height, width, y))
+class Tiled(Backend):
+    """A backend that computes the tiled form by its kernels (the layouts of :meth:`tiled_forward`); this class does
+    the rest of the operator around them."""
+    forms = ('tiled',)
+
+    def decide(self, call: Call) -> Decision:
+        """The stride-2 variant (:func:`patched`), the dtype the kernels compute in (:meth:`kernel_dtype`) and their
+        tiling for the kernel call the variant makes (:meth:`kernel_tiling`)."""
+        variant = _variant(call)
+        step, c, kw = (2, 9 * call.k, call.kw + 2) if variant == 'patched' else (1, call.k, call.kw)
+        return Decision(variant, self.kernel_dtype(call.dtype), self.kernel_tiling(call.device, step, c, kw))
+
+    def kernel_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype the kernels compute a call of ``dtype`` in (default: itself)."""
+        return dtype
+
+    def kernel_tiling(self, device: str, step: int, c: int, kw: int) -> Tuple[int, ...]:
+        """The kernels' tiling and chunking for a kernel call at ``step`` with query depth ``c`` against a table
+        window ``kw`` wide (its own ints; default none)."""
+        return ()
+
+    def tiled_forward(self, plan, q: Tensor, v: Tensor, table: Tensor, step: int,
+                      content: Optional[Tensor]) -> Tensor:
+        """The position term plus ``q lambda^c``: ``q [B, h, c, Ho, Wo]`` (a stride-2 layer's 3x3 query patches, c = 9
+        |k|), ``v [B, u V, H, W]``, ``table [c, u, K_h, K_w]``, an optional content lambda ``[B, c, V]`` applied to
+        the same queries -> ``[B, h V, Ho, Wo]`` contiguous, in ``q``'s dtype."""
+        raise NotImplementedError
+
+    def tiled_backward(self, plan, gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
+                       content: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The gradients of q, v, the table and the content lambda (an empty tensor without one), in the inputs'
+        dtypes."""
+        raise NotImplementedError
+
+    def forward(self, plan, q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor,
+                shared: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+        """``(y [B, h V, Ho, Wo] contiguous, the content lambda [B, k, V], the normalised keys [B, u, k, n])`` (None
+        for what there is none). (Each view or reshape here costs about a microsecond of host time: the maps go to
+        the kernels as they are.)"""
+        b, k = q.shape[0], table.shape[0]
+        height, width = q.shape[2], q.shape[3]
+        h = q.shape[1] // k
+        content, kn = content_lambda(keys, v, shared, plan.key_norm, k)
+        table = reach(table, height, width, plan.global_scope)
+        if plan.variant != 'patched':
+            y = self.tiled_forward(plan, q.reshape(b, h, k, height, width), v, table, 1, content)
+            return (y if plan.stride == 1 else pool(y, plan.count_include_pad)), content, kn
+        y = self.tiled_forward(plan, _patches(q, h, height, width), v, pooled_table(table), 2, _repeat9(content))
+        y = y.div_(9) if plan.count_include_pad else y.div_(in_image_counts(height, width, y))
+        return y, content, kn
+
+    def backward(self, plan, gy: Tensor, q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor,
+                 shared: Optional[Tensor], content: Optional[Tensor], kn: Optional[Tensor]) -> List[Optional[Tensor]]:
+        """The gradients of ``q``, ``keys``, ``v``, ``table`` and ``shared`` (None for an input that is None) from
+        what :meth:`forward` returned besides its output (``content``, ``kn``: recomputed where None)."""
+        b, k, u = q.shape[0], table.shape[0], table.shape[1]
+        height, width = q.shape[2], q.shape[3]
+        h, dv = q.shape[1] // k, v.shape[1] // u
+        if content is None and (keys is not None or shared is not None):
+            content, kn = content_lambda(keys, v, shared, plan.key_norm, k)
+        whole = table
+        table = reach(table, height, width, plan.global_scope)
+        if plan.variant != 'patched':
+            if plan.stride == 2:
+                gy = pool_backward(gy, height, width, plan.count_include_pad)
+            gq, gv, gtable, gcontent = self.tiled_backward(plan, gy, q.reshape(b, h, k, height, width), v, table, 1,
+                                                           content)
+        else:
+            gy = gy / 9 if plan.count_include_pad else gy / in_image_counts(height, width, gy)
+            gp, gv, gtable, gcontent = self.tiled_backward(plan, gy, _patches(q, h, height, width), v,
+                                                           pooled_table(table), 2, _repeat9(content))
+            gq = F.fold(gp.reshape(b, h * 9 * k, gp.shape[3] * gp.shape[4]), (height, width), 3, padding=1, stride=2)
+            gtable = _pooled_table_grad(gtable, table.shape[2], table.shape[3])
+            if content is not None:
+                gcontent = gcontent.view(b, k, 9, dv).sum(2)
+        return content_grads(gq, gv, reach_grad(gtable, whole), gcontent, q, keys, v, shared, kn, plan.key_norm)
 
 
-def backward(backend: str, form: str, gy: Tensor, q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor,
-             shared: Optional[Tensor], height: int, width: int, stride: int, count_include_pad: bool, key_norm: str,
-             global_scope: bool, saved: Optional[dict] = None) -> List[Optional[Tensor]]:
-    """The gradients of ``q``, ``keys``, ``v``, ``table`` and ``shared`` (None for an input that is None); ``saved``:
-    what :func:`forward` kept."""
-    b, k, u = q.shape[0], table.shape[0], table.shape[1]
-    h, dv, n = q.shape[1] // k, v.shape[1] // u, height * width
-    lam, kn = (saved['lam'], saved['kn']) if saved else content_lambda(keys, v, shared, key_norm, k)
-    if kn is None and keys is not None:  # (key_norm='none': the keys themselves, not kept)
-        kn = normalized_keys(keys.reshape(b, u, k, n), key_norm)
-    whole = table
-    table = _reach(table, height, width, global_scope)
-    if form == 'dense':
-        qv, _, vv = views(q, None, v, table, height, width)
-        gq, gv, gtable, glam = _dense_backward(gy, qv, vv, table, lam, height, width, stride, count_include_pad,
-                                               global_scope)
-    elif stride == 1 or not patched(k, dv, table.shape[2], table.shape[3]):
-        if stride == 2:
-            gy = _pool_backward(gy, height, width, count_include_pad)
-        gq, gv, gtable, glam = backends.tiled_kernels(backend)[1](gy, q.reshape(b, h, k, height, width), v, table, 1,
-                                                                   lam)
-    else:
-        gy = gy / 9 if count_include_pad else gy / in_image_counts(height, width, gy)
-        gp, gv, gtable, glam = backends.tiled_kernels(backend)[1](gy, _patches(q, h, height, width), v,
-                                                                   pooled_table(table), 2, _repeat9(lam))
-        gq = F.fold(gp.reshape(b, h * 9 * k, gp.shape[3] * gp.shape[4]), (height, width), 3, padding=1, stride=2)
-        gtable = _pooled_table_grad(gtable, table.shape[2], table.shape[3])
-        if lam is not None:
-            glam = glam.view(b, k, 9, dv).sum(2)
-    gtable = _reach_grad(gtable, whole)
+def content_grads(gq: Tensor, gv: Tensor, gtable: Tensor, gcontent: Optional[Tensor], q: Tensor,
+                  keys: Optional[Tensor], v: Tensor, shared: Optional[Tensor], kn: Optional[Tensor],
+                  key_norm: str) -> List[Optional[Tensor]]:
+    """The five inputs' gradients from the position term's and the content lambda's ``gcontent [B, k, V]``: the
+    keys' and the values' part through ``lambda^c = sum_u K_u V_u^T`` (eq. 1) added."""
     gkeys = None
-    if keys is not None:  # lambda^c = sum_u K_u V_u^T (eq. 1)
+    if keys is not None:
+        b, k, u = keys.shape[0], gcontent.shape[1], keys.shape[1] // gcontent.shape[1]
+        dv, n = v.shape[1] // u, v.shape[2] * v.shape[3]
+        if kn is None:  # (key_norm='none': the keys themselves, not kept)
+            kn = normalized_keys(keys.reshape(b, u, k, n), key_norm)
         if u == 1:
             kn = kn[:, 0]  # [B, k, n]
-            gkn = torch.bmm(glam, v.reshape(b, dv, n))
-            gv = torch.baddbmm(gv.reshape(b, dv, n), glam.transpose(1, 2), kn)
+            gkn = torch.bmm(gcontent, v.reshape(b, dv, n))
+            gv = torch.baddbmm(gv.reshape(b, dv, n), gcontent.transpose(1, 2), kn)
         else:
-            gkn = torch.matmul(glam.unsqueeze(1), v.reshape(b, u, dv, n))
-            gv = gv.reshape(b, u, dv, n) + torch.matmul(glam.transpose(1, 2).unsqueeze(1), kn)
+            gkn = torch.matmul(gcontent.unsqueeze(1), v.reshape(b, u, dv, n))
+            gv = gv.reshape(b, u, dv, n) + torch.matmul(gcontent.transpose(1, 2).unsqueeze(1), kn)
         gkeys = _as(_keys_grad(gkn, keys, kn, key_norm), keys.shape)
-    return [_as(gq, q.shape), gkeys, _as(gv, v.shape), gtable, None if shared is None else glam]
+    return [_as(gq, q.shape), gkeys, _as(gv, v.shape), gtable, None if shared is None else gcontent]
+
+
+def _variant(call: Call) -> str:
+    if call.stride == 1:
+        return ''
+    return 'patched' if patched(call.k, call.dv, call.kh, call.kw) else 'pooled'
 
 
 def _as(x: Tensor, shape) -> Tensor:
@@ -255,59 +296,13 @@ def _as(x: Tensor, shape) -> Tensor:
     return x if x.shape == shape else x.reshape(shape)
 
 
-def views(q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor, height: int, width: int):
-    """The maps as ``q [B, h, k, n]``, ``keys [B, u, k, n]``, ``v [B, u, V, n]`` (views)."""
-    b, k, u, n = q.shape[0], table.shape[0], table.shape[1], height * width
-    return (q.reshape(b, q.shape[1] // k, k, n), None if keys is None else keys.reshape(b, u, k, n),
-            v.reshape(b, u, v.shape[1] // u, n))
+def pool(y: Tensor, count_include_pad: bool) -> Tensor:
+    """The 3x3 stride-2 average pooling (padding 1) of a contiguous map (the kernels' outputs: the NCHW kernels, see
+    :mod:`..pooling`)."""
+    return F.avg_pool2d(y, 3, 2, 1, count_include_pad=count_include_pad)
 
 
-def _pool_backward(gy: Tensor, height: int, width: int, count_include_pad: bool) -> Tensor:
+def pool_backward(gy: Tensor, height: int, width: int, count_include_pad: bool) -> Tensor:
     """The gradient of the full ``height x width`` map from that of its 3x3 stride-2 average pooling."""
     full = gy.new_empty(gy.shape[0], gy.shape[1], height, width)
     return torch.ops.aten.avg_pool2d_backward(gy, full, [3, 3], [2, 2], [1, 1], False, count_include_pad, None)
-
-
-def _dense_operands(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, global_scope: bool):
-    """The dense form's GEMM operands: ``q [n, B h, k]``, ``v [B, u m, V]``, the embeddings ``E [n, k, u m]``
-    (``E_nm = R[m - n]``, zero outside a local scope) and their gather index."""
-    b, h, k, n = q.shape
-    u, dv = v.shape[1], v.shape[2]
-    masked = not global_scope
-    index = dense_index_for(height, width, table.shape[2], table.shape[3], masked, table.device)
-    emb = dense_embedding(table, height, width, masked, index).permute(2, 0, 1, 3).reshape(n, k, u * n)
-    return (q.permute(3, 0, 1, 2).reshape(n, b * h, k), v.transpose(2, 3).reshape(b, u * n, dv), emb, index)
-
-
-def _dense_logits(qd: Tensor, emb: Tensor, b: int, h: int) -> Tensor:
-    """``[B, n h, u m]``: the logits of every (query, context) pair."""
-    n = qd.shape[0]
-    m = emb.shape[2]
-    return torch.bmm(qd, emb).view(n, b, h, m).transpose(0, 1).reshape(b, n * h, m)
-
-
-def _dense_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, lam: Optional[Tensor], height: int, width: int,
-                    stride: int, count_include_pad: bool, global_scope: bool):
-    """The dense form's gradients of ``q``, ``v``, the (reached) table and the content lambda."""
-    b, h, k, n = q.shape
-    u, dv = v.shape[1], v.shape[2]
-    if stride == 2:
-        gy = _pool_backward(gy, height, width, count_include_pad)
-    gy4 = gy.reshape(b, h, dv, n)
-    glam = None
-    gq = None
-    if lam is not None:  # the content term's
-        glam = torch.matmul(q, gy4.transpose(2, 3)).sum(1)
-        gq = torch.matmul(lam.unsqueeze(1), gy4)
-    qd, vd, emb, index = _dense_operands(q, v, table, height, width, global_scope)
-    gyd = gy4.permute(0, 3, 1, 2).reshape(b, n * h, dv)  # [B, n h, V]
-    logits = _dense_logits(qd, emb, b, h)  # recomputed
-    gv = torch.bmm(logits.transpose(1, 2), gyd).view(b, u, n, dv).transpose(2, 3)
-    glogits = torch.bmm(gyd, vd.transpose(1, 2)).view(b, n, h, u * n).transpose(0, 1).reshape(n, b * h, u * n)
-    gqd = torch.bmm(glogits, emb.transpose(1, 2)).view(n, b, h, k).permute(1, 2, 3, 0)
-    gq = gqd if gq is None else gq + gqd
-    gemb = torch.bmm(qd.transpose(1, 2), glogits).view(n, k, u, n).permute(1, 2, 0, 3).reshape(k, u, n * n)
-    slots = table.shape[2] * table.shape[3] + (0 if global_scope else 1)
-    gflat = gemb.new_zeros(k, u, slots).index_add_(2, index, gemb)
-    gtable = gflat[:, :, :table.shape[2] * table.shape[3]].reshape(table.shape)
-    return gq, gv, gtable, glam

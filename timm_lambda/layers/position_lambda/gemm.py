@@ -1,5 +1,5 @@
-"""The ``gemm`` backend of the tiled form (:mod:`.backends`): the exact form's arithmetic by batched GEMMs, on any
-device and dtype.
+"""The ``gemm`` backend (:mod:`.backends`): the tiled form's arithmetic by batched GEMMs, on any device and dtype,
+and the dense form (logits of every query-context pair, then one GEMM with the values).
 
 Chunks of query blocks (``CPU_CHUNK_ROWS`` logit rows on a CPU; whole images up to ``DEVICE_CHUNK_ELEMENTS`` logits
 elsewhere): the compact logits ``q R`` by one GEMM with the small table, written into the band of a reused zero
@@ -7,8 +7,8 @@ buffer through a strided view (translation equivariance makes the band the same 
 one batched GEMM with the chunk's windows, each a strided view of the padded values. Every query meets its block's
 whole window (``M_h x M_w``, 1.7x the exact form's value multiply-adds at a 23x23 scope and 8x8 blocks).
 
-Layouts are the tiled operator's (:mod:`.custom_ops`): ``q [B, h, c, Ho, Wo]``, ``v [B, u V, H, W]``, ``table [c, u,
-K_h, K_w]``, an optional content lambda ``[B, c, V]`` added by a matmul.
+Layouts are the tiled kernels' (:meth:`.fused.Tiled.tiled_forward`): ``q [B, h, c, Ho, Wo]``, ``v [B, u V, H, W]``,
+``table [c, u, K_h, K_w]``, an optional content lambda ``[B, c, V]`` added by a matmul.
 """
 from typing import List, Optional, Tuple
 
@@ -16,9 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..relative_embedding import dense_embedding, dense_index_for
+from .backends import Call, Decision
+from .fused import Tiled, content_grads, content_lambda, pool, pool_backward, reach, reach_grad
 from .plain_ops import operator_content_grads, operator_content_term, tile, to_blocks
 
-__all__ = ['forward', 'backward', 'CPU_CHUNK_ROWS', 'DEVICE_CHUNK_ELEMENTS']
+__all__ = ['Gemm', 'forward', 'backward', 'CPU_CHUNK_ROWS', 'DEVICE_CHUNK_ELEMENTS']
 
 CPU_CHUNK_ROWS = 512  # logit rows (queries x heads) of one chunk on a CPU: cache-sized (no committed measurement)
 DEVICE_CHUNK_ELEMENTS = 1 << 26  # logits of one chunk elsewhere (256 MiB in float32): one chunk per layer
@@ -45,7 +48,8 @@ def _band(buf: Tensor, t: int, h: int, u: int, kh: int, kw: int, mw: int, step: 
                           buf.storage_offset())
 
 
-def _chunks(batch: int, blocks_y: int, blocks_x: int, per_chunk: int) -> List[Tuple[int, int, int, int, int, int]]:
+def _block_chunks(batch: int, blocks_y: int, blocks_x: int,
+                  per_chunk: int) -> List[Tuple[int, int, int, int, int, int]]:
     """``(first image, images, first block row, block rows, first block column, block columns)`` of each chunk:
     whole images, whole block rows of one image, or a part of one row, so that a chunk's windows are one strided
     view (:func:`_windows`)."""
@@ -67,7 +71,7 @@ def _chunks(batch: int, blocks_y: int, blocks_x: int, per_chunk: int) -> List[Tu
 class _TiledPlan:
     """Shapes, chunks and reusable buffers of one tiled call (forward or backward)."""
 
-    def __init__(self, q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int):
+    def __init__(self, q: Tensor, vp: Tensor, table: Tensor, step: int, blocks_y: int, blocks_x: int, chunk: int):
         self.g, self.h, self.t, _, self.c = q.shape
         self.batch, _, _, self.cv = vp.shape
         _, self.u, self.kh, self.kw = table.shape
@@ -76,11 +80,9 @@ class _TiledPlan:
         self.mh, self.mw = step * (self.t - 1) + self.kh, step * (self.t - 1) + self.kw
         self.rows = self.t * self.t * self.h  # logit rows of a block
         self.cols = self.mh * self.mw * self.u  # logit columns of a block
-        if q.device.type == 'cpu':
-            per_chunk = max(1, CPU_CHUNK_ROWS // self.rows)
-        else:
-            per_chunk = max(1, DEVICE_CHUNK_ELEMENTS // (self.rows * self.cols))
-        self.chunks = _chunks(self.batch, blocks_y, blocks_x, per_chunk)
+        # chunk: logit rows (a CPU) or elements (elsewhere) of a chunk, the plan's tiling (Gemm.decide)
+        per_chunk = max(1, chunk // (self.rows if q.device.type == 'cpu' else self.rows * self.cols))
+        self.chunks = _block_chunks(self.batch, blocks_y, blocks_x, per_chunk)
         n = min(per_chunk, max(self.g, 1))
         self.logits = vp.new_zeros(n, self.rows, self.cols)  # off-band entries stay zero
         self.windows = vp.new_empty(n, self.mh, self.mw, self.cv)
@@ -140,12 +142,13 @@ def _gemm_blocks(q: Tensor, v: Tensor, table: Tensor, step: int):
     return qb.contiguous(), vp.contiguous(), blocks_y, blocks_x
 
 
-def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None) -> Tensor:
-    """The tiled operator's output ``[B, h V, Ho, Wo]`` (contiguous, as its fake)."""
+def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None,
+            chunk: int = CPU_CHUNK_ROWS) -> Tensor:
+    """The tiled kernels' output ``[B, h V, Ho, Wo]`` (contiguous); ``chunk``: see :class:`_TiledPlan`."""
     b, h, _, ho, wo = q.shape
     table = table.contiguous()
     qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table, step)
-    p = _TiledPlan(qb, vp, table, step, blocks_y, blocks_x)
+    p = _TiledPlan(qb, vp, table, step, blocks_y, blocks_x, chunk)
     y = vp.new_empty(p.g, p.dv, p.rows)
     for chunk in p.chunks:
         g0, n, logits, windows = p.block_logits(qb, vp, chunk)
@@ -156,8 +159,8 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
     return y.contiguous() if content is None else operator_content_term(q, content) + y  # contiguous, as the fake
 
 
-def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
-             content: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None,
+             chunk: int = CPU_CHUNK_ROWS) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of q, v, the table (summed in float32 at least) and the content lambda (an empty tensor
     without one)."""
     b, h, c, ho, wo = q.shape
@@ -166,7 +169,7 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
         gq_content, gcontent = operator_content_grads(gy, q, content)
     table = table.contiguous()
     qb, vp, blocks_y, blocks_x = _gemm_blocks(q, v, table, step)
-    p = _TiledPlan(qb, vp, table, step, blocks_y, blocks_x)
+    p = _TiledPlan(qb, vp, table, step, blocks_y, blocks_x, chunk)
     t = p.t
     gy = F.pad(gy.view(b, h, p.dv, ho, wo), [0, blocks_x * t - wo, 0, blocks_y * t - ho])
     gy = gy.view(b, h, p.dv, blocks_y, t, blocks_x, t).permute(0, 3, 5, 2, 1, 4, 6).reshape(p.g, p.dv, p.rows)
@@ -203,3 +206,108 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int,
     gq = gq[..., :ho, :wo].contiguous() if content is None else gq_content + gq[..., :ho, :wo]
     return gq, gv.contiguous(), grm.to(table.dtype).view_as(table), gcontent
 
+
+
+class Gemm(Tiled):
+    """The ``gemm`` backend: the tiled form by the batched GEMMs above, the dense form by the GEMMs below, on any
+    device and dtype."""
+    name = 'gemm'
+    forms = ('dense', 'tiled')
+
+    def decide(self, call: Call) -> Decision:
+        """The tiled form's (:meth:`.fused.Tiled.decide`); the dense form has no variant, its chunks the tiled's."""
+        if call.form == 'tiled':
+            return super().decide(call)
+        return Decision('', call.dtype, self.kernel_tiling(call.device, 1, call.k, call.kw))
+
+    def kernel_tiling(self, device: str, step: int, c: int, kw: int) -> Tuple[int, ...]:
+        """The chunk size: :data:`CPU_CHUNK_ROWS` logit rows on a CPU, :data:`DEVICE_CHUNK_ELEMENTS` logits
+        elsewhere."""
+        return (CPU_CHUNK_ROWS if device == 'cpu' else DEVICE_CHUNK_ELEMENTS,)
+
+    def tiled_forward(self, plan, q, v, table, step, content):
+        return forward(q, v, table, step, content, plan.tiling[0])
+
+    def tiled_backward(self, plan, gy, q, v, table, step, content):
+        return backward(gy, q, v, table, step, content, plan.tiling[0])
+
+    def forward(self, plan, q, keys, v, table, shared):
+        if plan.form != 'dense':
+            return super().forward(plan, q, keys, v, table, shared)
+        b, k, u = q.shape[0], table.shape[0], table.shape[1]
+        height, width = q.shape[2], q.shape[3]
+        h, dv = q.shape[1] // k, v.shape[1] // u
+        content, kn = content_lambda(keys, v, shared, plan.key_norm, k)
+        table = reach(table, height, width, plan.global_scope)
+        q4, v4 = _views(q, v, k, u)
+        qd, vd, emb, _ = _dense_operands(q4, v4, table, height, width, plan.global_scope)
+        y = torch.bmm(_dense_logits(qd, emb, b, h), vd)  # [B, n h, V]
+        y = y.view(b, height * width, h * dv).transpose(1, 2).reshape(b, h, dv, height * width)
+        if content is not None:  # + (lambda^c)^T q_n^h (eq. 2)
+            y = torch.matmul(content.transpose(1, 2).unsqueeze(1), q4).add_(y)
+        y = y.view(b, h * dv, height, width)
+        return (pool(y, plan.count_include_pad) if plan.stride == 2 else y), content, kn
+
+    def backward(self, plan, gy, q, keys, v, table, shared, content, kn):
+        if plan.form != 'dense':
+            return super().backward(plan, gy, q, keys, v, table, shared, content, kn)
+        k, u = table.shape[0], table.shape[1]
+        if content is None and (keys is not None or shared is not None):
+            content, kn = content_lambda(keys, v, shared, plan.key_norm, k)
+        q4, v4 = _views(q, v, k, u)
+        height, width = q.shape[2], q.shape[3]
+        gq, gv, gtable, gcontent = _dense_backward(gy, q4, v4, reach(table, height, width, plan.global_scope), content,
+                                                   height, width, plan.stride, plan.count_include_pad,
+                                                   plan.global_scope)
+        return content_grads(gq, gv, reach_grad(gtable, table), gcontent, q, keys, v, shared, kn, plan.key_norm)
+
+
+def _views(q: Tensor, v: Tensor, k: int, u: int) -> Tuple[Tensor, Tensor]:
+    """The maps as ``q [B, h, k, n]`` and ``v [B, u, V, n]`` (views)."""
+    b, n = q.shape[0], q.shape[2] * q.shape[3]
+    return q.reshape(b, q.shape[1] // k, k, n), v.reshape(b, u, v.shape[1] // u, n)
+
+
+def _dense_operands(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, global_scope: bool):
+    """The dense form's GEMM operands: ``q [n, B h, k]``, ``v [B, u m, V]``, the embeddings ``E [n, k, u m]``
+    (``E_nm = R[m - n]``, zero outside a local scope) and their gather index."""
+    b, h, k, n = q.shape
+    u, dv = v.shape[1], v.shape[2]
+    masked = not global_scope
+    index = dense_index_for(height, width, table.shape[2], table.shape[3], masked, table.device, traced=False)
+    emb = dense_embedding(table, height, width, masked, index).permute(2, 0, 1, 3).reshape(n, k, u * n)
+    return (q.permute(3, 0, 1, 2).reshape(n, b * h, k), v.transpose(2, 3).reshape(b, u * n, dv), emb, index)
+
+
+def _dense_logits(qd: Tensor, emb: Tensor, b: int, h: int) -> Tensor:
+    """``[B, n h, u m]``: the logits of every (query, context) pair."""
+    n = qd.shape[0]
+    m = emb.shape[2]
+    return torch.bmm(qd, emb).view(n, b, h, m).transpose(0, 1).reshape(b, n * h, m)
+
+
+def _dense_backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, content: Optional[Tensor], height: int,
+                    width: int, stride: int, count_include_pad: bool, global_scope: bool):
+    """The dense form's gradients of ``q [B, h, k, n]``, ``v [B, u, V, n]`` (an ``height x width`` map), the (reached)
+    table and the content lambda ``[B, k, V]``."""
+    b, h, k, n = q.shape
+    u, dv = v.shape[1], v.shape[2]
+    if stride == 2:
+        gy = pool_backward(gy, height, width, count_include_pad)
+    gy4 = gy.reshape(b, h, dv, n)
+    gcontent = gq = None
+    if content is not None:  # the content term's
+        gcontent = torch.matmul(q, gy4.transpose(2, 3)).sum(1)
+        gq = torch.matmul(content.unsqueeze(1), gy4)
+    qd, vd, emb, index = _dense_operands(q, v, table, height, width, global_scope)
+    gyd = gy4.permute(0, 3, 1, 2).reshape(b, n * h, dv)  # [B, n h, V]
+    logits = _dense_logits(qd, emb, b, h)  # recomputed
+    gv = torch.bmm(logits.transpose(1, 2), gyd).view(b, u, n, dv).transpose(2, 3)
+    glogits = torch.bmm(gyd, vd.transpose(1, 2)).view(b, n, h, u * n).transpose(0, 1).reshape(n, b * h, u * n)
+    gqd = torch.bmm(glogits, emb.transpose(1, 2)).view(n, b, h, k).permute(1, 2, 3, 0)
+    gq = gqd if gq is None else gq + gqd
+    gemb = torch.bmm(qd.transpose(1, 2), glogits).view(n, k, u, n).permute(1, 2, 0, 3).reshape(k, u, n * n)
+    slots = table.shape[2] * table.shape[3] + (0 if global_scope else 1)
+    gflat = gemb.new_zeros(k, u, slots).index_add_(2, index, gemb)
+    gtable = gflat[:, :, :table.shape[2] * table.shape[3]].reshape(table.shape)
+    return gq, gv, gtable, gcontent

@@ -12,22 +12,12 @@ from torch import Tensor
 from .. import pooling  # a module, not its name: pooling imports .execution from this package
 from ..execution import compiled_copy, contiguous, is_exporting
 from ..relative_embedding import block_embedding, dense_embedding, table_for_input
+from .backends import FORMS, Backend
+from .fused import KEY_NORMS, normalize_keys
 
-__all__ = ['KEY_NORMS', 'normalize_keys', 'lambdas_plain', 'content_lambda_plain', 'content_term',
+__all__ = ['Plain', 'KEY_NORMS', 'normalize_keys', 'lambdas_plain', 'content_lambda_plain', 'content_term',
            'operator_content_term', 'operator_content_grads', 'einsum_form', 'conv_form', 'dense_plain', 'tile',
            'tiled_plain', 'to_blocks']
-
-KEY_NORMS = ('softmax', 'l2', 'none')
-
-
-def normalize_keys(keys: Tensor, key_norm: str, dim: int = -1) -> Tensor:
-    """Normalise keys over the context positions ``dim`` (Table 11)."""
-    if key_norm == 'softmax':
-        return keys.softmax(dim=dim)
-    if key_norm == 'l2':
-        return F.normalize(keys, dim=dim)
-    return keys
-
 
 def content_lambda_plain(keys: Tensor, v: Tensor, key_norm: str) -> Tensor:
     """lambda^c ``[B, k, V]`` (eq. 1) of the keys ``[B, u, k, n]`` (normalised here) and values ``[B, u, V, n]``: one
@@ -131,9 +121,11 @@ def content_term(content: Tensor, q: Tensor, height: int, width: int, stride: in
 
 
 def operator_content_term(q: Tensor, content: Tensor) -> Tensor:
-    """:func:`content_term` of the kernels' queries ``q [B, h, c, Ho, Wo]``: ``[B, h V, Ho, Wo]``."""
+    """:func:`content_term` of the kernels' queries ``q [B, h, c, Ho, Wo]``: ``[B, h V, Ho, Wo]`` (inside the
+    operator: never traced)."""
     b, h, c, ho, wo = q.shape
-    return content_term(content, q.reshape(b, h, c, ho * wo), ho, wo)
+    return torch.matmul(content.transpose(1, 2).unsqueeze(1), q.reshape(b, h, c, ho * wo)).reshape(
+        b, h * content.shape[2], ho, wo)
 
 
 def operator_content_grads(gy: Tensor, q: Tensor, content: Tensor) -> Tuple[Tensor, Tensor]:
@@ -227,3 +219,39 @@ def to_blocks(q: Tensor, v: Tensor, kh: int, kw: int, tile: int, step: int, bloc
     vp = F.pad(v, [pad_x, step * tile * (blocks_x - 1) + mw - width - pad_x,
                    pad_y, step * tile * (blocks_y - 1) + mh - height - pad_y])
     return qb.reshape(b * blocks_y * blocks_x, h, tile, tile, c), vp.permute(0, 2, 3, 1)
+
+
+class Plain(Backend):
+    """``plain``: plain tensor ops, every form, any device and dtype. Not an operator backend: the layer runs them in
+    the caller's graph (what graph recorders, transforms and TorchScript record; autograd differentiates them). Where
+    the operator is called with it (``torch.ops.timm_lambda.lambda_layer(..., backend='plain', ...)``) it runs them
+    inside the operator, and the operator's higher-order gradients (``create_graph=True``) differentiate them."""
+    name = 'plain'
+    forms = FORMS
+    operator = False
+
+    @staticmethod
+    def run(plan, q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor, shared: Optional[Tensor]) -> Tensor:
+        """:func:`lambdas_plain` on the operator's maps (``q [B, h k, H, W]``, ...) -> ``[B, h V, Ho, Wo]``."""
+        k, u = table.shape[0], table.shape[1]
+        b, height, width = q.shape[0], q.shape[2], q.shape[3]
+        n = height * width
+        return lambdas_plain(q.reshape(b, q.shape[1] // k, k, n), None if keys is None else keys.reshape(b, u, k, n),
+                             v.reshape(b, u, v.shape[1] // u, n), table, shared, height, width, plan.form,
+                             plan.stride, plan.count_include_pad, plan.key_norm, plan.global_scope, None)
+
+    def forward(self, plan, q, keys, v, table, shared):
+        return self.run(plan, q, keys, v, table, shared).contiguous(), None, None
+
+    def backward(self, plan, gy, q, keys, v, table, shared, content, kn, create_graph: bool = False):
+        """The vector-Jacobian product of :meth:`run` (``create_graph``: differentiable, for higher-order gradients:
+        the inputs are then the operator's own, with their graph). An input the plain ops do not reach gets None, as
+        autograd gives it."""
+        inputs = [q, keys, v, table, shared]
+        if not create_graph:
+            inputs = [None if x is None else x.detach().requires_grad_() for x in inputs]
+        wrt = [x for x in inputs if x is not None and x.requires_grad]
+        with torch.enable_grad():
+            y = self.run(plan, *inputs)
+        got = iter(torch.autograd.grad(y, wrt, gy, create_graph=create_graph, allow_unused=True))
+        return [next(got) if x is not None and x.requires_grad else None for x in inputs]

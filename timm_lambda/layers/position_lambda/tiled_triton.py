@@ -27,7 +27,6 @@ processed in chunks of about equal size whose logits hold at most ``chunk_elemen
 first launch that fails because Triton cannot build kernels here raises :class:`.execution.BackendUnusable` (the
 backend table hands the call on, or raises in strict mode); any other error propagates.
 """
-import collections
 import functools
 import os
 from typing import Optional
@@ -36,9 +35,14 @@ import torch
 from torch import Tensor
 
 from ..execution import BackendUnusable
+from .backends import Call
+from .fused import Tiled
 from .plain_ops import operator_content_grads, operator_content_term
+from .plan import SMALL_CALL
 
-__all__ = ['forward', 'backward', 'unavailable', 'logit_stride', 'INTERPRETED', 'LAUNCHES', 'CHUNK_ELEMENTS']
+__all__ = ['TritonTC', 'TritonFMA', 'kernels', 'image_chunks', 'forward', 'backward', 'unavailable', 'logit_stride',
+           'tc_launch_meta', 'padded_table', 'query_major_logits', 'sm_count', 'widens', 'INTERPRETED',
+           'CHUNK_ELEMENTS']
 
 # The logits of one chunk of images (512 MiB in float32; the backward's logit gradients as many again): one chunk a
 # layer step at LambdaResNet-101's shapes up to batch 8 at 1024 px (at 2**26, c4's batch 8 ran as chunks of 7 and 1
@@ -48,36 +52,24 @@ CHUNK_ELEMENTS = 1 << 27
 # Entries of each cache keyed by input sizes (launch constants: a few hundred bytes each, at most about 100 KB a
 # cache however many input sizes a process meets; docs/execution_modes.md)
 SIZE_CACHE = 256
-LAUNCHES = 0  # kernel launches that returned in this process: what tests read to see that a kernel ran
-# the same by kernel (``'_tc_rows'``, ``'_tc_rows+logit_grad'``, ``'_tc_value_grad'``, ``'_query_rows'``, ...; one key
-# a kernel variant): what tests read to see which kernels each direction launched
-KERNELS: 'collections.Counter[str]' = collections.Counter()
-PREFILL_NAN = False  # tests: outputs the kernels write start as NaN, so that an element no kernel wrote shows
 _LAUNCHED = False  # a kernel has run in this process: later errors are errors, not an unusable Triton
+_FAILED: Optional[str] = None  # why the first launch failed: Triton cannot build kernels here (both backends)
 
 
 def _launch(kernel, grid, *args, **meta) -> None:
     """Run ``kernel``. At the process's first launch, an error that says this backend cannot serve calls here
     (:func:`_cannot_run_here`: no driver or compiler, a kernel this Triton or GPU cannot build) raises
-    :class:`.execution.BackendUnusable`; any other error (a kernel fault, out of memory) and any error after a first
-    launch succeeded propagate as they are."""
-    global _LAUNCHED, LAUNCHES
+    :class:`.execution.BackendUnusable` (and both Triton backends are then :func:`unavailable`); any other error (a
+    kernel fault, out of memory) and any error after a first launch succeeded propagate as they are."""
+    global _LAUNCHED, _FAILED
     try:
         kernel[grid](*args, **meta)
     except Exception as e:
         if _LAUNCHED or not _cannot_run_here(e):
             raise
-        raise BackendUnusable(f"Triton's first launch failed: {type(e).__name__}: {str(e)[:300]}") from e
+        _FAILED = f"Triton's first launch failed: {type(e).__name__}: {str(e)[:300]}"
+        raise BackendUnusable(_FAILED) from e
     _LAUNCHED = True
-    LAUNCHES += 1
-    KERNELS[kernel_name(kernel, meta)] += 1
-
-
-def kernel_name(kernel, meta: dict) -> str:
-    """A launched kernel's name as :data:`KERNELS` counts it: the Triton function's, ``+logit_grad`` for that
-    variant of the rows kernels."""
-    name = getattr(kernel, '__name__', None) or getattr(getattr(kernel, 'fn', None), '__name__', None)
-    return (name or type(kernel).__name__) + ('+logit_grad' if meta.get('LOGIT_GRAD') else '')
 
 
 # What a RuntimeError says when this Triton cannot build or launch kernels on this machine (no driver, no C compiler
@@ -118,8 +110,10 @@ def _cannot_run_here(e: Exception) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernels():
-    """The Triton kernels, compiled on first use (None without Triton)."""
+def kernels():
+    """The Triton kernels by name (``query_rows``, ``value_grad``, ``tc_rows``, ``tc_value_grad``; ``tl``, ``triton``:
+    the modules), compiled on first use; None without Triton. (Observe their launches with Triton's own
+    ``add_pre_run_hook``.)"""
     try:
         import triton
         import triton.language as tl
@@ -427,8 +421,10 @@ def _kernels():
 
 
 def unavailable() -> Optional[str]:
-    """Why these kernels cannot run here (None: Triton imports)."""
-    return None if _kernels() is not None else 'needs Triton (it comes with torch on Linux x86-64)'
+    """Why these kernels cannot run here (None: Triton imports, and no first launch failed in this process)."""
+    if kernels() is None:
+        return 'needs Triton (it comes with torch on Linux x86-64)'
+    return _FAILED
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -443,7 +439,8 @@ def _precision(dtype: torch.dtype) -> str:
 INTERPRETED = os.environ.get('TRITON_INTERPRET', '0') == '1'
 
 
-def _widen(dtype: torch.dtype) -> bool:
+def widens(dtype: torch.dtype) -> bool:
+    """Whether the tensor-core kernels widen ``dtype``'s tiles to float32 (bfloat16 under the interpreter)."""
     return INTERPRETED and dtype == torch.bfloat16
 
 
@@ -458,7 +455,7 @@ def _pow2(n: int, least: int = 1) -> int:
 def _meta(q: Tensor, v: Tensor, table: Tensor):
     b, h, c, ho, wo = q.shape
     _, u, kh, kw = table.shape
-    k = _kernels()
+    k = kernels()
     acc = k['tl'].float64 if q.dtype == torch.float64 else k['tl'].float32
     return b, h, c, ho, wo, u, kh, kw, v.shape[1] // u, v.shape[2], v.shape[3], acc, k
 
@@ -541,7 +538,7 @@ def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, st
     the contraction (:func:`_tc_value_tiles`), on 4 warps (none spilled, at least two programs a multiprocessor on
     sm_90: tools/sm90_kernels.py).
     A small grid (``images`` in the launch, ``|u|``, the value map's ``height``, default ``width``, on a GPU of
-    ``sms`` multiprocessors: :func:`_sm_count`): while a kernel's grid has fewer programs than the GPU has
+    ``sms`` multiprocessors: :func:`sm_count`): while a kernel's grid has fewer programs than the GPU has
     multiprocessors, fewer output rows a program (``BLOCK_Y`` halved, down to 1) and fewer value-gradient channels a
     program (``BLOCK_V`` halved, down to 32): each program then repeats loads another would share, but the idle
     multiprocessors work. At batch 8 every default grid of LambdaResNet-101's three shapes already has at least
@@ -607,7 +604,7 @@ def _fuses(step: int, c: int, kw: int) -> bool:
     return step == 1 and c <= 64 and kw <= 32
 
 
-def _sm_count(device: torch.device) -> Optional[int]:
+def sm_count(device: torch.device) -> Optional[int]:
     """The multiprocessors of the GPU that holds a tensor on ``device`` (None off a GPU: Triton's interpreter keeps
     the tiles of a full grid, :func:`tc_launch_meta`)."""
     if device.type != 'cuda':
@@ -624,7 +621,7 @@ def _warps(*tiles: int) -> int:
     return 4 if max(tiles) <= 8192 else 8
 
 
-def _chunks(batch: int, per_image: int, chunk_elements: int):
+def image_chunks(batch: int, per_image: int, chunk_elements: int):
     """``(first image, images)`` of each chunk: the fewest chunks of at most ``chunk_elements // per_image`` images,
     their sizes differing by at most one (8 images at 7 a chunk: 4 and 4, not 7 and 1)."""
     count = _cdiv(batch, max(1, chunk_elements // max(per_image, 1)))
@@ -651,52 +648,53 @@ def logit_stride(scope: int) -> int:
     return -(-scope // 8) * 8
 
 
-def _padded_table(table: Tensor) -> Tensor:
+def padded_table(table: Tensor) -> Tensor:
     """``[C, u, K_h, K_w] -> [C, LS]``: the table's offsets as columns, zero-padded to :func:`logit_stride`."""
     rm = table.reshape(table.shape[0], -1)
     pad = logit_stride(rm.shape[1]) - rm.shape[1]
     return torch.nn.functional.pad(rm, (0, pad)) if pad else rm  # (aligned already: no copy, no launch)
 
 
-def _query_major_logits(q: Tensor, table_padded: Tensor) -> Tensor:
+def query_major_logits(q: Tensor, table_padded: Tensor) -> Tensor:
     """``[n, h, C, Ho, Wo] -> [n h, Ho Wo, LS]``: the compact logits with each query's scope contiguous (what the
     tensor-core kernels gather their banded tiles from; the columns past ``u K_h K_w`` zero), by one batched GEMM
-    with the padded table (:func:`_padded_table`)."""
+    with the padded table (:func:`padded_table`)."""
     n, h, c, ho, wo = q.shape
     return torch.bmm(q.reshape(n * h, c, ho * wo).transpose(1, 2), table_padded.expand(n * h, *table_padded.shape))
 
 
 def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None,
-            tensor_cores: bool = True, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:
-    """The position term ``[B, h V, Ho, Wo]`` (contiguous) of the tiled operator, plus ``q lambda^c`` for a content
-    lambda ``[B, C, V]`` (inside the tensor-core kernel's accumulators)."""
+            tensor_cores: bool = True, chunk_elements: int = CHUNK_ELEMENTS, fused: Optional[bool] = None,
+            sms: Optional[int] = None) -> Tensor:
+    """The position term ``[B, h V, Ho, Wo]`` (contiguous) of the tiled kernels, plus ``q lambda^c`` for a content
+    lambda ``[B, C, V]`` (inside the tensor-core kernel's accumulators). ``fused``: the tensor-core kernel computes
+    its logits (default :func:`_fuses`; the plan's tiling); ``sms``: the multiprocessors the tiles are chosen for
+    (default the GPU's; off a GPU none: full-grid tiles, :func:`tc_launch_meta`)."""
     b, h, c, ho, wo, u, kh, kw, dv, height, width, acc, k = _meta(q, v, table)
     q, v, table = q.contiguous(), v.contiguous(), table.contiguous()
     y = q.new_empty(b, h * dv, ho, wo)
     if y.numel() == 0:
         return y
-    if PREFILL_NAN:
-        y.fill_(float('nan'))
     if tensor_cores:
-        widen = _widen(q.dtype)
+        widen = widens(q.dtype)
         out = y.float() if widen else y
         if content is not None:
             content = content.contiguous()
-        sms = _sm_count(q.device)
-        fused = _fuses(step, c, kw)  # (no logits tensor)
+        sms = sm_count(q.device) if sms is None else sms
+        fused = _fuses(step, c, kw) if fused is None else fused  # (no logits tensor)
         # the table as the kernel reads it, [C, LS]: padded for the logits GEMM's aligned rows, as it is when fused
-        tp = table.view(c, u * kh * kw) if fused else _padded_table(table)
-        for b0, n in [(0, b)] if fused else _chunks(b, h * tp.shape[1] * ho * wo, chunk_elements):
+        tp = table.view(c, u * kh * kw) if fused else padded_table(table)
+        for b0, n in [(0, b)] if fused else image_chunks(b, h * tp.shape[1] * ho * wo, chunk_elements):
             rows = tc_launch_meta(h, c, dv, width, wo, kw, step, q.dtype, ho, images=n, sms=sms, height=height,
                                   u=u)['rows']
-            logits = tp if fused else _query_major_logits(q[b0:b0 + n], tp)
+            logits = tp if fused else query_major_logits(q[b0:b0 + n], tp)
             cn = None if content is None else content[b0:b0 + n]
             _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), _cdiv(ho, rows['BLOCK_Y']), n), logits, v[b0:b0 + n],
                     out[b0:b0 + n], q[b0:b0 + n], logits if cn is None else cn, height, width, ho, wo, h, u, dv, c,
                     kh, kw, tp.shape[1], step, _precision(q.dtype), CONTENT=cn is not None, WIDEN=widen, **rows)
         return out.to(y.dtype) if widen else y
     bq, bh, bv = _row_tiles(h, wo, dv)
-    for b0, n in _chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
+    for b0, n in image_chunks(b, h * u * kh * kw * ho * wo, chunk_elements):
         logits = _logits(q[b0:b0 + n], table)
         _launch(k['query_rows'], (_cdiv(wo, bq), ho, n), logits, v[b0:b0 + n], y[b0:b0 + n],
                 height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, LOGIT_GRAD=False)
@@ -704,7 +702,8 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
 
 
 def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None,
-             tensor_cores: bool = True, chunk_elements: int = CHUNK_ELEMENTS):
+             tensor_cores: bool = True, chunk_elements: int = CHUNK_ELEMENTS, fused: Optional[bool] = None,
+             sms: Optional[int] = None):
     """The gradients of ``q``, ``v``, ``table`` (contiguous; the table's summed in float32 or float64 over chunks)
     and the content lambda (an empty tensor without one). The content term's ``dq`` enters the GEMM that gives the
     position term's (one launch fewer), or at stride 1 the logit-gradient kernel adds the position term's to it; its
@@ -718,29 +717,27 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
     if q.numel() == 0 or v.numel() == 0:
         gq = gq.zero_() if content is None else gq_content.contiguous()
         return gq, gv.zero_(), table.new_zeros(table.shape), gcontent
-    if PREFILL_NAN:
-        gq.fill_(float('nan')), gv.fill_(float('nan'))
     ukk = u * kh * kw
     rm = table.view(c, ukk)
     gt = None  # the table's gradient: [c, u K_h K_w], summed over chunks in float32 (float64) where there are several
     if tensor_cores:
         # fused (stride 1): the logit-gradient kernel computes dq itself and reads the table as it is; the logits
         # GEMM (the value gradient's) and elsewhere the dq GEMM read it padded to aligned rows
-        fused = _fuses(step, c, kw)
+        fused = _fuses(step, c, kw) if fused is None else fused
         ls = logit_stride(ukk)  # the logits' and logit gradients' row stride (aligned for the GEMMs)
-        tp = _padded_table(table)
+        tp = padded_table(table)
         if not fused:
             rm = tp[:, :ukk]  # (dq's GEMM reads the table at the padded, aligned stride)
-        chunks = _chunks(b, h * ls * ho * wo, chunk_elements)
+        chunks = image_chunks(b, h * ls * ho * wo, chunk_elements)
         prec = _precision(q.dtype)
-        sms = _sm_count(q.device)
-        widen = _widen(q.dtype)
+        sms = sm_count(q.device) if sms is None else sms
+        widen = widens(q.dtype)
         gvw = gv.float() if widen else gv
         if fused:  # dq written by the logit-gradient kernel, added to the content term's where there is one
             dq_buf = gq if content is None else gq_content.contiguous()
             dq_buf = dq_buf.float() if widen else dq_buf
     else:
-        chunks = _chunks(b, h * ukk * ho * wo, chunk_elements)
+        chunks = image_chunks(b, h * ukk * ho * wo, chunk_elements)
         bq, bh, bv = _row_tiles(h, wo, dv)
         bp = max(1, min(_pow2(-(-width // step)), 4096 // bv))
     for b0, n in chunks:
@@ -751,14 +748,12 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
             rows, vg = meta['logit_grad'], meta['value_grad']
             # [n h, Ho Wo, LS] logits by one aligned GEMM (a multiply-add a logit: fewer than the value gradient
             # computing them, each query's in every program its scope reaches), read by the value gradient
-            logits = _query_major_logits(qc, tp)
+            logits = query_major_logits(qc, tp)
             _launch(k['tc_value_grad'], (_cdiv(width, vg['BLOCK_P']), height, n * u * _cdiv(dv, vg['BLOCK_V'])),
                     logits, gyc, gvw[b0:b0 + n], height, width, ho, wo, h, u, dv, kh, kw, ls, step, prec,
                     WIDEN=widen, **vg)
             del logits  # (its memory for the logit gradients)
             gl = torch.empty((n * h, ho * wo, ls), dtype=torch.float32 if widen else q.dtype, device=q.device)
-            if PREFILL_NAN:
-                gl.fill_(float('nan'))
             _launch(k['tc_rows'], (_cdiv(wo, rows['BLOCK_Q']), _cdiv(ho, rows['BLOCK_Y']), n), gl, v[b0:b0 + n],
                     gyc, dq_buf[b0:b0 + n] if fused else qc, rm if fused else gl, height, width, ho, wo, h, u, dv, c,
                     kh, kw, ls, step, prec, WIDEN=widen, ADD=fused and content is not None, **rows)
@@ -774,8 +769,6 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
             _launch(k['value_grad'], (_cdiv(width, step * bp) * step, height, n * u), logits, gyc, gv[b0:b0 + n],
                     height, width, ho, wo, h, u, dv, kh, kw, step, acc, bp, bv)
             gl = torch.empty_like(logits)
-            if PREFILL_NAN:
-                gl.fill_(float('nan'))
             _launch(k['query_rows'], (_cdiv(wo, bq), ho, n), gl, v[b0:b0 + n], gyc,
                     height, width, ho, wo, h, u, dv, kh, kw, step, acc, bq, bh, bv, LOGIT_GRAD=True)
             gl_t = gl.view(n * h, u * kh * kw, ho * wo)
@@ -804,3 +797,54 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
     if tensor_cores and fused:
         gq = dq_buf.to(q.dtype)  # (the buffer itself, or rounded from the interpreter's float32 one)
     return gq, gv, gt.to(table.dtype).reshape(table.shape), gcontent
+
+
+class _Triton(Tiled):
+    """The tiled form by this module's kernels on CUDA tensors (on CPU tensors under Triton's interpreter,
+    ``TRITON_INTERPRET=1``: the CPU tests)."""
+    tensor_cores = True
+
+    @property
+    def devices(self):
+        return ('cuda', 'cpu') if INTERPRETED else ('cuda',)
+
+    def unavailable(self) -> Optional[str]:
+        return unavailable()
+
+    def not_supported_reasons(self, call: Call):
+        reasons = super().not_supported_reasons(call)
+        return [r + " (or Triton's interpreter, TRITON_INTERPRET=1)" if r.startswith('needs CUDA') else r
+                for r in reasons]
+
+    def kernel_tiling(self, device: str, step: int, c: int, kw: int):
+        """Whether the tensor-core kernels compute their logits (and ``dq``) themselves (:func:`_fuses`), and the
+        logits of a chunk (:data:`CHUNK_ELEMENTS`)."""
+        return (int(self.tensor_cores and _fuses(step, c, kw)), CHUNK_ELEMENTS)
+
+    def tiled_forward(self, plan, q, v, table, step, content):
+        return forward(q, v, table, step, content, self.tensor_cores, plan.tiling[1], bool(plan.tiling[0]))
+
+    def tiled_backward(self, plan, gy, q, v, table, step, content):
+        return backward(gy, q, v, table, step, content, self.tensor_cores, plan.tiling[1], bool(plan.tiling[0]))
+
+
+class TritonTC(_Triton):
+    """``triton_tc``: float16, bfloat16 (float32 sums) and float32 on the tensor cores (TF32 where torch's matmuls
+    may use it, ``torch.backends.cuda.matmul.allow_tf32``, else exact)."""
+    name = 'triton_tc'
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+
+
+class TritonFMA(_Triton):
+    """``triton_fma``: every float dtype on the CUDA cores; ``'auto'`` runs it for float64 calls of at most
+    :data:`.plan.SMALL_CALL` queries or a map within the scope (the gemm backend's GEMMs are faster on larger ones:
+    measured on an H200)."""
+    name = 'triton_fma'
+    tensor_cores = False
+
+    def declines(self, call: Call) -> Optional[str]:
+        if call.queries <= SMALL_CALL or call.map_in_scope:
+            return None
+        return (f'auto: a call of more than {SMALL_CALL} queries on a map larger than the scope runs faster as the '
+                'gemm backend\'s GEMMs (docs/benchmarks.md, "GPU")')
+

@@ -211,7 +211,7 @@ frame) whose 16 bottleneck 3x3 convolutions are all replaced by the layer, at {s
 - **ours, training / inference**: median time per training step at batch {b} (and per inference forward,
   `no_grad`) divided by the lambda layer's, interleaved in one process; CPU float32, so only the ratios compare,
   and only loosely (CPU kernels, not TPU ones; the lambda layer rows pick their implementation per size,
-  `impl='auto'`, except the lambda convolution row, `impl='conv'`). The load average in the footer says how busy
+  `form='auto'`, except the lambda convolution row, `form='conv'`). The load average in the footer says how busy
   the 2 cores were.
 """
 
