@@ -278,12 +278,13 @@ def test_pretrained_cfgs_are_timms():
 def test_pretrained_file_through_timms_machinery(name, size, tmp_path):
     """timm's checkpoint (here a random timm model saved as timm's files are: a bare state_dict) through
     ``timm.create_model(NAME_fast.TAG, pretrained=True, pretrained_cfg_overlay=dict(file=...))``: the classifier
-    model, a new classifier (``num_classes``) and ``features_only`` all equal timm's on it."""
-    ref = _timm_model(name, size, torch.float32, width_factor=1.0, num_classes=1000).eval()
+    model, a new classifier (``num_classes``), one input channel (``in_chans``) and ``features_only`` all equal timm's
+    on it."""
+    ref = _timm_model(name, size, torch.float32, num_classes=1000).eval()
     path = tmp_path / 'timm.pth'
     torch.save(ref.state_dict(), path)
     tag = timm.models.get_pretrained_cfg(name).tag
-    kw = dict(pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
+    kw = dict(pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), width_factor=0.25)
     if 'rpt' in name:
         kw['img_size'] = size
     fast = timm.create_model(f'{name}_fast.{tag}', **kw).eval()
@@ -291,6 +292,8 @@ def test_pretrained_file_through_timms_machinery(name, size, tmp_path):
     x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(4))
     assert _rel(fast(x), ref(x)) <= 1e-5
     head = timm.create_model(f'{name}_fast.{tag}', num_classes=3, **kw).eval()  # timm drops the classifier
+    gray = timm.create_model(f'{name}_fast.{tag}', in_chans=1, **kw).eval()  # timm sums the stem's weights
+    assert _rel(gray(x.mean(1, keepdim=True)), ref(x.mean(1, keepdim=True).expand(-1, 3, -1, -1))) <= 1e-5
     assert _rel(head.forward_head(head.forward_features(x), pre_logits=True),
                 ref.forward_head(ref.forward_features(x), pre_logits=True)) <= 1e-5
     feats = timm.create_model(f'{name}_fast.{tag}', features_only=True, **kw).eval()
@@ -308,3 +311,20 @@ def test_checkpoint_filter_passes_our_keys_through():
     assert checkpoint_filter_timm_lambda_layers(state) == state
     with pytest.raises(ValueError, match='conv_lambda.weight'):
         checkpoint_filter_timm_lambda_layers({'a.conv_lambda.weight': torch.zeros(4, 1, 3, 3)})
+
+
+@pytest.mark.parametrize('kw', [dict(r=3, stride=2, qkv_bias=True), dict(r=None, feat_size=(6, 4), stride=2)],
+                         ids=['local_s2_qkv_bias', 'rpt_s2'])
+def test_converted_layer_reparameterizes_and_compiles(kw):
+    """timm's ``reparameterize_model`` (the norms folded into the projection, its bias kept) and a full-graph
+    ``torch.compile`` (aot_eager) of the converted layer give timm's eval output."""
+    from timm.utils.model import reparameterize_model
+    ref, fast = _layer_pair(kw, torch.float64)
+    x = torch.randn(2, 16, 6, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    with torch.no_grad():
+        want = ref.eval()(x)
+        folded = reparameterize_model(nn.Sequential(fast.eval()))[0]
+        assert isinstance(folded.norm_q, nn.Identity) and folded.qkv.bias is not None
+        assert _rel(folded(x), want) <= 1e-10
+        torch._dynamo.reset()
+        assert _rel(torch.compile(fast, backend='aot_eager', fullgraph=True)(x), want) <= 1e-10

@@ -1,0 +1,103 @@
+#!/usr/bin/env python
+"""timm's lambda networks against themselves converted to this package's layer, side by side in one process.
+
+For each of timm's ``lambda_resnet26t``, ``lambda_resnet50ts`` and ``lambda_resnet26rpt_256`` (random weights: speed
+does not depend on them), the model as timm builds it and the same model after
+``timm_lambda.models.convert_timm_lambda_layers`` (its ``_fast`` twin, equal outputs): a training step (forward, a
+scalar loss, backward; batch norms in training mode) and inference (eval mode, ``torch.no_grad``), in float32 and
+under CPU bfloat16 autocast, timed in interleaved rounds (tools/dev/benchmarks/measure.py); medians and the ratio
+timm / converted (> 1: the converted model is faster), the load average before and after each pair, and the largest
+relative difference of the two models' eval outputs (float32) as a check that the same model was timed:
+
+    python tools/benchmark_timm_lambda.py --json docs/results/timm_lambda_models.json
+    python tools/benchmark_timm_lambda.py --models lambda_resnet50ts --dtypes float32 --repeats 3
+"""
+import argparse
+import copy
+import json
+import shlex
+import sys
+import time
+
+import timm
+import torch
+
+from dev.benchmarks.measure import commit, interleaved_times, load_average, machine, spread
+from timm_lambda.models import convert_timm_lambda_layers
+
+MODELS = ('lambda_resnet26t', 'lambda_resnet50ts', 'lambda_resnet26rpt_256')
+KINDS = ('training step', 'inference')
+
+
+def train_step(model, x, dtype):
+    def run():
+        model.train()
+        model.zero_grad(set_to_none=True)
+        with torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32):
+            out = model(x)
+        out.float().mean().backward()
+    return run
+
+
+def infer_step(model, x, dtype):
+    def run():
+        model.eval()
+        with torch.no_grad(), torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32):
+            model(x)
+    return run
+
+
+def compare(name: str, size: int, batch: int, dtypes, repeats: int) -> list:
+    torch.manual_seed(0)
+    kwargs = dict(img_size=size) if 'rpt' in name else {}
+    theirs = timm.create_model(name, zero_init_last=False, **kwargs)  # the lambda layers reach the output
+    ours = convert_timm_lambda_layers(copy.deepcopy(theirs))
+    x = torch.randn(batch, 3, size, size)
+    with torch.no_grad():
+        a, b = theirs.eval()(x), ours.eval()(x)
+    diff = ((a - b).abs().max() / a.abs().max()).item()
+    rows = []
+    for dtype in dtypes:
+        steps = {}
+        for label, model in (('timm', theirs), ('converted', ours)):
+            steps[f'{label}/training step'] = train_step(model, x, dtype)
+            steps[f'{label}/inference'] = infer_step(model, x, dtype)
+        before = load_average()
+        times = interleaved_times(steps, repeats=repeats)
+        after = load_average()
+        median = {k: spread(v)[1] for k, v in times.items()}
+        ratio = {kind: median[f'timm/{kind}'] / median[f'converted/{kind}'] for kind in KINDS}
+        precision = 'float32' if dtype == torch.float32 else f'{str(dtype).split(".")[1]} autocast'
+        print(f'# {name}: {size}x{size}, batch {batch}, {precision}; load {before} -> {after}')
+        for kind in KINDS:
+            print(f'| {kind} | timm {median[f"timm/{kind}"]:.3f} s | converted {median[f"converted/{kind}"]:.3f} s '
+                  f'| timm / converted {ratio[kind]:.2f}x |', flush=True)
+        rows.append(dict(model=name, fast_model=f'{name}_fast', size=size, batch=batch, dtype=str(dtype),
+                         autocast=dtype != torch.float32, machine=machine(), load_before=before, load_after=after,
+                         times=times, median_s=median, timm_over_converted=ratio, eval_max_rel_diff_float32=diff))
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--models', nargs='+', default=list(MODELS), choices=MODELS)
+    p.add_argument('--size', type=int, default=256, help="input side (timm's cfgs: 256)")
+    p.add_argument('--batch', type=int, default=2)
+    p.add_argument('--dtypes', nargs='+', default=['float32', 'bfloat16'], choices=['float32', 'bfloat16'])
+    p.add_argument('--repeats', type=int, default=3, help='interleaved rounds (after one warm-up round)')
+    p.add_argument('--threads', type=int, default=None, help='torch.set_num_threads')
+    p.add_argument('--json', default=None, help='also write the results here')
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtypes = [getattr(torch, d) for d in args.dtypes]
+    results = [row for name in args.models for row in compare(name, args.size, args.batch, dtypes, args.repeats)]
+    if args.json:  # each row names the command, date and commit that produced it (the machine and loads too)
+        command = shlex.join(['python', 'tools/benchmark_timm_lambda.py', *(sys.argv[1:] if argv is None else argv)])
+        stamp = dict(command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), commit=commit())
+        with open(args.json, 'w') as f:
+            json.dump([dict(r, **stamp) for r in results], f, indent=1, default=str)
+
+
+if __name__ == '__main__':
+    main()
