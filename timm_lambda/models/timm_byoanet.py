@@ -22,7 +22,7 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 import torch
-from timm.layers import get_norm_layer, make_divisible, register_notrace_function, trunc_normal_
+from timm.layers import make_divisible, register_notrace_function, trunc_normal_
 from timm.layers.lambda_layer import LambdaLayer as TimmLayer
 from timm.models import build_model_with_cfg, byoanet, generate_default_cfgs, register_model
 from timm.models.byobnet import ByobNet
@@ -194,15 +194,11 @@ default_cfgs = generate_default_cfgs({
 
 
 def _create(variant: str, pretrained: bool, **kwargs) -> ByobNet:
-    """timm's ``_create_byoanet`` with :class:`TimmLambdaLayer` as the self-attention layer; a model-wide
-    ``norm_layer`` (mmdet's ``norm_cfg``) builds the layers' query and value norms too. A caller's own
-    ``pretrained_filter_fn`` runs after the key mapping."""
-    name = FAST_VARIANTS[variant]
-    cfg = byoanet.model_cfgs[name]
-    attn_kwargs = dict(cfg.self_attn_kwargs)
-    if kwargs.get('norm_layer') is not None:
-        attn_kwargs['norm_layer'] = get_norm_layer(kwargs['norm_layer'])
-    cfg = replace(cfg, self_attn_layer=TimmLambdaLayer, self_attn_kwargs=attn_kwargs)
+    """timm's ``_create_byoanet`` with :class:`TimmLambdaLayer` as the self-attention layer (its query and value norms
+    batch norms whatever the model's ``norm_layer``, as timm's). A caller's own ``pretrained_filter_fn`` runs after
+    the key mapping."""
+    cfg = byoanet.model_cfgs[FAST_VARIANTS[variant]]
+    cfg = replace(cfg, self_attn_layer=TimmLambdaLayer)
     caller_filter = kwargs.pop('pretrained_filter_fn', None)
 
     def filter_fn(state_dict, model):
