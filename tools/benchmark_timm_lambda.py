@@ -7,7 +7,12 @@ does not depend on them), the model as timm builds it and the same model after
 scalar loss, backward; batch norms in training mode) and inference (eval mode, ``torch.no_grad``), in float32 and
 under CPU bfloat16 autocast, timed in interleaved rounds (tools/dev/benchmarks/measure.py); medians and the ratio
 timm / converted (> 1: the converted model is faster), the load average before and after each pair, and the largest
-relative difference of the two models' eval outputs (float32) as a check that the same model was timed:
+relative difference of the two models' eval outputs (float32) as a check that the same model was timed.
+
+Each step is timed twice over: wall seconds (``time.perf_counter``, measure.py's) and the process's CPU seconds
+(``time.process_time``). On a shared, loaded machine the wall time of a step depends on what else runs; with one
+thread (``--threads 1``, the default) its CPU time is the work it did, and the ratio of CPU times is the figure to
+quote there:
 
     python tools/benchmark_timm_lambda.py --json docs/results/timm_lambda_models.json
     python tools/benchmark_timm_lambda.py --models lambda_resnet50ts --dtypes float32 --repeats 3
@@ -47,6 +52,15 @@ def infer_step(model, x, dtype):
     return run
 
 
+def cpu_timed(step, sink: list):
+    """``step``, appending the process's CPU seconds of each call to ``sink``."""
+    def run():
+        t0 = time.process_time()
+        step()
+        sink.append(time.process_time() - t0)
+    return run
+
+
 def compare(name: str, size: int, batch: int, dtypes, repeats: int) -> list:
     torch.manual_seed(0)
     kwargs = dict(img_size=size) if 'rpt' in name else {}
@@ -58,23 +72,30 @@ def compare(name: str, size: int, batch: int, dtypes, repeats: int) -> list:
     diff = ((a - b).abs().max() / a.abs().max()).item()
     rows = []
     for dtype in dtypes:
-        steps = {}
+        steps, cpu = {}, {}
         for label, model in (('timm', theirs), ('converted', ours)):
-            steps[f'{label}/training step'] = train_step(model, x, dtype)
-            steps[f'{label}/inference'] = infer_step(model, x, dtype)
+            for kind, make in (('training step', train_step), ('inference', infer_step)):
+                key = f'{label}/{kind}'
+                cpu[key] = []
+                steps[key] = cpu_timed(make(model, x, dtype), cpu[key])
         before = load_average()
-        times = interleaved_times(steps, repeats=repeats)
+        times = interleaved_times(steps, repeats=repeats, warmup=1)
         after = load_average()
+        cpu = {k: v[1:] for k, v in cpu.items()}  # without the warm-up call
         median = {k: spread(v)[1] for k, v in times.items()}
+        cpu_median = {k: spread(v)[1] for k, v in cpu.items()}
         ratio = {kind: median[f'timm/{kind}'] / median[f'converted/{kind}'] for kind in KINDS}
+        cpu_ratio = {kind: cpu_median[f'timm/{kind}'] / cpu_median[f'converted/{kind}'] for kind in KINDS}
         precision = 'float32' if dtype == torch.float32 else f'{str(dtype).split(".")[1]} autocast'
         print(f'# {name}: {size}x{size}, batch {batch}, {precision}; load {before} -> {after}')
         for kind in KINDS:
-            print(f'| {kind} | timm {median[f"timm/{kind}"]:.3f} s | converted {median[f"converted/{kind}"]:.3f} s '
-                  f'| timm / converted {ratio[kind]:.2f}x |', flush=True)
+            wall = f'timm {median[f"timm/{kind}"]:.3f} s, converted {median[f"converted/{kind}"]:.3f} s'
+            cpu_s = f'timm {cpu_median[f"timm/{kind}"]:.3f} s, converted {cpu_median[f"converted/{kind}"]:.3f} s'
+            print(f'| {kind} | wall: {wall}, {ratio[kind]:.2f}x | CPU: {cpu_s}, {cpu_ratio[kind]:.2f}x |', flush=True)
         rows.append(dict(model=name, fast_model=f'{name}_fast', size=size, batch=batch, dtype=str(dtype),
                          autocast=dtype != torch.float32, machine=machine(), load_before=before, load_after=after,
-                         times=times, median_s=median, timm_over_converted=ratio, eval_max_rel_diff_float32=diff))
+                         times=times, median_s=median, timm_over_converted=ratio, cpu_times=cpu,
+                         cpu_median_s=cpu_median, cpu_timm_over_converted=cpu_ratio, eval_max_rel_diff_float32=diff))
     return rows
 
 
@@ -85,7 +106,7 @@ def main(argv=None):
     p.add_argument('--batch', type=int, default=2)
     p.add_argument('--dtypes', nargs='+', default=['float32', 'bfloat16'], choices=['float32', 'bfloat16'])
     p.add_argument('--repeats', type=int, default=3, help='interleaved rounds (after one warm-up round)')
-    p.add_argument('--threads', type=int, default=None, help='torch.set_num_threads')
+    p.add_argument('--threads', type=int, default=1, help='torch.set_num_threads (default 1: see above)')
     p.add_argument('--json', default=None, help='also write the results here')
     args = p.parse_args(argv)
     if args.threads:
