@@ -16,6 +16,10 @@ quote there:
 
     python tools/benchmark_timm_lambda.py --json docs/results/timm_lambda_models.json
     python tools/benchmark_timm_lambda.py --models lambda_resnet50ts --dtypes float32 --repeats 3
+
+``--layers``: instead of the models, each lambda layer of each model alone, timm's against its conversion, on the
+input it gets in the model at ``--size`` (a training step: forward, a scalar loss, backward to the input and the
+weights): where a converted model's time goes.
 """
 import argparse
 import copy
@@ -26,6 +30,7 @@ import time
 
 import timm
 import torch
+from timm.layers.lambda_layer import LambdaLayer as TimmLayer
 
 from dev.benchmarks.measure import commit, interleaved_times, load_average, machine, spread
 from timm_lambda.models import convert_timm_lambda_layers
@@ -99,6 +104,42 @@ def compare(name: str, size: int, batch: int, dtypes, repeats: int) -> list:
     return rows
 
 
+def compare_layers(name: str, size: int, batch: int, dtypes, repeats: int) -> list:
+    torch.manual_seed(0)
+    kwargs = dict(img_size=size) if 'rpt' in name else {}
+    model = timm.create_model(name, **kwargs).eval()
+    inputs = {}
+    hooks = [m.register_forward_pre_hook(lambda m, args, n=n: inputs.setdefault(n, args[0].detach()))
+             for n, m in model.named_modules() if isinstance(m, TimmLayer)]
+    with torch.no_grad():
+        model(torch.randn(batch, 3, size, size))
+    for h in hooks:
+        h.remove()
+    rows = []
+    for dtype in dtypes:
+        for n, x in inputs.items():
+            theirs = model.get_submodule(n).train()
+            ours = convert_timm_lambda_layers(copy.deepcopy(theirs))
+            x = x.clone().requires_grad_()
+            steps, cpu = {}, {}
+            for label, layer in (('timm', theirs), ('converted', ours)):
+                cpu[label] = []
+                steps[label] = cpu_timed(train_step(layer, x, dtype), cpu[label])
+            before = load_average()
+            times = interleaved_times(steps, repeats=repeats, warmup=1)
+            cpu = {k: v[1:] for k, v in cpu.items()}
+            median = {k: spread(v)[1] for k, v in times.items()}
+            cpu_median = {k: spread(v)[1] for k, v in cpu.items()}
+            ratio = cpu_median['timm'] / cpu_median['converted']
+            print(f'| {name} {n} {list(x.shape)} stride {ours.stride} {str(dtype)[6:]} | CPU: timm '
+                  f'{cpu_median["timm"]:.3f} s, converted {cpu_median["converted"]:.3f} s, {ratio:.2f}x |', flush=True)
+            rows.append(dict(model=name, layer=n, input_shape=list(x.shape), stride=ours.stride, scope=str(ours.scope),
+                             size=size, dtype=str(dtype), kind='training step', machine=machine(), load_before=before,
+                             load_after=load_average(), times=times, median_s=median, cpu_times=cpu,
+                             cpu_median_s=cpu_median, cpu_timm_over_converted=ratio))
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--models', nargs='+', default=list(MODELS), choices=MODELS)
@@ -107,12 +148,14 @@ def main(argv=None):
     p.add_argument('--dtypes', nargs='+', default=['float32', 'bfloat16'], choices=['float32', 'bfloat16'])
     p.add_argument('--repeats', type=int, default=3, help='interleaved rounds (after one warm-up round)')
     p.add_argument('--threads', type=int, default=1, help='torch.set_num_threads (default 1: see above)')
+    p.add_argument('--layers', action='store_true', help='each lambda layer alone (see above)')
     p.add_argument('--json', default=None, help='also write the results here')
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     dtypes = [getattr(torch, d) for d in args.dtypes]
-    results = [row for name in args.models for row in compare(name, args.size, args.batch, dtypes, args.repeats)]
+    run = compare_layers if args.layers else compare
+    results = [row for name in args.models for row in run(name, args.size, args.batch, dtypes, args.repeats)]
     if args.json:  # each row names the command, date and commit that produced it (the machine and loads too)
         command = shlex.join(['python', 'tools/benchmark_timm_lambda.py', *(sys.argv[1:] if argv is None else argv)])
         stamp = dict(command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), commit=commit())
