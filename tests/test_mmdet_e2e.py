@@ -325,3 +325,32 @@ def test_empty_checkpoint_names_the_file(dataset, tmp_path):
     assert rc != 0
     assert f"checkpoint file '{work / 'iter_2.pth'}' is empty" in out and 'resume' in out, out[-3000:]
     assert 'Iter(train)' not in out
+
+
+def test_timm_imagenet_lambda_backbone_config(dataset, tmp_path):
+    """configs/mmdet/mask-rcnn_lambda-resnet50ts-fast-in1k_*: Mask R-CNN on lambda_resnet50ts_fast with timm's ImageNet
+    checkpoint through init_cfg (a timm lambda_resnet50ts saved as timm's file is, standing in for its download),
+    through mmdet's train.py; the backbone frozen, the detector's backbone holds timm's weights in our keys."""
+    import timm
+
+    from timm_lambda.models import checkpoint_filter_timm_lambda_layers
+    torch.manual_seed(0)
+    theirs = timm.create_model('lambda_resnet50ts').state_dict()
+    fresh = timm.create_model('lambda_resnet50ts_fast').state_dict()
+    with torch.no_grad():  # every tensor unlike a fresh model's (zero-initialised last norms of residual branches)
+        for v in theirs.values():
+            if v.is_floating_point():
+                v.add_(torch.rand_like(v) * 0.1 + 0.01)
+    path = str(tmp_path / 'lambda_resnet50ts_a1h_256.pth')
+    torch.save(theirs, path)
+    config = osp.join(CONFIG_DIR, 'mask-rcnn_lambda-resnet50ts-fast-in1k_fpn_syncbn-all_lsj-130k_coco.py')
+    work = str(tmp_path / 'work')
+    rc, out = run([sys.executable, osp.join(MMDET_TOOLS, 'train.py'), config, '--work-dir', work, '--cfg-options']
+                  + options(dataset, max_iters=1)
+                  + [f'model.backbone.init_cfg.checkpoint={path}', 'model.backbone.frozen_stages=4'])
+    assert rc == 0, out[-4000:]
+    assert f'Loaded 390 tensors of lambda_resnet50ts_fast from {path}' in out, out[-3000:]
+    state = torch.load(osp.join(work, 'iter_1.pth'), map_location='cpu', weights_only=True)['state_dict']
+    mapped = checkpoint_filter_timm_lambda_layers(theirs)
+    assert any(k.endswith('pos_embedding.weight') for k in mapped) and not any('conv_lambda' in k for k in mapped)
+    _assert_backbone_is(state, {k.replace('head.fc.', 'fc.'): v for k, v in mapped.items()}, fresh)

@@ -43,7 +43,7 @@ def test_factory_kwargs_meta_device(name):
 # Models whose position tables are sized for img_size (global scope, AA / global / axial attention): they refuse
 # larger inputs, so their cfgs say fixed_input_size and timm passes input_size on to them as img_size.
 FIXED_INPUT_SIZE = {'aa_resnet34', 'aa_resnet50', 'aa_resnet101', 'aa_resnet152', 'resnet50_global_attn',
-                    'resnet50_axial_attn', 'resnet50_lambda_global32'}
+                    'resnet50_axial_attn', 'resnet50_lambda_global32', 'lambda_resnet26rpt_256_fast'}
 
 
 @pytest.mark.parametrize('name', OUR_MODELS)

@@ -70,6 +70,10 @@ class LambdaLayer(nn.Module):
             lambda stays global. Needs a local scope and ``stride=1``.
         pool_count_include_pad: average the stride-2 pooling's border windows over all 9 positions, zero padding
             included (``nn.AvgPool2d(3, 2, 1)``'s default), for checkpoints trained that way (d-li14/lambda.pytorch).
+        pool_size: the stride-2 downsampling: 3 (default), the 3x3 pooling above, output ``ceil(H/2) x ceil(W/2)``;
+            2, timm's ``nn.AvgPool2d(2, 2)`` on the layer's stride-1 output (:class:`timm.layers.LambdaLayer`), output
+            ``floor(H/2) x floor(W/2)`` (an odd map's last row or column is dropped), for timm's checkpoints
+            (:mod:`timm_lambda.models.timm_byoanet`). Read only when ``stride=2``.
         position_bias: a learned bias ``b`` of |k| entries added to every position-lambda entry,
             ``lambda^p_n[k, :] += b_k``, so each output gains ``sum_k q_n^h[k] b_k`` in every value channel
             (the bias of a lambda convolution ``Conv3d(|u|, |k|, (1, r, r), bias=True)``). Off by default
@@ -87,12 +91,14 @@ class LambdaLayer(nn.Module):
         norm_layer: normalisation layer for queries and values (``norm_layer(channels, device=, dtype=)``).
         device, dtype: factory kwargs for every parameter and buffer.
 
-    Shapes: input ``[B, dim, H, W]``, output ``[B, dim_out, ceil(H/stride), ceil(W/stride)]``.
+    Shapes: input ``[B, dim, H, W]``, output ``[B, dim_out, ceil(H/stride), ceil(W/stride)]`` (floor with
+    ``pool_size=2``).
 
     timm's :class:`timm.layers.LambdaLayer` (``timm.models.byoanet``): ``num_heads`` = ``heads``, ``dim_head`` =
     ``dim_k``, ``r`` (default 9) = ``scope`` (default 23, the paper's), ``r=None`` with ``feat_size`` =
-    ``scope='global'`` with ``max_size``. timm fixes |u| = 1 and pools a stride-2 layer 2x2 (here 3x3, appendix
-    F.2); its ``qkv_bias`` has no counterpart (the paper's projections have none). Our names are Table 1's.
+    ``scope='global'`` with ``max_size``. timm fixes |u| = 1, pools a stride-2 layer 2x2 (``pool_size=2``; 3x3 by
+    default here, appendix F.2) and has a bias on its lambda convolution (``position_bias=True``); its layers and
+    models convert with :func:`timm_lambda.models.convert_timm_lambda_layers`. Our names are Table 1's.
     """
 
     def __init__(self, dim: int, dim_out: Optional[int] = None, dim_k: int = 16, heads: int = 4, dim_u: int = 1,
@@ -100,7 +106,7 @@ class LambdaLayer(nn.Module):
                  position: bool = True, key_norm: str = 'softmax', qv_norm: bool = True, form: str = 'auto',
                  pos_embedding: Optional[RelativePositionEmbedding] = None, pool_count_include_pad: bool = False,
                  position_bias: bool = False, dilation: int = 1, norm_layer: Callable[..., nn.Module] = nn.BatchNorm2d,
-                 device=None, dtype=None, impl: Optional[str] = None):
+                 pool_size: int = 3, device=None, dtype=None, impl: Optional[str] = None):
         super().__init__()
         if impl is not None:
             warnings.warn("LambdaLayer's impl= is now called form= (the form of the position lambdas); impl= will "
@@ -119,6 +125,12 @@ class LambdaLayer(nn.Module):
         check_bool(qv_norm, 'qv_norm')
         self.pool_count_include_pad = check_bool(pool_count_include_pad, 'pool_count_include_pad')
         check_bool(position_bias, 'position_bias')
+        if pool_size not in (2, 3) or isinstance(pool_size, bool):
+            raise ValueError(f'pool_size must be 3 (3x3 pooling, padding 1) or 2 (2x2 pooling), got {pool_size!r}')
+        if pool_size == 2 and pool_count_include_pad:
+            raise ValueError('pool_count_include_pad=True counts the padding of the 3x3 pooling; pool_size=2 pools '
+                             'without padding')
+        self.pool_size = int(pool_size)
         if not (content or position):
             raise ValueError('at least one of content and position must be True')
         if position_bias and not position:
@@ -162,9 +174,13 @@ class LambdaLayer(nn.Module):
         # the downsampling's settings as a module (peer-weight conversions read them); the forward pools with them
         # inside content_term / position_lambdas
         self.pool = downsample_pool(self.stride, self.pool_count_include_pad)
+        # timm's convention (pool_size=2): the lambda computation at stride 1, then this pool (in forward)
+        self.pool_after = self.pool_size == 2 and self.stride == 2
+        if self.pool_after:
+            self.pool = nn.AvgPool2d(2, 2)
         # the position lambdas' configuration, what every call's plan starts from (position_lambda.plan)
-        self.spec = Spec(form, k, u, v, h, self.table_size[0], self.table_size[1], self.global_scope, self.stride,
-                         self.pool_count_include_pad, self.key_norm)
+        self.spec = Spec(form, k, u, v, h, self.table_size[0], self.table_size[1], self.global_scope,
+                         1 if self.pool_after else self.stride, self.pool_count_include_pad, self.key_norm)
         self._reparameterized = False
         self.reset_parameters()
 
@@ -237,7 +253,8 @@ class LambdaLayer(nn.Module):
                 f'content={self.content}, position={self.position}, key_norm={self.key_norm!r}, form={self.form!r}'
                 + (f', dilation={self.dilation}' if self.dilation > 1 else '')
                 + (', position_bias=True' if self.pos_bias is not None else '')
-                + (', pool_count_include_pad=True' if self.pool_count_include_pad and self.stride == 2 else ''))
+                + (', pool_count_include_pad=True' if self.pool_count_include_pad and self.stride == 2 else '')
+                + (', pool_size=2' if self.pool_after else ''))
 
     @torch.jit.unused
     def __prepare_scriptable__(self):
@@ -256,10 +273,12 @@ class LambdaLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.jit.is_scripting():
-            return self._forward(x)
-        check_input(x, self.dim, 'LambdaLayer')
-        q, keys, values = self._project(x, 'script')
-        return self._after_norms(self.norm_q(q), keys, self.norm_v(values), x, 'script')
+            y = self._forward(x)
+        else:
+            check_input(x, self.dim, 'LambdaLayer')
+            q, keys, values = self._project(x, 'script')
+            y = self._after_norms(self.norm_q(q), keys, self.norm_v(values), x, 'script')
+        return self.pool(y) if self.pool_after else y  # (pool_size=2: timm's 2x2 pooling after the layer)
 
     @torch.jit.unused
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -339,14 +358,14 @@ class LambdaLayer(nn.Module):
             if form == '':
                 form = choose_form(self.spec, H, W)
             return lambdas_plain(q, keys if self.content else None, values, self.pos_embedding.weight, shared, H, W,
-                                 form, self.stride,
+                                 form, self.spec.stride,
                                  self.pool_count_include_pad, self.key_norm, self.global_scope, self.table_size)
         if self.content:  # lambda^c (eq. 1), here the part of every lambda_n shared by every n
             lam = content_lambda_plain(keys, values, self.key_norm)
             shared = lam if shared is None else lam + shared
         if self.pos_embedding is None:  # the content lambda alone (Table 9)
             assert shared is not None
-            return content_term(shared, q, H, W, self.stride, self.pool_count_include_pad)  # eq. 2
+            return content_term(shared, q, H, W, self.spec.stride, self.pool_count_include_pad)  # eq. 2
         # the position lambdas on each d x d interleaved sub-grid of a dilated scope, the content term on the whole
         # map (on the sub-grids, lambda^c repeated d d times, AOTInductor packages returned NaN at small sizes)
         qs = space_to_batch(q.reshape(B, h * k, H, W), d)

@@ -98,6 +98,11 @@ def _describe(name: str) -> str:
         'resnet50_lambda_global32': 'the CIFAR-10 report\'s model: ResNet-50, lambda layers with global context '
                                     'at 32x32',
         'resnet26_lambda_cifar': 'CIFAR stem (3x3 stride 1, no pooling), blocks 2-2-2-2, every 3x3 a lambda layer',
+        # timm's own lambda networks on this package's layer (timm_lambda/models/timm_byoanet.py)
+        'lambda_resnet26t_fast': "timm's lambda_resnet26t on this layer, its ImageNet weights (docs/timm_weights.md)",
+        'lambda_resnet50ts_fast': "timm's lambda_resnet50ts on this layer, its ImageNet weights (docs/timm_weights.md)",
+        'lambda_resnet26rpt_256_fast': "timm's lambda_resnet26rpt_256 on this layer, its ImageNet weights "
+                                       '(docs/timm_weights.md)',
         'resnet50_lambda_cifar': 'CIFAR stem, blocks 3-4-6-3, every 3x3 a lambda layer',
     }.get(name, '')
 
