@@ -49,8 +49,8 @@ try:
 except ImportError:  # not POSIX: torch's own lock alone serialises the builds
     fcntl = None
 
-__all__ = ['CpuKernel', 'forward', 'backward', 'native', 'compute_dtype', 'build', 'load', 'unavailable', 'isa',
-           'declines', 'arch', 'CpuKernelBuildError']
+__all__ = ['CpuKernel', 'forward', 'backward', 'native', 'compute_dtype', 'build', 'load', 'load_target', 'serving',
+           'unavailable', 'isa', 'declines', 'arch', 'CpuKernelBuildError']
 
 _logger = logging.getLogger(__name__)
 
@@ -350,6 +350,24 @@ def load_target(target: str):
     builds side by side in one process: tools/benchmark_cpu_isa.py)."""
     name = _name(target)
     return _load(_build_dir(name), name)[0]
+
+
+@contextlib.contextmanager
+def serving(module):
+    """Within the block, ``module`` (a build of the kernel: :func:`load_target`, or one built with other flags, such
+    as AddressSanitizer's) serves every ``cpu_kernel`` call instead of this machine's build; the plans are made anew on
+    entry and exit (:func:`.backends.invalidate`): a benchmark or a test measures or checks another build through the
+    layer. Not thread-safe."""
+    from . import backends
+    global _kernel, _looked_up
+    before = _kernel, _looked_up
+    _kernel, _looked_up = module, True
+    backends.invalidate()
+    try:
+        yield module
+    finally:
+        _kernel, _looked_up = before
+        backends.invalidate()
 
 
 def _look_up():
