@@ -130,11 +130,25 @@ KERNEL_MUTATIONS = [
 ]
 
 
-def kernel_case(rng: random.Random, mutation: str):
-    """A direct call of the kernel's forward and backward (bfloat16's where built, in bfloat16), its verdict."""
-    module = cpu_kernel.load()
-    bf16 = rng.random() < 0.3 and bool(module.bf16)
-    dtype = torch.bfloat16 if bf16 else torch.float64
+def kernel_case(rng: random.Random, mutation: str, backend: str):
+    """A direct call of the kernels' forward and backward (the CPU kernel's, bfloat16's where built in bfloat16;
+    or the Triton wrappers'), its verdict."""
+    if backend == 'cpu_kernel':
+        module = cpu_kernel.load()
+        bf16 = rng.random() < 0.3 and bool(module.bf16)
+        forward, backward = ((module.tiled_forward_bf16, module.tiled_backward_bf16) if bf16 else
+                             (module.tiled_forward, module.tiled_backward))
+        dtype = torch.bfloat16 if bf16 else torch.float64
+    else:
+        from timm_lambda.layers.position_lambda import tiled_triton
+        tc = backend == 'triton_tc'
+        dtype = torch.float32 if tc else torch.float64
+
+        def forward(q, v, table, content, step):
+            return tiled_triton.forward(q, v, table, step, content, tensor_cores=tc)
+
+        def backward(gy, q, v, table, content, step):
+            return tiled_triton.backward(gy, q, v, table, step, content, tensor_cores=tc)
     b, h, c, u, dv, step = rng.choice([1, 2]), rng.choice([1, 3]), rng.choice([2, 5]), rng.choice([1, 2]), \
         rng.choice([1, 17]), rng.choice([1, 2])
     height, width, side = rng.randint(1, 9), rng.randint(1, 9), rng.choice([1, 3, 5])
@@ -147,8 +161,6 @@ def kernel_case(rng: random.Random, mutation: str):
              gy=torch.randn(b, h * dv, ho, wo, generator=g).to(dtype))
     name, expect, mutate = next(m for m in KERNEL_MUTATIONS if m[0] == mutation)
     mutate(a, rng)
-    forward, backward = ((module.tiled_forward_bf16, module.tiled_backward_bf16) if bf16 else
-                         (module.tiled_forward, module.tiled_backward))
     try:
         out = [torch.cat([forward(a['q'], a['v'], a['table'], a['content'], a['step']).reshape(-1)] +
                          [x.reshape(-1).to(dtype) for x in backward(a['gy'], a['q'], a['v'], a['table'], a['content'],
@@ -200,7 +212,7 @@ def run_case(case: dict) -> dict:
     rng = random.Random(case['seed'])
     direction = case['direction']
     if direction == 'kernel':
-        return kernel_case(rng, case['mutation'])
+        return kernel_case(rng, case['mutation'], case['backend'])
     a = base(rng, case['backend'])
     mutations = MUTATIONS if direction == 'forward' else BACKWARD_MUTATIONS
     name, expect, mutate = next(m for m in mutations if m[0] == case['mutation'])
@@ -274,7 +286,7 @@ def cases(backends, n: int, seed: int):
     out = []
     for backend in backends:
         names = [('forward', m[0]) for m in MUTATIONS] + [('backward', m[0]) for m in BACKWARD_MUTATIONS]
-        if backend == 'cpu_kernel':
+        if backend != 'gemm':  # (the kernels' own entry points)
             names += [('kernel', m[0]) for m in KERNEL_MUTATIONS]
         for i in range(n):
             direction, mutation = names[i % len(names)]

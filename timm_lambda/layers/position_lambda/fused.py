@@ -27,8 +27,8 @@ from ..checks import check_max_size
 from ..size_cache import SizeCache
 from .backends import Backend, Call, Decision
 
-__all__ = ['KEY_NORMS', 'normalize_keys', 'Tiled', 'content_lambda', 'content_grads', 'patched', 'pooled_table',
-           'in_image_counts', 'reach']
+__all__ = ['KEY_NORMS', 'normalize_keys', 'Tiled', 'check_kernel_arguments', 'content_lambda', 'content_grads',
+           'patched', 'pooled_table', 'in_image_counts', 'reach']
 
 
 KEY_NORMS = ('softmax', 'l2', 'none')
@@ -183,6 +183,41 @@ def reach_grad(g: Tensor, table: Tensor) -> Tensor:
     """The whole table's gradient from that of its window :func:`reach` (zero outside)."""
     py, px = (table.shape[2] - g.shape[2]) // 2, (table.shape[3] - g.shape[3]) // 2
     return F.pad(g, [px, px, py, py]) if py or px else g
+
+
+def check_kernel_arguments(name: str, q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Tensor] = None,
+                           gy: Optional[Tensor] = None) -> None:
+    """What the tiled kernels read, checked against each other before a launch (as the CPU kernel's entry points
+    do): ``q [B, h, c, Ho, Wo]`` with ``Ho, Wo = ceil(H / step), ceil(W / step)``, ``v [B, u V, H, W]``, ``table [c,
+    u, K_h, K_w]`` with odd sides, ``content [B, c, V]`` or None, ``gy [B, h V, Ho, Wo]``, one floating dtype, one
+    device, step 1 or 2: a ValueError or TypeError naming the argument."""
+    if step not in (1, 2):
+        raise ValueError(f'{name}: step must be 1 or 2, got {step!r}')
+    for what, x, rank in (('q', q, 5), ('v', v, 4), ('table', table, 4), ('content', content, 3), ('gy', gy, 4)):
+        if x is None:
+            continue
+        if x.dim() != rank:
+            raise ValueError(f'{name}: {what} must be {rank}-D, got shape {list(x.shape)}')
+        if x.dtype != q.dtype or not x.is_floating_point():
+            raise TypeError(f'{name}: {what} must be floating and of q\'s dtype ({q.dtype}), got {x.dtype}')
+        if x.device != q.device:
+            raise TypeError(f'{name}: {what} must be on q\'s device ({q.device}), got {x.device}')
+    b, h, c, ho, wo = q.shape
+    _, u, kh, kw = table.shape
+    height, width = v.shape[2], v.shape[3]
+    if table.shape[0] != c or u < 1 or kh % 2 == 0 or kw % 2 == 0:
+        raise ValueError(f"{name}: table must be [c, u, K_h, K_w] with q's c and odd sides, got table "
+                         f'{list(table.shape)}, q {list(q.shape)}')
+    if v.shape[0] != b or v.shape[1] < u or v.shape[1] % u:
+        raise ValueError(f"{name}: v must be [B, u V, H, W] with q's B and a multiple of the table's u, got v "
+                         f'{list(v.shape)}, q {list(q.shape)}')
+    if (ho, wo) != (-(-height // step), -(-width // step)):
+        raise ValueError(f"{name}: q's map must be v's at step {step}, got q {list(q.shape)}, v {list(v.shape)}")
+    dv = v.shape[1] // u
+    if content is not None and tuple(content.shape) != (b, c, dv):
+        raise ValueError(f'{name}: content must be [B, c, V] = {[b, c, dv]}, got {list(content.shape)}')
+    if gy is not None and tuple(gy.shape) != (b, h * dv, ho, wo):
+        raise ValueError(f"{name}: gy must be the output's gradient {[b, h * dv, ho, wo]}, got {list(gy.shape)}")
 
 
 class Tiled(Backend):

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ..execution import BackendUnusable
 from .backends import Call
-from .fused import Tiled
+from .fused import Tiled, check_kernel_arguments
 from .plain_ops import operator_content_grads, operator_content_term
 from .plan import SMALL_CALL
 
@@ -670,6 +670,7 @@ def forward(q: Tensor, v: Tensor, table: Tensor, step: int, content: Optional[Te
     lambda ``[B, C, V]`` (inside the tensor-core kernel's accumulators). ``fused``: the tensor-core kernel computes
     its logits (default :func:`_fuses`; the plan's tiling); ``sms``: the multiprocessors the tiles are chosen for
     (default the GPU's; off a GPU none: full-grid tiles, :func:`tc_launch_meta`)."""
+    check_kernel_arguments('tiled_triton.forward', q, v, table, step, content)
     b, h, c, ho, wo, u, kh, kw, dv, height, width, acc, k = _meta(q, v, table)
     q, v, table = q.contiguous(), v.contiguous(), table.contiguous()
     y = q.new_empty(b, h * dv, ho, wo)
@@ -708,6 +709,7 @@ def backward(gy: Tensor, q: Tensor, v: Tensor, table: Tensor, step: int, content
     and the content lambda (an empty tensor without one). The content term's ``dq`` enters the GEMM that gives the
     position term's (one launch fewer), or at stride 1 the logit-gradient kernel adds the position term's to it; its
     ``dcontent`` is one matmul."""
+    check_kernel_arguments('tiled_triton.backward', q, v, table, step, content, gy)
     b, h, c, ho, wo, u, kh, kw, dv, height, width, acc, k = _meta(q, v, table)
     q, v, table, gy = q.contiguous(), v.contiguous(), table.contiguous(), gy.contiguous()
     gq, gv = torch.empty_like(q), torch.empty_like(v)
