@@ -24,6 +24,21 @@ def load_file(path, name: str):
     return module
 
 
+def require_triton():
+    """Skip without Triton, or fail with TIMM_LAMBDA_REQUIRE_TRITON=1 (CI: the interpreted runs are its only run of
+    the GPU kernels, and must not skip there)."""
+    import pytest
+
+    from timm_lambda._env import env
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        if env('TIMM_LAMBDA_REQUIRE_TRITON'):
+            pytest.fail(f'TIMM_LAMBDA_REQUIRE_TRITON=1, but Triton does not import ({e}): the GPU kernels go untested')
+        pytest.skip('Triton is not installed (it comes with torch on Linux x86-64); TIMM_LAMBDA_REQUIRE_TRITON=1 '
+                    'makes this an error')
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """The largest absolute difference relative to the largest entry of the reference ``b``, in float64."""
     return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()

@@ -28,11 +28,13 @@ def hook_kernels() -> None:
             continue
         _HOOKED.add(id(kernel))
         name = '_' + key
+        arg_names = list(getattr(kernel, 'arg_names', []))
 
-        def hook(*args, _name=name, **kwargs):
-            full = _name + ('+logit_grad' if kwargs.get('LOGIT_GRAD') else '')
+        def hook(*args, _name=name, _names=arg_names, **kwargs):
+            meta = dict(zip(_names, args), **kwargs)  # (every argument by its name: STEP, FUSED, the tiles)
+            full = _name + ('+logit_grad' if meta.get('LOGIT_GRAD') else '')
             LAUNCHES[full] += 1
-            METAS.append((full, kwargs))
+            METAS.append((full, meta))
         kernel.add_pre_run_hook(hook)
 
 
@@ -54,8 +56,10 @@ class Directions:
         self.forward = collections.Counter(LAUNCHES) - self.start
         self.middle = collections.Counter(LAUNCHES)
 
-    def check(self, backend: str, stride: int, label: str = '', backward: bool = True):
-        """Assert that the forward (and the backward) launched ``backend``'s kernels; returns both counts."""
+    def check(self, backend: str, stride: int, label: str = '', backward: bool = True, chunks: dict = None):
+        """Assert that the forward (and the backward) launched ``backend``'s kernels, each at least
+        ``chunks[direction]`` times (the chunks of images a direction's wrappers launch one by one: a chunk that ran
+        another path leaves its kernels short); returns both counts."""
         assert self.forward is not None, 'forward_done() was not called'
         launched = dict(forward=self.forward, backward=collections.Counter(LAUNCHES) - self.middle)
         expected = EXPECTED[backend]
@@ -63,6 +67,10 @@ class Directions:
             missing = expected[direction] - set(launched[direction])
             assert not missing, (f'{label} stride {stride}: the {direction} did not launch {sorted(missing)} '
                                  f'(launched {dict(launched[direction])}): it ran another path')
+            need = (chunks or {}).get(direction, 1)
+            short = {k: launched[direction][k] for k in expected[direction] if launched[direction][k] < need}
+            assert not short, (f'{label} stride {stride}: the {direction} launched {short} for {need} chunks: a '
+                               'chunk ran another path')
         wrong = expected['backward'] & set(launched['forward'])
         assert not wrong, f'{label} stride {stride}: the forward launched backward kernels {sorted(wrong)}'
         return launched

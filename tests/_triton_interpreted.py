@@ -14,8 +14,11 @@ Arguments, one run each:
   a 16-bit or TF32 computation is not; ``bfloat16`` / ``float16``: rounded as a matmul in that dtype
   (:func:`_sixteen_bit.check_rounding`).
 
-A suffix ``@y<n>`` runs the tensor-core kernels with ``n`` output rows a program (``BLOCK_Y``; otherwise the
-wrappers' default, ``tiled_triton.tc_launch_meta``), e.g. ``tc:float32:1@y4``: a row count that does not divide the
+A suffix ``@patched`` or ``@pooled`` (``f32:`` and float64 runs at stride 2) forces the layer's stride-2 way
+(``fused.patched``): the kernels on the queries' 3x3 patches at step 2, or at step 1 on the full map pooled after
+(asserted of every launch); every run with one image a chunk checks that each direction launched its kernels for
+every chunk. A suffix ``@y<n>`` runs the tensor-core kernels with ``n`` output rows a program (``BLOCK_Y``; otherwise
+the wrappers' default, ``tiled_triton.tc_launch_meta``), e.g. ``tc:float32:1@y4``: a row count that does not divide the
 map's checks the last program's rows. A suffix ``@sm<n>`` launches them as on a GPU of ``n`` multiprocessors
 (``tiled_triton.sm_count``; off a GPU: none, the tiles of a full grid), e.g. ``tc:bfloat16:2@sm100000``: every grid
 smaller than that, so the fewest output rows and value-gradient channels a program (``tc_launch_meta``'s small-grid
@@ -41,7 +44,9 @@ from _kernel_op import kernel_call  # noqa: E402
 from _launches import Directions  # noqa: E402
 from reference import position_term_reference  # noqa: E402
 from timm_lambda.layers import position_lambda as PL  # noqa: E402
-from timm_lambda.layers.position_lambda import tiled_triton  # noqa: E402
+from timm_lambda.layers.position_lambda import fused, tiled_triton  # noqa: E402
+
+_patched = fused.patched
 
 PL.set_backend('triton_tc', strict=True)  # a kernel that fails raises (no other backend's answer)
 # torch fills what it allocates uninitialised with NaN here (torch.utils.deterministic.fill_uninitialized_memory): an
@@ -51,11 +56,13 @@ assert torch.utils.deterministic.fill_uninitialized_memory
 torch.backends.cuda.matmul.allow_tf32 = False  # float32: the exact tl.dot
 
 
-def float64_run(run, index, with_content, dtype=torch.float64):
+def float64_run(run, index, with_content, dtype=torch.float64, variant=''):
     case = CASES[index]
-    _, hh, ww, _, k, _, dv, scope, stride, cip, _ = case
-    tiled_triton.CHUNK_ELEMENTS = 1 if run % 2 else 1 << 27  # one image a chunk, or all in one
-    PL.set_backend('triton_fma' if dtype == torch.float64 else 'triton_tc')  # (the plans made anew: they read it)
+    b, hh, ww, _, k, _, dv, scope, stride, cip, _ = case
+    one_image = bool(run % 2)
+    tiled_triton.CHUNK_ELEMENTS = 1 if one_image else 1 << 27  # one image a chunk, or all in one
+    fused.patched = _patched if not variant else (lambda *a: variant == 'patched')  # the stride-2 way, forced
+    PL.set_backend('triton_fma' if dtype == torch.float64 else 'triton_tc')  # (the plans made anew: they read them)
     q, v, table = _inputs(case)
     leaves = [q, v, table]
     content = None
@@ -74,15 +81,21 @@ def float64_run(run, index, with_content, dtype=torch.float64):
     y = y.reshape(ref.shape)
     g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=ref.dtype)
     got = [y] + list(torch.autograd.grad(y, low, g.to(dtype)))
-    directions.check(PL.get_backend(), stride, IDS[index])  # each direction ran its own kernels
+    forward_fused = any(m.get('FUSED') and not m.get('LOGIT_GRAD') for _, m in _launches.METAS)
+    chunks = dict(forward=1 if forward_fused or not one_image else b, backward=b if one_image else 1)
+    directions.check(PL.get_backend(), stride, IDS[index], chunks=chunks)  # each direction (and chunk) its kernels
+    if variant:  # the stride-2 way taken: the kernels at step 2 on the queries' patches, or at step 1 pooled after
+        steps = {m['STEP'] for _, m in _launches.METAS}
+        assert steps == {2 if variant == 'patched' else 1}, (variant, steps)
     want = [ref] + list(torch.autograd.grad(ref, leaves, g))
     if dtype == torch.float64:
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
-        return f'{IDS[index]} content={with_content}: equal'
+        return f'{IDS[index]} content={with_content}{" " + variant if variant else ""}: equal'
     errs = [((a.double() - b).norm() / b.norm()).item() for a, b in zip(got, want)]
     assert all(a.dtype == dtype for a in got) and max(errs) < 1e-5, errs
-    return f'{IDS[index]} content={with_content} {dtype}: ' + ', '.join(f'{e:.1e}' for e in errs)
+    return (f'{IDS[index]} content={with_content}{" " + variant if variant else ""} {dtype}: '
+            + ', '.join(f'{e:.1e}' for e in errs))
 
 
 def tensor_core_run(dtype, index):
@@ -122,6 +135,7 @@ for run, arg in enumerate(runs):
     PL.served_backends(reset=True)
     arg, _, sms = arg.partition('@sm')
     arg, _, rows = arg.partition('@y')
+    arg, _, variant = arg.partition('@')  # '@patched' / '@pooled': the stride-2 way forced (f32 and float64 runs)
     tiled_triton.tc_launch_meta = rows_a_program(int(rows)) if rows else launch_meta
     tiled_triton.sm_count = (lambda device, n=int(sms): n) if sms else sm_count
     if arg.startswith('tc:'):
@@ -129,9 +143,9 @@ for run, arg in enumerate(runs):
         line = tensor_core_run(getattr(torch, dtype), int(index))
     elif arg.startswith('f32:'):
         index = arg[4:]
-        line = float64_run(run, int(index.rstrip('c')), index.endswith('c'), torch.float32)
+        line = float64_run(run, int(index.rstrip('c')), index.endswith('c'), torch.float32, variant)
     else:
-        line = float64_run(run, int(arg.rstrip('c')), arg.endswith('c'))
+        line = float64_run(run, int(arg.rstrip('c')), arg.endswith('c'), variant=variant)
     launched = [meta for _, meta in _launches.METAS if 'WIDEN' in meta]  # the tensor-core launches' constants
     stride = (SB.SIXTEEN_BIT_CASES if arg.startswith('tc:') else CASES)[int(arg.split(':')[-1].rstrip('c'))][8]
     if arg.startswith(('tc:', 'f32:')) and stride == 1:  # forward and logit gradient (with dq) fused

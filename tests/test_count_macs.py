@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-import pytest
+from _helpers import require_triton
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, 'tools', 'count_macs.py')
@@ -18,7 +18,7 @@ def test_formula_equals_the_interpreted_kernels_count():
     """Stride 1 (the kernels compute their logits) and 2 (GEMMs do), bfloat16 and TF32 tiles, |u| 2, a small grid as
     on a GPU, one image a chunk, |v| over 128: every dot site's multiply-adds and every kernel's launches and programs
     equal. About 30 s on 2 shared cores."""
-    pytest.importorskip('triton')
+    require_triton()
     env = dict(os.environ, TRITON_INTERPRET='1', PYTHONPATH=os.pathsep.join(
         [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
     out = subprocess.run([sys.executable, TOOL, '--check'], env=env, capture_output=True, text=True, timeout=600)

@@ -5,6 +5,7 @@ another path, or a forward that launched backward kernels; and the launches it r
 import pytest
 
 import _launches
+from _helpers import require_triton
 from _launches import Directions
 
 
@@ -15,7 +16,7 @@ def _launch(*names):
 
 @pytest.mark.parametrize('stride', [1, 2])
 def test_each_direction_must_launch_its_own_kernels(stride, monkeypatch):
-    pytest.importorskip('triton')
+    require_triton()
     monkeypatch.setattr(_launches, 'LAUNCHES', type(_launches.LAUNCHES)())
     backward = ('_tc_rows+logit_grad', '_tc_value_grad')
 
@@ -50,7 +51,7 @@ def test_each_direction_must_launch_its_own_kernels(stride, monkeypatch):
 def test_launches_are_seen_through_tritons_hooks_by_kernel_and_variant(monkeypatch):
     """A launch of a kernel of ``tiled_triton.kernels()`` reaches the hooks with its constants: counted under the
     kernel's name, the rows kernel's logit-gradient variant apart; the product keeps no count of its own."""
-    pytest.importorskip('triton')
+    require_triton()
     from timm_lambda.layers.position_lambda import tiled_triton
     monkeypatch.setattr(_launches, 'LAUNCHES', type(_launches.LAUNCHES)())
     _launches.hook_kernels()

@@ -14,6 +14,7 @@ import warnings
 import pytest
 import torch
 
+from _helpers import require_triton
 from timm_lambda.layers import LambdaLayer
 from timm_lambda.layers import position_lambda as PL
 from timm_lambda.layers.position_lambda import cpu_kernel
@@ -62,7 +63,7 @@ def test_inconsistent_calls_on_the_triton_backends_interpreted():
     """triton_tc (float32) and triton_fma (float64) under Triton's interpreter, 46 calls each (the operators and the
     wrappers' own entry points): the same contract (the errors before any launch; the valid calls' kernels
     interpreted)."""
-    pytest.importorskip('triton')
+    require_triton()
     rows, _ = _fuzz(['triton_tc', 'triton_fma'], 46, dict(TRITON_INTERPRET='1'))
     bad = _verdicts(rows)
     assert not bad, bad[:5]

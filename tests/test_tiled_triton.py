@@ -9,22 +9,9 @@ import types
 
 import pytest
 
-from _helpers import load_file
-from timm_lambda._env import env
+from _helpers import load_file, require_triton
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _require_triton():
-    """Skip without Triton, or fail with TIMM_LAMBDA_REQUIRE_TRITON=1 (CI: these tests are its only run of the GPU
-    kernels, under Triton's interpreter, and must not skip there)."""
-    try:
-        import triton  # noqa: F401
-    except ImportError as e:
-        if env('TIMM_LAMBDA_REQUIRE_TRITON'):
-            pytest.fail(f'TIMM_LAMBDA_REQUIRE_TRITON=1, but Triton does not import ({e}): the GPU kernels go untested')
-        pytest.skip('Triton is not installed (it comes with torch on Linux x86-64); TIMM_LAMBDA_REQUIRE_TRITON=1 '
-                    'makes this an error')
 
 
 def test_triton_required_and_missing_fails_not_skips(monkeypatch):
@@ -32,14 +19,14 @@ def test_triton_required_and_missing_fails_not_skips(monkeypatch):
     monkeypatch.setitem(sys.modules, 'triton', None)  # import triton raises ImportError
     monkeypatch.setenv('TIMM_LAMBDA_REQUIRE_TRITON', '1')
     with pytest.raises(pytest.fail.Exception, match='TIMM_LAMBDA_REQUIRE_TRITON=1, but Triton does not import'):
-        _require_triton()
+        require_triton()
     monkeypatch.setenv('TIMM_LAMBDA_REQUIRE_TRITON', '0')
     with pytest.raises(pytest.skip.Exception):
-        _require_triton()
+        require_triton()
 
 
 def _interpreted(runs):
-    _require_triton()
+    require_triton()
     env = dict(os.environ, TRITON_INTERPRET='1', PYTHONPATH=os.pathsep.join(
         [ROOT] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]))
     out = subprocess.run([sys.executable, os.path.join(ROOT, 'tests', '_triton_interpreted.py')] + runs, env=env,
@@ -50,10 +37,11 @@ def _interpreted(runs):
 
 @pytest.mark.slow
 def test_cuda_core_kernels_interpreted_equal_the_reference_in_float64():
-    """float64 (the CUDA-core kernels): stride 1 and 2, |u| 1 and 2, a local and a global scope, 5 heads and |v| = 43
-    (not powers of 2), with and without a content lambda, one and several images a chunk (four small cases: about
-    40 s; every case of tests/_cases.py takes the interpreter over 12 minutes)."""
-    _interpreted(['0', '6c', '9c', '10c'])
+    """float64 (the CUDA-core kernels): stride 1 and 2 (both ways: on the queries' patches and pooled after, through
+    the layer's entry point), |u| 1 and 2, a local and a global scope, 5 heads and |v| = 43 (not powers of 2), with
+    and without a content lambda, one and several images a chunk, every chunk's kernels counted (five small cases:
+    about 45 s; every case of tests/_cases.py takes the interpreter over 12 minutes)."""
+    _interpreted(['0', '6c', '9c', '10c', '9c@patched'])
 
 
 @pytest.mark.slow
@@ -62,12 +50,14 @@ def test_tensor_core_kernels_interpreted_round_as_they_claim():
     float64 reference (exact float32 products) through the layer's entry point (stride 2 with ``count_include_pad``,
     a global scope with a content lambda, batch 1 at the 23x23 scope) and the operator; bfloat16 and float16 rounded
     as a matmul in that dtype, not as float32 (scopes 23, 25 (stride 2's pooled table), 7 and 5; |u| 2; 5 heads;
+    the layer at stride 2 both ways, on the queries' patches and pooled after, every direction;
     |v| 43; batch 1 and 2; with and without the content lambda); three of them with 2 and 4 output rows a program
     (``BLOCK_Y``, the tune tool's alternatives), 4 not dividing the map's rows; one launched as on a GPU with more
     multiprocessors than any of its grids has programs (``@sm``: the small-grid rule's one output row and 32 value
     channels a program, four channel blocks at |v| 128, asserted of every launch)."""
     _interpreted(['f32:3', 'f32:5c', 'f32:4', 'tc:float32:1', 'tc:bfloat16:0', 'tc:bfloat16:2', 'tc:float16:1',
-                  'tc:float16:3', 'f32:3@y4', 'tc:float32:1@y4', 'tc:bfloat16:0@y2', 'tc:bfloat16:2@sm100000'])
+                  'tc:float16:3', 'f32:3@y4', 'tc:float32:1@y4', 'tc:bfloat16:0@y2', 'tc:bfloat16:2@sm100000',
+                  'f32:9c@patched', 'f32:8@pooled'])
 
 
 def _programs(meta, images, height, width, ho, wo, dv, u=1):
@@ -114,7 +104,7 @@ def test_the_table_runs_triton_on_cuda_tensor_cores_first_and_cuda_cores_for_sma
     float64 triton_fma, on calls of at most 4096 queries and maps no larger than the scope, the gemm backend elsewhere
     (measured on an H200); neither for CPU tensors (outside Triton's interpreter); a chosen backend serves whatever it
     can compute and raises, with the table's reason, where it cannot."""
-    _require_triton()
+    require_triton()
     import torch
 
     from timm_lambda.layers.position_lambda import backends
@@ -242,7 +232,7 @@ def test_tensor_core_kernels_compile_for_sm90_with_wgmma_no_spills_two_programs_
     1) with asynchronous copies (``cp.async``) at the three shapes (the odd one's 13-wide rows are not 4-byte
     aligned). Not asserted: the TF32 rows and logit gradient keep one stage (no ``cp.async``), as run 5 measured
     faster (tiled_triton.tc_launch_meta)."""
-    _require_triton()
+    require_triton()
     rows = _SM90.report([shape])
     assert {(r['dtype'], r['precision']) for r in rows} >= {('bf16', 'ieee'), ('fp16', 'ieee'), ('fp32', 'tf32')}
     for r in rows:
@@ -263,7 +253,7 @@ def test_only_cannot_run_here_errors_at_the_first_launch_hand_the_call_on(monkey
     strict mode): no driver, no C compiler, no assembler, a kernel that this Triton cannot compile or this GPU cannot
     hold (``OutOfResources``). A kernel fault (an illegal address, a device-side assert), running out of memory and
     any other error propagate as they are, at the first launch too."""
-    _require_triton()
+    require_triton()
     import subprocess
 
     import torch

@@ -37,6 +37,15 @@ def _steps(module, x, train: bool):
     return step if train else forward
 
 
+def _lambda_layer(*args, form: str, **kwargs):
+    """``LambdaLayer(..., form=form)``; ``impl=`` for a version of the package before ``form`` (``PYTHONPATH`` of an
+    older checkout: the numbers before a change)."""
+    try:
+        return LambdaLayer(*args, form=form, **kwargs)
+    except TypeError:
+        return LambdaLayer(*args, impl=form, **kwargs)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--backend', default='cpu_kernel', help="the position lambdas' backend (set_backend)")
@@ -52,7 +61,7 @@ def main(argv=None):
     for stride in (1, 2):
         x = torch.randn(1, 16, 4, 4, requires_grad=True)
         candidates = {'conv': torch.nn.Conv2d(16, 16, 3, stride, 1, bias=False),
-                      'lambda': LambdaLayer(16, dim_k=16, heads=4, scope=23, form='tiled', stride=stride)}
+                      'lambda': _lambda_layer(16, dim_k=16, heads=4, scope=23, form='tiled', stride=stride)}
         folded = copy.deepcopy(candidates['lambda'])
         folded.reparameterize()  # the norms folded into the projection (timm's reparameterize_model)
         for mode in ('train', 'eval'):
