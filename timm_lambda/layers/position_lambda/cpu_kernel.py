@@ -53,7 +53,7 @@ __all__ = ['forward', 'backward', 'native', 'compute_dtype', 'build', 'load', 'u
 _logger = logging.getLogger(__name__)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_SOURCES = [os.path.join(_HERE, name) for name in ('tiled_cpu.cpp', 'tiled_cpu_bf16.cpp')]
+_SOURCES = [os.path.join(_HERE, name) for name in ('tiled_cpu.cpp', 'tiled_cpu_bf16.cpp', 'tiled_cpu_brgemm.cpp')]
 _HEADER = os.path.join(_HERE, 'tiled_cpu.h')
 _CFLAGS = ['-O3', '-march=native', '-fopenmp']  # '-march=' + arch() in place of native (_cflags)
 ARCH_ENV = 'TIMM_LAMBDA_CPU_ARCH'
