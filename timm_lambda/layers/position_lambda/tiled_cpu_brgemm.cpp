@@ -43,14 +43,19 @@ inline void mm(int64_t M, int64_t N, int64_t K, const u16* A, int64_t lda, const
                               reinterpret_cast<const at::BFloat16*>(B), C, true);
 }
 
-// dst[i] = bfloat16(src[i]) (round to nearest even), i < n
-inline void to_bf16(const float* src, u16* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
-  if (i < n) {
-    const __mmask16 k = __mmask16((1u << (n - i)) - 1);
-    _mm256_mask_storeu_epi16(dst + i, k, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(k, src + i)));
+// dst[i ds + e] = bfloat16(src[i ss + e]) (round to nearest even), e < n, i < rows: 32 at a time, the last 32
+// masked (reads and writes nothing past the n of a row)
+inline void segments_to_bf16(const float* src, int64_t ss, u16* dst, int64_t ds, int64_t n, int64_t rows) {
+  const int64_t full = n / 32 * 32, tail = n - full;
+  const __mmask32 k = __mmask32((uint64_t(1) << tail) - 1);
+  const __mmask16 lo = __mmask16(k & 0xffff), hi = __mmask16(k >> 16);
+  for (int64_t i = 0; i < rows; ++i, src += ss, dst += ds) {
+    for (int64_t e = 0; e < full; e += 32)
+      _mm512_storeu_si512(dst + e,
+                          (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + e + 16), _mm512_loadu_ps(src + e)));
+    if (tail)
+      _mm512_mask_storeu_epi16(dst + full, k, (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(hi, src + full + 16),
+                                                                          _mm512_maskz_loadu_ps(lo, src + full)));
   }
 }
 
@@ -73,6 +78,41 @@ inline void interleave(const u16* a, const u16* b, u16* out, int64_t n) {
   }
 }
 
+// dst[c ld_d + r] = src[r ld_s + c], r < rows, c < cols (16-bit elements): 8 rows x 32 columns at a time as four
+// 8 x 8 transposes in the 128-bit lanes (three rounds of unpacks), the rest one by one
+inline void transpose16(const u16* src, int64_t ld_s, int64_t rows, int64_t cols, u16* dst, int64_t ld_d) {
+  int64_t r0 = 0;
+  for (; r0 + 8 <= rows; r0 += 8)
+    for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+      const int64_t n = std::min<int64_t>(32, cols - c0);
+      const __mmask32 k = __mmask32((uint64_t(1) << n) - 1);
+      __m512i x[8], y[8];
+      for (int i = 0; i < 8; ++i) x[i] = _mm512_maskz_loadu_epi16(k, src + (r0 + i) * ld_s + c0);
+      for (int i = 0; i < 8; i += 2) {  // pairs of rows by 16 bits
+        y[i] = _mm512_unpacklo_epi16(x[i], x[i + 1]);
+        y[i + 1] = _mm512_unpackhi_epi16(x[i], x[i + 1]);
+      }
+      for (int i = 0; i < 8; i += 4)  // quads by 32 bits: y0 y2 -> columns 0-1, 2-3; y1 y3 -> 4-5, 6-7
+        for (int j = 0; j < 2; ++j) {
+          x[i + 2 * j] = _mm512_unpacklo_epi32(y[i + j], y[i + j + 2]);
+          x[i + 2 * j + 1] = _mm512_unpackhi_epi32(y[i + j], y[i + j + 2]);
+        }
+      for (int i = 0; i < 4; ++i) {  // rows 0-3 and 4-7 by 64 bits: column 2 i, 2 i + 1 of each lane
+        y[2 * i] = _mm512_unpacklo_epi64(x[i], x[i + 4]);
+        y[2 * i + 1] = _mm512_unpackhi_epi64(x[i], x[i + 4]);
+      }
+      // y[c] lane L: column c0 + 8 L + c of the 8 rows
+      for (int c = 0; c < 8; ++c) {
+        const __m128i lane[4] = {_mm512_extracti32x4_epi32(y[c], 0), _mm512_extracti32x4_epi32(y[c], 1),
+                                 _mm512_extracti32x4_epi32(y[c], 2), _mm512_extracti32x4_epi32(y[c], 3)};
+        for (int L = 0; L < 4 && 8 * L + c < n; ++L)
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (c0 + 8 * L + c) * ld_d + r0), lane[L]);
+      }
+    }
+  for (int64_t r = r0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ld_d + r] = src[r * ld_s + c];
+}
+
 // The blocking of a call: blocks of R query rows x nq queries (all heads), the value strips (the Wb columns from
 // s nq i of every padded value row: padded row p is image row p - y_lo, padded column image column + x_lo)
 struct Geo {
@@ -87,10 +127,11 @@ struct Geo {
     U = table.size(1); KH = table.size(2); KW = table.size(3); CV = v.size(1); V = CV / U; Hh = v.size(2);
     Ww = v.size(3); s = step; y_lo = (KH - 1) / 2; x_lo = (KW - 1) / 2; Rn = U * KH * KW;
     Cp = round_up(C, 2); Vp = round_up(V, 2); Rnp = round_up(Rn, 32);
-    // the band as close to 32 columns (one AMX tile's depth) as the scope allows: K_w / Wb of the aggregation is work
-    nq = std::max<int64_t>(2, std::min<int64_t>(16, ((32 - KW) / s + 1) / 2 * 2));
-    nq = std::min(nq, round_up(Wo, 2));
-    R = std::max<int64_t>(1, std::min(Ho, 128 / (H * nq)));
+    // a block's K_h K_w / (KR Wb) of its aggregation is work, the rest zeros: 8 queries x 4 rows of 4 heads at stride
+    // 1 (23 / 30 of the band's columns and 23 / 26 of its rows at a 23 x 23 scope), 4 x 4 at stride 2 (25 / 32 and
+    // 25 / 31 at the patched 25 x 25), M = 128 and 64
+    nq = std::min<int64_t>(s == 1 ? 8 : 4, round_up(Wo, 2));
+    R = std::max<int64_t>(1, std::min(Ho, 128 / s / (H * nq)));
     if (block.size() == 2 && block[0] > 0) nq = round_up(block[0], 2);
     if (block.size() == 2 && block[1] > 0) R = block[1];
     M = R * H * nq;  // even: nq is
@@ -182,37 +223,94 @@ torch::Tensor channels_last(const torch::Tensor& v) {
   return out;
 }
 
-// x [rows, cols] bfloat16 (a matrix of any strides) as a B operand VNNI over its rows: [ceil(rows / 2), cols, 2],
-// rows past x's zero (rows_p: rows rounded up to even); on the calling thread (tables and content lambdas: small)
-torch::Tensor vnni_rows(const torch::Tensor& x, int64_t rows_p) {
-  auto t = torch::zeros({rows_p, x.size(1)}, x.options());
-  t.narrow(0, 0, x.size(0)).copy_(x);
-  return t.view({rows_p / 2, 2, x.size(1)}).transpose(1, 2).contiguous();
+// x [n, rows, cols] bfloat16 (any strides) as n B operands VNNI over their rows: [n, rows_p / 2, cols_p, 2], zero
+// past x's rows and columns (rows_p even); on the calling thread, one pass (tables and content lambdas: small; ATen's
+// permuted copy of a 8 x 529 x 2 table took 0.4 ms)
+torch::Tensor vnni_rows(const torch::Tensor& x, int64_t rows_p, int64_t cols_p) {
+  const int64_t n = x.size(0), rows = x.size(1), cols = x.size(2);
+  const int64_t s0 = x.stride(0), s1 = x.stride(1), s2 = x.stride(2);
+  auto out = torch::empty({n, rows_p / 2, cols_p, 2}, x.options());
+  const u16* src = reinterpret_cast<const u16*>(x.data_ptr<at::BFloat16>());
+  u16* dst = reinterpret_cast<u16*>(out.data_ptr<at::BFloat16>());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t r = 0; r < rows_p; ++r) {
+      u16* d = dst + (i * rows_p / 2 + r / 2) * cols_p * 2 + r % 2;
+      const u16* row = src + i * s0 + r * s1;
+      const int64_t valid = r < rows ? cols : 0;
+      for (int64_t c = 0; c < valid; ++c) d[2 * c] = row[c * s2];
+      for (int64_t c = valid; c < cols_p; ++c) d[2 * c] = 0;
+    }
+  return out;
 }
 
-// The per-block operands a thread reuses: the queries [M, Cp] (A of the logits and the content), the logits
-// [M, Rnp] in float32, the band of each |u| [U, M, Kb] bfloat16 (zero outside each query's segments), the block's
-// output [M, V] in float32
-struct Block {
+// A map x [B, h, n, Ho, Wo] (contiguous) as its blocks' transposes, [B, NRB, n, NS M + 32]: block (b, rb, sx) is
+// xT[c, m] = x[b, h, c, oy0 + r, ox0 + qx] at (b, rb, c, sx M + m) (m = (r h + h') nq + qx, oy0 = R rb, ox0 = nq sx;
+// 0 past the map), rows ld() apart. Made and read back in one pass over the map's rows on all threads, a map row's
+// runs side by side (gathered block by block, the 16-byte runs of a block's n h R map rows, 8 KiB apart at 64 x 64,
+// evict each other from the cache: 3x the time); rows a cache line longer than NS M (a multiple of 4 KiB at 64 x 64,
+// whose rows would share the sets of the L1 cache in the GEMMs' tile loads).
+struct Blocks {
   const Geo& g;
-  std::vector<u16> Q, Lb;
-  std::vector<float> L;
-  explicit Block(const Geo& geo)
-      : g(geo), Q(g.M * g.Cp, 0), Lb(g.U * g.M * g.Kb, 0), L(g.M * g.Rnp) {}
-  // Q[m, c] = q[b, h, c, oy0 + r, ox0 + qx] (m = (r H + h) nq + qx; 0 past the map)
-  void queries(const u16* q, int64_t b, int64_t oy0, int64_t ox0) {
-    const int64_t P = g.Ho * g.Wo, nqv = std::min(g.nq, g.Wo - ox0);
-    for (int64_t r = 0; r < g.R; ++r) {
-      const bool in = oy0 + r < g.Ho;
-      for (int64_t h = 0; h < g.H; ++h) {
-        u16* dst = Q.data() + (r * g.H + h) * g.nq * g.Cp;
-        if (!in) { std::memset(dst, 0, g.nq * g.Cp * sizeof(u16)); continue; }
-        const u16* src = q + ((b * g.H + h) * g.C) * P + (oy0 + r) * g.Wo + ox0;
-        for (int64_t c = 0; c < g.C; ++c)
-          for (int64_t qx = 0; qx < nqv; ++qx) dst[qx * g.Cp + c] = src[c * P + qx];
-        for (int64_t qx = nqv; qx < g.nq; ++qx) std::memset(dst + qx * g.Cp, 0, g.C * sizeof(u16));
+  int64_t n;
+  int64_t ld() const { return g.NS * g.M + 32; }
+  int64_t size() const { return g.B * g.NRB * n * ld(); }
+  int64_t at(int64_t b, int64_t rb, int64_t sx) const { return (b * g.NRB + rb) * n * ld() + sx * g.M; }
+  int64_t at(int64_t i) const { return at(i / (g.NS * g.NRB), i / g.NS % g.NRB, i % g.NS); }  // block i: (b, rb, sx)
+};
+
+torch::Tensor to_blocks(const Geo& g, const torch::Tensor& x, int64_t n) {
+  const Blocks bl{g, n};
+  auto out = torch::empty({bl.size()}, x.options());
+  const u16* src = reinterpret_cast<const u16*>(x.data_ptr<at::BFloat16>());
+  u16* dst = reinterpret_cast<u16*>(out.data_ptr<at::BFloat16>());
+  at::parallel_for(0, g.B * g.H * n * g.NRB, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t rb = i % g.NRB, c = i / g.NRB % n, h = i / (g.NRB * n) % g.H, b = i / (g.NRB * n * g.H);
+      for (int64_t r = 0; r < g.R; ++r) {
+        const int64_t oy = rb * g.R + r;
+        const u16* row = src + ((b * g.H + h) * n + c) * g.Ho * g.Wo + oy * g.Wo;
+        for (int64_t sx = 0; sx < g.NS; ++sx) {
+          u16* d = dst + bl.at(b, rb, sx) + c * bl.ld() + (r * g.H + h) * g.nq;
+          const int64_t valid = oy < g.Ho ? std::min(g.nq, g.Wo - sx * g.nq) : 0;
+          for (int64_t qx = 0; qx < valid; ++qx) d[qx] = row[sx * g.nq + qx];
+          for (int64_t qx = valid; qx < g.nq; ++qx) d[qx] = 0;
+        }
       }
     }
+  });
+  return out;
+}
+
+// x [B, h, n, Ho, Wo] from its blocks' transposes (to_blocks' layout), on all threads
+void from_blocks(const Geo& g, const u16* blocks, int64_t n, u16* x) {
+  const Blocks bl{g, n};
+  at::parallel_for(0, g.B * g.H * n * g.NRB, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t rb = i % g.NRB, c = i / g.NRB % n, h = i / (g.NRB * n) % g.H, b = i / (g.NRB * n * g.H);
+      for (int64_t r = 0; r < g.R && rb * g.R + r < g.Ho; ++r) {
+        u16* row = x + ((b * g.H + h) * n + c) * g.Ho * g.Wo + (rb * g.R + r) * g.Wo;
+        for (int64_t sx = 0; sx < g.NS; ++sx) {
+          const u16* s = blocks + bl.at(b, rb, sx) + c * bl.ld() + (r * g.H + h) * g.nq;
+          const int64_t valid = std::min(g.nq, g.Wo - sx * g.nq);
+          for (int64_t qx = 0; qx < valid; ++qx) row[sx * g.nq + qx] = s[qx];
+        }
+      }
+    }
+  });
+}
+
+// The per-block operands a thread reuses: the queries [M, Cp] (A of the logits; QT [C, M], to_blocks', A of dR),
+// the logits [M, Rnp] in float32, the band of each |u| [U, M, Kb] bfloat16 (zero outside each query's segments)
+struct Block {
+  const Geo& g;
+  const u16* QT = nullptr;
+  std::vector<u16> Q, Lb;
+  std::vector<float> L;
+  explicit Block(const Geo& geo) : g(geo), Q(g.M * g.Cp, 0), Lb(g.U * g.M * g.Kb, 0), L(g.M * g.Rnp) {}
+  // block i's queries (from their blocks, to_blocks: rows ld apart)
+  void queries(const u16* qb, int64_t i, int64_t ld) {
+    QT = qb + Blocks{g, g.C}.at(i);
+    transpose16(QT, ld, g.C, g.M, Q.data(), g.Cp);
   }
   // the logits L = Q R and each |u|'s band: Lb[u, m, (s r + ky) Wb + s qx + kx] = bfloat16(L[m, (u, ky, kx)])
   void logits(const u16* RV) {
@@ -222,7 +320,7 @@ struct Block {
         const int64_t r = m / (g.H * g.nq), qx = m % g.nq;
         u16* dst = Lb.data() + (u * g.M + m) * g.Kb + g.s * r * g.Wb + g.s * qx;
         const float* src = L.data() + m * g.Rnp + u * g.KH * g.KW;
-        for (int64_t ky = 0; ky < g.KH; ++ky) to_bf16(src + ky * g.KW, dst + ky * g.Wb, g.KW);
+        segments_to_bf16(src, g.KW, dst, g.Wb, g.KW, g.KH);
       }
   }
 };
@@ -254,12 +352,7 @@ std::pair<torch::Tensor, torch::Tensor> content_operands(const std::optional<tor
   TORCH_CHECK(lc.scalar_type() == torch::kBFloat16 && lc.dim() == 3 && lc.size(0) == g.B && lc.size(1) == g.C &&
                   lc.size(2) == g.V,
               "tiled_position_lambdas: content ", lc.sizes(), " is not bfloat16 [", g.B, ", ", g.C, ", ", g.V, "]");
-  std::vector<torch::Tensor> a, t;
-  for (int64_t b = 0; b < g.B; ++b) {
-    a.push_back(vnni_rows(lc[b], g.Cp));
-    if (transposed) t.push_back(vnni_rows(lc[b].t(), g.Vp));
-  }
-  return {torch::stack(a), transposed ? torch::stack(t) : torch::Tensor()};
+  return {vnni_rows(lc, g.Cp, g.V), transposed ? vnni_rows(lc.transpose(1, 2), g.Vp, g.C) : torch::Tensor()};
 }
 
 // brgemm_release on each thread that ran BRGEMM (the AMX tile configuration is per thread)
@@ -320,23 +413,26 @@ torch::Tensor tiled_forward_brgemm(torch::Tensor q, torch::Tensor v, torch::Tens
   const Geo g(q, v, table, step, block);
   auto y = torch::empty({g.B, g.H * g.V, g.Ho, g.Wo}, v.options());
   if (y.numel() == 0) return y;
-  auto RV = vnni_rows(table.reshape({g.C, g.Rn}), g.Cp);  // [Cp / 2, Rn, 2]
-  RV = torch::constant_pad_nd(RV, {0, 0, 0, g.Rnp - g.Rn}).contiguous();
+  auto RV = vnni_rows(table.reshape({1, g.C, g.Rn}), g.Cp, g.Rnp);  // [Cp / 2, Rnp, 2]
   const auto lc = content_operands(content, g, false).first;
-  auto F = forward_strips(g, channels_last(v));
-  const u16* qd = reinterpret_cast<const u16*>(q.data_ptr<at::BFloat16>());
+  auto vcl = channels_last(v);
+  auto F = forward_strips(g, vcl);
+  const Blocks qbl{g, g.C}, ybl{g, g.V};
+  auto qb = to_blocks(g, q, g.C), yb = torch::empty({ybl.size()}, v.options());
+  const u16* qd = reinterpret_cast<const u16*>(qb.data_ptr<at::BFloat16>());
+  u16* ybd = reinterpret_cast<u16*>(yb.data_ptr<at::BFloat16>());
   const u16* RVd = reinterpret_cast<const u16*>(RV.data_ptr<at::BFloat16>());
   const u16* Fd = reinterpret_cast<const u16*>(F.data_ptr<at::BFloat16>());
   const u16* lcd = lc.defined() ? reinterpret_cast<const u16*>(lc.data_ptr<at::BFloat16>()) : nullptr;
   u16* yd = reinterpret_cast<u16*>(y.data_ptr<at::BFloat16>());
-  const int64_t P = g.Ho * g.Wo;
   parallel_units(g.B * g.NRB * g.NS, [&](int64_t begin, int64_t end) {
     Block blk(g);
-    std::vector<float> out(g.M * g.V);
+    std::vector<float> out(g.M * g.V);  // the block's output [M, V], then in bfloat16 (transposed: yb's block)
+    std::vector<u16> out16(g.M * g.V);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t sx = i % g.NS, rb = i / g.NS % g.NRB, b = i / (g.NS * g.NRB);
-      const int64_t oy0 = rb * g.R, ox0 = sx * g.nq, ya = g.s * oy0;
-      blk.queries(qd, b, oy0, ox0);
+      const int64_t ya = g.s * g.R * rb;
+      blk.queries(qd, i, qbl.ld());
       blk.logits(RVd);
       bool add = false;
       if (lcd != nullptr) {
@@ -351,20 +447,16 @@ torch::Tensor tiled_forward_brgemm(torch::Tensor q, torch::Tensor v, torch::Tens
         add = true;
       }
       if (!add) std::fill(out.begin(), out.end(), 0.f);
-      const int64_t nqv = std::min(g.nq, g.Wo - ox0);
-      for (int64_t r = 0; r < g.R && oy0 + r < g.Ho; ++r)
-        for (int64_t h = 0; h < g.H; ++h)
-          for (int64_t j = 0; j < g.V; ++j) {
-            u16* dst = yd + (b * g.H * g.V + h * g.V + j) * P + (oy0 + r) * g.Wo + ox0;
-            const float* src = out.data() + ((r * g.H + h) * g.nq) * g.V + j;
-            for (int64_t qx = 0; qx < nqv; ++qx) dst[qx] = at::BFloat16(src[qx * g.V]).x;
-          }
+      segments_to_bf16(out.data(), g.V, out16.data(), g.V, g.V, g.M);
+      transpose16(out16.data(), g.V, g.M, g.V, ybd + ybl.at(i), ybl.ld());
     }
   });
+  from_blocks(g, ybd, g.V, yd);
   return y;
 }
 
-// gradients of tiled_forward_brgemm (gy, q, v, table, content bfloat16) in float32, laid out as the inputs
+// gradients of tiled_forward_brgemm (gy, q, v, table, content bfloat16) in bfloat16 (summed in float32, rounded once),
+// laid out as the inputs
 // (gcontent empty without a content lambda): per block the logits again, then per |u| the value gradients
 // gy^T band_u (into the strip's accumulators) and the logit gradients gy strip_u^T over the band, whose segments,
 // rounded to bfloat16, give dq = dL R^T (+ gy lambda^c^T) and dR += Q^T dL (and dlambda^c += Q^T gy)
@@ -378,16 +470,16 @@ std::vector<torch::Tensor> tiled_backward_brgemm(torch::Tensor gy, torch::Tensor
                   gy.size(3) == g.Wo,
               "tiled_backward_brgemm: gy ", gy.sizes(), " is not the output's [", g.B, ", ", g.H * g.V, ", ", g.Ho,
               ", ", g.Wo, "]");
-  const auto fopts = v.options().dtype(torch::kFloat);
-  auto gq = torch::zeros({g.B, g.H, g.C, g.Ho, g.Wo}, fopts);
-  auto gv = torch::zeros({g.B, g.CV, g.Hh, g.Ww}, fopts);
-  auto gtable = torch::zeros({g.C, g.U, g.KH, g.KW}, fopts);
+  const auto opts = v.options();
+  auto gq = torch::zeros({g.B, g.H, g.C, g.Ho, g.Wo}, opts);
+  auto gv = torch::zeros({g.B, g.CV, g.Hh, g.Ww}, opts);
+  auto gtable = torch::zeros({g.C, g.U, g.KH, g.KW}, opts);
   auto gcontent = torch::zeros(content.has_value() ? std::vector<int64_t>{g.B, g.C, g.V} : std::vector<int64_t>{0},
-                               fopts);
+                               opts);
   if (gy.numel() == 0 || v.numel() == 0) return {gq, gv, gtable, gcontent};
-  auto R2 = table.reshape({g.C, g.Rn});
-  auto RV = torch::constant_pad_nd(vnni_rows(R2, g.Cp), {0, 0, 0, g.Rnp - g.Rn}).contiguous();  // [Cp/2, Rnp, 2]
-  auto RTV = vnni_rows(torch::constant_pad_nd(R2.t(), {0, 0, 0, g.Rnp - g.Rn}), g.Rnp);  // [Rnp / 2, C, 2]
+  auto R2 = table.reshape({1, g.C, g.Rn});
+  // [Cp / 2, Rnp, 2] (B of the logits), [Rnp / 2, C, 2] (B of dq)
+  auto RV = vnni_rows(R2, g.Cp, g.Rnp), RTV = vnni_rows(R2.transpose(1, 2), g.Rnp, g.C);
   const auto [lc, lcT] = content_operands(content, g, true);
   auto T = backward_strips(g, v.contiguous());
   // work units: (image, strip, chunk of row blocks), each with its own value-gradient accumulators over the padded
@@ -398,14 +490,16 @@ std::vector<torch::Tensor> tiled_backward_brgemm(torch::Tensor gy, torch::Tensor
   const int64_t units = g.B * g.NS * chunks, unit_k = unit_rows * g.Wb;
   std::vector<float> dvs(units * g.U * g.V * unit_k, 0.f);
   std::vector<float> dR(nthreads * g.C * g.Rnp, 0.f), dlc(content.has_value() ? nthreads * g.B * g.C * g.V : 0, 0.f);
-  const u16* qd = reinterpret_cast<const u16*>(q.data_ptr<at::BFloat16>());
-  const u16* gyd = reinterpret_cast<const u16*>(gy.data_ptr<at::BFloat16>());
   const u16* RVd = reinterpret_cast<const u16*>(RV.data_ptr<at::BFloat16>());
   const u16* RTVd = reinterpret_cast<const u16*>(RTV.data_ptr<at::BFloat16>());
   const u16* Td = reinterpret_cast<const u16*>(T.data_ptr<at::BFloat16>());
   const u16* lcTd = lcT.defined() ? reinterpret_cast<const u16*>(lcT.data_ptr<at::BFloat16>()) : nullptr;
-  float* gqd = gq.data_ptr<float>();
-  const int64_t P = g.Ho * g.Wo, MP = g.M / 2;
+  const Blocks qbl{g, g.C}, gybl{g, g.V};
+  auto qb = to_blocks(g, q, g.C), gyb = to_blocks(g, gy, g.V), gqb = torch::empty({qbl.size()}, v.options());
+  const u16* qbd = reinterpret_cast<const u16*>(qb.data_ptr<at::BFloat16>());
+  const u16* gybd = reinterpret_cast<const u16*>(gyb.data_ptr<at::BFloat16>());
+  u16* gqbd = reinterpret_cast<u16*>(gqb.data_ptr<at::BFloat16>());
+  const int64_t MP = g.M / 2;
   parallel_units(units, [&](int64_t begin, int64_t end) {
     const int tid = at::get_thread_num();
     Block blk(g);
@@ -413,44 +507,30 @@ std::vector<torch::Tensor> tiled_backward_brgemm(torch::Tensor gy, torch::Tensor
     // gradients), gy [M, Vp] (A of the logit gradients and gy lambda^c^T) and VNNI over m [M / 2, V, 2] (B of
     // Q^T gy); Q^T [C, M] (A of dR and dlambda^c); the logit gradients over the band [M, Kb] in float32 and their
     // segments dL [M, Rnp] bfloat16 (A of dq) and VNNI over m [M / 2, Rnp, 2] (B of dR); dq [M, C]
-    std::vector<u16> LbV(g.M * g.Kb), gyT(g.V * g.M), gym(g.M * g.Vp, 0), gyV(content.has_value() ? g.M * g.V : 0);
-    std::vector<u16> QT(g.C * g.M), dL(g.M * g.Rnp, 0), dLV(g.M * g.Rnp);
+    std::vector<u16> LbV(g.M * g.Kb), gym(g.M * g.Vp, 0), gyV(content.has_value() ? g.M * g.V : 0);
+    std::vector<u16> dL(g.M * g.Rnp, 0), dLV(g.M * g.Rnp), dq16(g.M * g.C);
     std::vector<float> dLb(g.M * g.Kb), dq(g.M * g.C);
     float* dRt = dR.data() + tid * g.C * g.Rnp;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t chunk = i % chunks, sx = i / chunks % g.NS, b = i / (chunks * g.NS);
       float* dv = dvs.data() + i * g.U * g.V * unit_k;
       const int64_t rb0 = chunk * per_chunk, rb1 = std::min(g.NRB, rb0 + per_chunk), unit_y = g.s * g.R * rb0;
-      const int64_t ox0 = sx * g.nq, nqv = std::min(g.nq, g.Wo - ox0);
       for (int64_t rb = rb0; rb < rb1; ++rb) {
-        const int64_t oy0 = rb * g.R, ya = g.s * oy0;
+        const int64_t ya = g.s * g.R * rb;
         const auto [y0, y1] = g.rows(rb);
         const int64_t k0 = y0 * g.Wb, kn = (y1 - y0) * g.Wb;
-        blk.queries(qd, b, oy0, ox0);
+        const int64_t blk_i = (b * g.NRB + rb) * g.NS + sx;  // (to_blocks' order)
+        blk.queries(qbd, blk_i, qbl.ld());
         blk.logits(RVd);
-        // gy^T [V, M] and gy [M, Vp]; Q^T [C, M]
-        for (int64_t r = 0; r < g.R; ++r)
-          for (int64_t h = 0; h < g.H; ++h) {
-            const int64_t m0 = (r * g.H + h) * g.nq;
-            const bool in = oy0 + r < g.Ho;
-            for (int64_t j = 0; j < g.V; ++j) {
-              u16* dst = gyT.data() + j * g.M + m0;
-              if (in) std::memcpy(dst, gyd + (b * g.H * g.V + h * g.V + j) * P + (oy0 + r) * g.Wo + ox0,
-                                  nqv * sizeof(u16));
-              std::fill(dst + (in ? nqv : 0), dst + g.nq, u16(0));
-            }
-            for (int64_t c = 0; c < g.C; ++c)
-              for (int64_t qx = 0; qx < g.nq; ++qx) QT[c * g.M + m0 + qx] = blk.Q[(m0 + qx) * g.Cp + c];
-          }
-        for (int64_t j = 0; j < g.V; ++j)
-          for (int64_t m = 0; m < g.M; ++m) gym[m * g.Vp + j] = gyT[j * g.M + m];
+        const u16 *gyT = gybd + gybl.at(blk_i), *QT = blk.QT;  // [V, M], [C, M], rows gybl.ld(), qbl.ld() apart
+        transpose16(gyT, gybl.ld(), g.V, g.M, gym.data(), g.Vp);
         std::fill(dq.begin(), dq.end(), 0.f);
         for (int64_t u = 0; u < g.U; ++u) {
           const u16* Lb = blk.Lb.data() + u * g.M * g.Kb;
           for (int64_t p = 0; p < MP; ++p)
             interleave(Lb + 2 * p * g.Kb + k0, Lb + (2 * p + 1) * g.Kb + k0, LbV.data() + (p * g.Kb + k0) * 2, kn);
           // value gradients: dv^T[j, k] += sum_m gy^T[j, m] band[m, k]
-          mm(g.V, kn, g.M, gyT.data(), g.M, LbV.data() + k0 * 2, g.Kb, dv + u * g.V * unit_k + (ya - unit_y + y0) * g.Wb,
+          mm(g.V, kn, g.M, gyT, gybl.ld(), LbV.data() + k0 * 2, g.Kb, dv + u * g.V * unit_k + (ya - unit_y + y0) * g.Wb,
              unit_k, true);
           // logit gradients over the band: dLb[m, k] = sum_j gy[m, j] v[k, j]
           const u16* strip = Td + ((b * g.U + u) * g.NS + sx) * g.Vp * g.Kt;
@@ -459,13 +539,13 @@ std::vector<torch::Tensor> tiled_backward_brgemm(torch::Tensor gy, torch::Tensor
           for (int64_t m = 0; m < g.M; ++m) {
             const int64_t r = m / (g.H * g.nq), qx = m % g.nq;
             u16* dst = dL.data() + m * g.Rnp + u * g.KH * g.KW;
-            for (int64_t ky = 0; ky < g.KH; ++ky) {
-              const int64_t row = g.s * r + ky;
-              if (row >= y0 && row < y1)
-                to_bf16(dLb.data() + m * g.Kb + row * g.Wb + g.s * qx, dst + ky * g.KW, g.KW);
-              else
-                std::memset(dst + ky * g.KW, 0, g.KW * sizeof(u16));
-            }
+              // scope rows [ky0, ky1) are the band's rows [y0, y1)
+            const int64_t ky0 = std::min(g.KH, std::max<int64_t>(0, y0 - g.s * r));
+            const int64_t ky1 = std::max(ky0, std::min(g.KH, y1 - g.s * r));
+            std::memset(dst, 0, ky0 * g.KW * sizeof(u16));
+            segments_to_bf16(dLb.data() + m * g.Kb + (g.s * r + ky0) * g.Wb + g.s * qx, g.Wb, dst + ky0 * g.KW, g.KW,
+                             g.KW, ky1 - ky0);
+            std::memset(dst + ky1 * g.KW, 0, (g.KH - ky1) * g.KW * sizeof(u16));
           }
         }
         // dq = dL R^T (+ gy lambda^c^T), dR += Q^T dL, dlambda^c += Q^T gy
@@ -473,28 +553,26 @@ std::vector<torch::Tensor> tiled_backward_brgemm(torch::Tensor gy, torch::Tensor
         if (lcTd != nullptr) mm(g.M, g.C, g.Vp, gym.data(), g.Vp, lcTd + b * g.Vp * g.C, g.C, dq.data(), g.C, true);
         for (int64_t p = 0; p < MP; ++p)
           interleave(dL.data() + 2 * p * g.Rnp, dL.data() + (2 * p + 1) * g.Rnp, dLV.data() + p * g.Rnp * 2, g.Rnp);
-        mm(g.C, g.Rnp, g.M, QT.data(), g.M, dLV.data(), g.Rnp, dRt, g.Rnp, true);
+        mm(g.C, g.Rnp, g.M, QT, qbl.ld(), dLV.data(), g.Rnp, dRt, g.Rnp, true);
         if (lcTd != nullptr) {
           for (int64_t p = 0; p < MP; ++p)
             interleave(gym.data() + 2 * p * g.Vp, gym.data() + (2 * p + 1) * g.Vp, gyV.data() + p * g.V * 2, g.V);
-          mm(g.C, g.V, g.M, QT.data(), g.M, gyV.data(), g.V, dlc.data() + (tid * g.B + b) * g.C * g.V, g.V, true);
+          mm(g.C, g.V, g.M, QT, qbl.ld(), gyV.data(), g.V, dlc.data() + (tid * g.B + b) * g.C * g.V, g.V, true);
         }
-        for (int64_t r = 0; r < g.R && oy0 + r < g.Ho; ++r)
-          for (int64_t h = 0; h < g.H; ++h)
-            for (int64_t c = 0; c < g.C; ++c) {
-              float* dst = gqd + ((b * g.H + h) * g.C + c) * P + (oy0 + r) * g.Wo + ox0;
-              const float* src = dq.data() + ((r * g.H + h) * g.nq) * g.C + c;
-              for (int64_t qx = 0; qx < nqv; ++qx) dst[qx] = src[qx * g.C];
-            }
+        segments_to_bf16(dq.data(), g.C, dq16.data(), g.C, g.C, g.M);
+        transpose16(dq16.data(), g.C, g.M, g.C, gqbd + qbl.at(blk_i), qbl.ld());
       }
     }
   });
+  from_blocks(g, gqbd, g.C, reinterpret_cast<u16*>(gq.data_ptr<at::BFloat16>()));
   // gv[b, u V + j, y, x] = the sum over the units of image b of their accumulators at (y + y_lo, x + x_lo)
-  float* gvd = gv.data_ptr<float>();
+  u16* gvd = reinterpret_cast<u16*>(gv.data_ptr<at::BFloat16>());
   at::parallel_for(0, g.B * g.CV, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> sum(g.Hh * g.Ww);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / g.CV, u = i % g.CV / g.V, j = i % g.V;
-      float* plane = gvd + i * g.Hh * g.Ww;
+      float* plane = sum.data();
+      std::fill(sum.begin(), sum.end(), 0.f);
       for (int64_t sx = 0; sx < g.NS; ++sx)
         for (int64_t chunk = 0; chunk < chunks; ++chunk) {
           const int64_t unit = (b * g.NS + sx) * chunks + chunk, unit_y = g.s * g.R * chunk * per_chunk;
@@ -509,16 +587,19 @@ std::vector<torch::Tensor> tiled_backward_brgemm(torch::Tensor gy, torch::Tensor
             for (int64_t c = c0; c < c1; ++c) dst[x0 + c] += src[c];
           }
         }
+      segments_to_bf16(plane, g.Hh * g.Ww, gvd + i * g.Hh * g.Ww, 0, g.Hh * g.Ww, 1);
     }
   });
-  float* gt = gtable.data_ptr<float>();
+  // the table's and the content lambda's: the threads' parts summed in float32, rounded once
+  std::vector<float> gt(g.C * g.Rn, 0.f), gc(dlc.size() / std::max(nthreads, 1), 0.f);
   for (int t = 0; t < nthreads; ++t)
     for (int64_t c = 0; c < g.C; ++c)
       for (int64_t n = 0; n < g.Rn; ++n) gt[c * g.Rn + n] += dR[(t * g.C + c) * g.Rnp + n];
+  segments_to_bf16(gt.data(), 0, reinterpret_cast<u16*>(gtable.data_ptr<at::BFloat16>()), 0, g.C * g.Rn, 1);
   if (content.has_value()) {
-    float* gc = gcontent.data_ptr<float>();
     for (int t = 0; t < nthreads; ++t)
-      for (int64_t e = 0; e < g.B * g.C * g.V; ++e) gc[e] += dlc[t * g.B * g.C * g.V + e];
+      for (size_t e = 0; e < gc.size(); ++e) gc[e] += dlc[t * gc.size() + e];
+    segments_to_bf16(gc.data(), 0, reinterpret_cast<u16*>(gcontent.data_ptr<at::BFloat16>()), 0, gc.size(), 1);
   }
   return {gq, gv, gtable, gcontent};
 }
