@@ -265,7 +265,7 @@ torch::Tensor to_blocks(const Geo& g, const torch::Tensor& x, int64_t n) {
   u16* dst = reinterpret_cast<u16*>(out.data_ptr<at::BFloat16>());
   at::parallel_for(0, g.B * g.H * n * g.NRB, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t rb = i % g.NRB, c = i / g.NRB % n, h = i / (g.NRB * n) % g.H, b = i / (g.NRB * n * g.H);
+      const int64_t h = i % g.H, rb = i / g.H % g.NRB, c = i / (g.H * g.NRB) % n, b = i / (g.H * g.NRB * n);
       for (int64_t r = 0; r < g.R; ++r) {
         const int64_t oy = rb * g.R + r;
         const u16* row = src + ((b * g.H + h) * n + c) * g.Ho * g.Wo + oy * g.Wo;
@@ -286,7 +286,7 @@ void from_blocks(const Geo& g, const u16* blocks, int64_t n, u16* x) {
   const Blocks bl{g, n};
   at::parallel_for(0, g.B * g.H * n * g.NRB, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t rb = i % g.NRB, c = i / g.NRB % n, h = i / (g.NRB * n) % g.H, b = i / (g.NRB * n * g.H);
+      const int64_t h = i % g.H, rb = i / g.H % g.NRB, c = i / (g.H * g.NRB) % n, b = i / (g.H * g.NRB * n);
       for (int64_t r = 0; r < g.R && rb * g.R + r < g.Ho; ++r) {
         u16* row = x + ((b * g.H + h) * n + c) * g.Ho * g.Wo + (rb * g.R + r) * g.Wo;
         for (int64_t sx = 0; sx < g.NS; ++sx) {
