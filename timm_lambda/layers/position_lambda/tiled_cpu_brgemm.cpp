@@ -113,6 +113,31 @@ inline void transpose16(const u16* src, int64_t ld_s, int64_t rows, int64_t cols
     for (int64_t c = 0; c < cols; ++c) dst[c * ld_d + r] = src[r * ld_s + c];
 }
 
+// A pair of logit rows' segments in a band VNNI over its rows: out[2 i] = bfloat16(a[i]) for i < n, out[2 i + 1] =
+// bfloat16(b[i - d]) for d <= i < d + n, the rest of the d + n pairs zero; 32 pairs at a time, masked (reads nothing
+// outside a's and b's n, writes only the d + n pairs)
+inline void pair_segments(const float* a, const float* b, int64_t n, int64_t d, u16* out) {
+  alignas(64) static const uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                  8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static const uint16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                  24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+  auto lanes = [](int64_t from, int64_t to) {  // mask of the lanes [from, to) of 32
+    from = std::max<int64_t>(0, from), to = std::min<int64_t>(32, to);
+    return to <= from ? __mmask32(0) : __mmask32(((uint64_t(1) << (to - from)) - 1) << from);
+  };
+  auto load32 = [](const float* p, __mmask32 k) {  // lanes k of p[0, 32) as bfloat16, the others zero
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(__mmask16(k >> 16), p + 16),
+                                        _mm512_maskz_loadu_ps(__mmask16(k & 0xffff), p));
+  };
+  for (int64_t i0 = 0; i0 < d + n; i0 += 32) {
+    const __m512i x = load32(a + i0, lanes(0, n - i0)), y = load32(b + i0 - d, lanes(d - i0, d + n - i0));
+    const int64_t pairs = std::min<int64_t>(32, d + n - i0);
+    _mm512_mask_storeu_epi16(out + 2 * i0, lanes(0, 2 * pairs), _mm512_permutex2var_epi16(x, lo, y));
+    _mm512_mask_storeu_epi16(out + 2 * i0 + 32, lanes(0, 2 * pairs - 32), _mm512_permutex2var_epi16(x, hi, y));
+  }
+}
+
 // The blocking of a call: blocks of R query rows x nq queries (all heads), the value strips (the Wb columns from
 // s nq i of every padded value row: padded row p is image row p - y_lo, padded column image column + x_lo)
 struct Geo {
@@ -312,15 +337,22 @@ struct Block {
     QT = qb + Blocks{g, g.C}.at(i);
     transpose16(QT, ld, g.C, g.M, Q.data(), g.Cp);
   }
-  // the logits L = Q R and each |u|'s band: Lb[u, m, (s r + ky) Wb + s qx + kx] = bfloat16(L[m, (u, ky, kx)])
-  void logits(const u16* RV) {
+  // the logits L = Q R and each |u|'s band: Lb[u, m, (s r + ky) Wb + s qx + kx] = bfloat16(L[m, (u, ky, kx)]), or
+  // where vnni, VNNI over m: [U, M / 2, Kb, 2] (the B of the value gradients; rows 2 p and 2 p + 1 are the queries qx
+  // and qx + 1 of one head and row, their segments s apart)
+  void logits(const u16* RV, bool vnni = false) {
     mm(g.M, g.Rnp, g.Cp, Q.data(), g.Cp, RV, g.Rnp, L.data(), g.Rnp, false);
     for (int64_t u = 0; u < g.U; ++u)
-      for (int64_t m = 0; m < g.M; ++m) {
-        const int64_t r = m / (g.H * g.nq), qx = m % g.nq;
-        u16* dst = Lb.data() + (u * g.M + m) * g.Kb + g.s * r * g.Wb + g.s * qx;
+      for (int64_t m = 0; m < g.M; m += vnni ? 2 : 1) {
+        const int64_t r = m / (g.H * g.nq), qx = m % g.nq, k = g.s * r * g.Wb + g.s * qx;
         const float* src = L.data() + m * g.Rnp + u * g.KH * g.KW;
-        segments_to_bf16(src, g.KW, dst, g.Wb, g.KW, g.KH);
+        if (!vnni) {
+          segments_to_bf16(src, g.KW, Lb.data() + (u * g.M + m) * g.Kb + k, g.Wb, g.KW, g.KH);
+          continue;
+        }
+        u16* dst = Lb.data() + (u * g.M + m) * g.Kb + 2 * k;  // pair m / 2, column k
+        for (int64_t ky = 0; ky < g.KH; ++ky)
+          pair_segments(src + ky * g.KW, src + g.Rnp + ky * g.KW, g.KW, g.s, dst + 2 * ky * g.Wb);
       }
   }
 };
@@ -507,7 +539,7 @@ std::vector<torch::Tensor> tiled_backward_brgemm(torch::Tensor gy, torch::Tensor
     // gradients), gy [M, Vp] (A of the logit gradients and gy lambda^c^T) and VNNI over m [M / 2, V, 2] (B of
     // Q^T gy); Q^T [C, M] (A of dR and dlambda^c); the logit gradients over the band [M, Kb] in float32 and their
     // segments dL [M, Rnp] bfloat16 (A of dq) and VNNI over m [M / 2, Rnp, 2] (B of dR); dq [M, C]
-    std::vector<u16> LbV(g.M * g.Kb), gym(g.M * g.Vp, 0), gyV(content.has_value() ? g.M * g.V : 0);
+    std::vector<u16> gym(g.M * g.Vp, 0), gyV(content.has_value() ? g.M * g.V : 0);
     std::vector<u16> dL(g.M * g.Rnp, 0), dLV(g.M * g.Rnp), dq16(g.M * g.C);
     std::vector<float> dLb(g.M * g.Kb), dq(g.M * g.C);
     float* dRt = dR.data() + tid * g.C * g.Rnp;
@@ -521,17 +553,15 @@ std::vector<torch::Tensor> tiled_backward_brgemm(torch::Tensor gy, torch::Tensor
         const int64_t k0 = y0 * g.Wb, kn = (y1 - y0) * g.Wb;
         const int64_t blk_i = (b * g.NRB + rb) * g.NS + sx;  // (to_blocks' order)
         blk.queries(qbd, blk_i, qbl.ld());
-        blk.logits(RVd);
+        blk.logits(RVd, true);  // (blk.Lb VNNI over m: [U, M / 2, Kb, 2])
         const u16 *gyT = gybd + gybl.at(blk_i), *QT = blk.QT;  // [V, M], [C, M], rows gybl.ld(), qbl.ld() apart
         transpose16(gyT, gybl.ld(), g.V, g.M, gym.data(), g.Vp);
         std::fill(dq.begin(), dq.end(), 0.f);
         for (int64_t u = 0; u < g.U; ++u) {
-          const u16* Lb = blk.Lb.data() + u * g.M * g.Kb;
-          for (int64_t p = 0; p < MP; ++p)
-            interleave(Lb + 2 * p * g.Kb + k0, Lb + (2 * p + 1) * g.Kb + k0, LbV.data() + (p * g.Kb + k0) * 2, kn);
+          const u16* LbV = blk.Lb.data() + u * g.M * g.Kb;
           // value gradients: dv^T[j, k] += sum_m gy^T[j, m] band[m, k]
-          mm(g.V, kn, g.M, gyT, gybl.ld(), LbV.data() + k0 * 2, g.Kb, dv + u * g.V * unit_k + (ya - unit_y + y0) * g.Wb,
-             unit_k, true);
+          float* dvu = dv + u * g.V * unit_k + (ya - unit_y + y0) * g.Wb;
+          mm(g.V, kn, g.M, gyT, gybl.ld(), LbV + k0 * 2, g.Kb, dvu, unit_k, true);
           // logit gradients over the band: dLb[m, k] = sum_j gy[m, j] v[k, j]
           const u16* strip = Td + ((b * g.U + u) * g.NS + sx) * g.Vp * g.Kt;
           mm(g.M, kn, g.Vp, gym.data(), g.Vp, strip + (ya + y0) * g.Wb * 2, g.Kt, dLb.data() + k0, g.Kb, false);
