@@ -420,18 +420,21 @@ def compute_path(dtype: torch.dtype, step: int = 1) -> Tuple[str, str]:
     than float32 at every shape on Zen 4); on an Intel CPU with AVX-512 BF16 but no AMX for oneDNN, float32; float32
     without AVX-512 BF16. ``$TIMM_LAMBDA_CPU_BF16`` (one of :data:`BF16_PATHS`) forces a bfloat16 path that this build
     can run (``'brgemm'`` then runs oneDNN's micro-kernel of this CPU, AMX or AVX-512 BF16)."""
+    if dtype in _SAME:  # (host time: this runs twice a training step of each layer)
+        return _SAME[dtype]
     bf16 = dtype == torch.bfloat16 and native(dtype)
     return _compute_path(dtype, step, bf16, brgemm_isa() if bf16 else '', _vendor(),
                          os.environ.get(PATH_ENV, '').strip())
 
 
+_SAME = {torch.float32: ('float32', 'float32 in float32'), torch.float64: ('float64', 'float64 in float64')}
+
+
 @functools.lru_cache(maxsize=64)
 def _compute_path(dtype: torch.dtype, step: int, bf16: bool, isa: str, vendor: str, forced: str) -> Tuple[str, str]:
     """:func:`compute_path` of its inputs (``bf16``: :func:`native` bfloat16; ``isa``: :func:`brgemm_isa`)."""
-    if dtype == torch.float64:
-        return 'float64', 'float64 in float64'
-    if dtype == torch.float32:
-        return 'float32', 'float32 in float32'
+    if dtype in _SAME:
+        return _SAME[dtype]
     if not bf16:
         return 'float32', (f'{str(dtype)[6:]} in float32 (converted, results rounded back): the kernel has no '
                            f'{str(dtype)[6:]} products' + ('' if dtype != torch.bfloat16 else

@@ -381,9 +381,10 @@ std::pair<torch::Tensor, torch::Tensor> content_operands(const std::optional<tor
                                                          bool transposed) {
   if (!content.has_value()) return {};
   const auto& lc = *content;
-  TORCH_CHECK(lc.scalar_type() == torch::kBFloat16 && lc.dim() == 3 && lc.size(0) == g.B && lc.size(1) == g.C &&
-                  lc.size(2) == g.V,
-              "tiled_position_lambdas: content ", lc.sizes(), " is not bfloat16 [", g.B, ", ", g.C, ", ", g.V, "]");
+  TORCH_CHECK(lc.scalar_type() == torch::kBFloat16 && lc.device().is_cpu() && lc.dim() == 3 && lc.size(0) == g.B &&
+                  lc.size(1) == g.C && lc.size(2) == g.V,
+              "tiled_position_lambdas: content ", lc.sizes(), " is not a bfloat16 CPU tensor [", g.B, ", ", g.C, ", ",
+              g.V, "]");
   return {vnni_rows(lc, g.Cp, g.V), transposed ? vnni_rows(lc.transpose(1, 2), g.Vp, g.C) : torch::Tensor()};
 }
 
