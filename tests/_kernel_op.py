@@ -18,7 +18,7 @@ def kernel_plan(q, v, table, step, form: str = 'tiled') -> Plan:
     name = backends.choose(call)
     backend = backends.get(name)  # (its decisions for a kernel call at this step, query depth and window)
     return Plan(form, name, 'eager', '', q.dtype, backend.kernel_dtype(q.dtype),
-                backend.kernel_tiling(q.device.type, step, c, kw), False, step, False, 'softmax', False)
+                backend.kernel_tiling(q.device.type, q.dtype, step, c, kw), False, step, False, 'softmax', False)
 
 
 class _KernelCall(torch.autograd.Function):

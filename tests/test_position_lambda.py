@@ -2,6 +2,7 @@
 against the float64 per-query reference (tests/reference.py) and the einsum form, at shapes with many query
 blocks and many chunks (the chunk size is shrunk so that a few blocks make many chunks, whole rows and
 parts of rows), stride 1 and 2, local and global scopes, |u| > 1."""
+import functools
 import os
 import shutil
 
@@ -168,8 +169,10 @@ def test_the_cpu_kernel_serves_cpu_tensors_only_and_16_bit_ones_in_float32_at_st
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         assert backends.why_not('cpu_kernel', backends.Call('tiled', 'cpu', dtype)) is None
         assert backends.why_not('cpu_kernel', backends.Call('tiled', 'cpu', dtype, 2), auto=False) is None
+    bf16 = torch.bfloat16 if cpu_kernel.compute_path(torch.bfloat16)[0] != 'float32' else torch.float32
+    assert not (bf16 == torch.bfloat16 and not native)  # (tests/test_cpu_brgemm.py: which path, where)
     assert [cpu_kernel.compute_dtype(d) for d in (torch.float32, torch.float64, torch.bfloat16, torch.float16)] == [
-        torch.float32, torch.float64, torch.bfloat16 if native else torch.float32, torch.float32]
+        torch.float32, torch.float64, bf16, torch.float32]
     assert backends.why_not('cpu_kernel', backends.Call('tiled', 'cpu', torch.int64)) == \
         'computes float16, bfloat16, float32 and float64'
     assert backends.why_not('cpu_kernel', backends.Call('tiled', 'meta', torch.float32)) == 'needs CPU tensors'
@@ -201,9 +204,17 @@ BF16_CASES = [
 ]
 
 
-def _bf16_call(case, draw):
+def _bf16_paths():
+    """The kernel's bfloat16 paths (cpu_kernel.compute_path) this CPU runs: its own VDPBF16PS loops, and oneDNN's
+    BRGEMM where oneDNN can run it (AMX tiles where the CPU has AMX-BF16, else oneDNN's AVX-512 BF16 micro-kernel: the
+    same code; tests/test_cpu_brgemm.py says which)."""
+    return ['avx512_bf16'] + (['brgemm'] if cpu_kernel.brgemm_isa() else [])
+
+
+def _bf16_call(case, draw, monkeypatch):
     """Inputs of a BF16_CASES call drawn by ``draw(*shape)``, the operator's output and gradients (for a drawn output
-    gradient) and a function giving the per-query float64 reference's (``logits_dtype``)."""
+    gradient) by each bfloat16 path (forced: ``TIMM_LAMBDA_CPU_BF16``; each output must be that path's own, not a
+    fallback's), ``{path: results}``, and a function giving the per-query float64 reference's (``logits_dtype``)."""
     kernel = cpu_kernel.load()
     if not kernel.bf16:  # a CPU with AVX-512 BF16 (CI's) must have them: fail there rather than skip
         assert not (os.path.exists('/proc/cpuinfo') and 'avx512_bf16' in _cpu_flags()), \
@@ -212,14 +223,19 @@ def _bf16_call(case, draw):
     b, h, c, u, dv, hh, ww, scope, step, with_content = case
     inputs = [draw(b, h, c, -(-hh // step), -(-ww // step)), draw(b, u * dv, hh, ww), draw(c, u, scope, scope)]
     inputs += [draw(b, c, dv)] if with_content else []
-    leaves = [t.clone().requires_grad_() for t in inputs]
-    y = kernel_call(leaves[0], leaves[1], leaves[2], step, *leaves[3:])
-    assert y.dtype == torch.bfloat16 and torch.equal(y, kernel.tiled_forward_bf16(*inputs[:3], *inputs[3:4] or [None],
-                                                                                  step))
-    gy = draw(*y.shape)
-    got = [y] + list(torch.autograd.grad(y, leaves, gy))
-    assert all(t.dtype == torch.bfloat16 for t in got)
+    gy = draw(b, h * dv, -(-hh // step), -(-ww // step))
+    got = {}
+    for path in _bf16_paths():
+        monkeypatch.setenv(cpu_kernel.PATH_ENV, path)
+        leaves = [t.clone().requires_grad_() for t in inputs]
+        y = kernel_call(leaves[0], leaves[1], leaves[2], step, *leaves[3:])
+        own = kernel.tiled_forward_brgemm if path == 'brgemm' else kernel.tiled_forward_bf16
+        assert y.dtype == torch.bfloat16 and torch.equal(y, own(*inputs[:3], *inputs[3:4] or [None], step)), path
+        got[path] = [y] + list(torch.autograd.grad(y, leaves, gy))
+        assert all(t.dtype == torch.bfloat16 for t in got[path]), path
+    monkeypatch.delenv(cpu_kernel.PATH_ENV)
 
+    @functools.lru_cache(maxsize=None)
     def reference(logits_dtype=None):
         exact = [t.double().requires_grad_() for t in inputs]
         out = tiled_operator_reference(exact[0], exact[1], exact[2], step, *exact[3:], logits_dtype=logits_dtype)
@@ -233,44 +249,49 @@ BF16_IDS = [f'u{c[3]}_v{c[4]}_scope{c[7]}_s{c[8]}' + '_content' * c[9] for c in 
 
 
 @pytest.mark.parametrize('case', BF16_CASES, ids=BF16_IDS)
-def test_bfloat16_kernels_exact_on_small_integers(case):
-    """Where the kernel has AVX-512 BF16 (``tiled_forward_bf16``, ``tiled_backward_bf16``): with every input and output
-    gradient in {-1, 0, 1}, every logit, product and sum is an integer that bfloat16 or float32 hold exactly, so the
-    output and every gradient equal the float64 per-query reference rounded once to bfloat16, bit for bit: the pairs
-    (of channels, heads, scope columns, queries) and their zero padding at odd counts and image borders."""
+def test_bfloat16_kernels_exact_on_small_integers(case, monkeypatch):
+    """Where the kernel has AVX-512 BF16, by each bfloat16 path (``tiled_*_bf16``; ``tiled_*_brgemm`` where oneDNN can
+    run it): with every input and output gradient in {-1, 0, 1}, every logit, product and sum is an integer that
+    bfloat16 or float32 hold exactly, so the output and every gradient equal the float64 per-query reference rounded
+    once to bfloat16, bit for bit: the pairs (of channels, heads, scope columns, queries) and their zero padding at odd
+    counts and image borders; the BRGEMM path's bands, strips and partial blocks."""
     require_cpu_kernel()
     g = torch.Generator().manual_seed(1)
-    got, reference = _bf16_call(case, lambda *shape: torch.randint(-1, 2, shape, generator=g).bfloat16())
-    for name, a, want in zip(['output', 'q', 'v', 'table', 'content'], got, reference()):
-        assert torch.equal(a, want.bfloat16()), name
+    got, reference = _bf16_call(case, lambda *shape: torch.randint(-1, 2, shape, generator=g).bfloat16(), monkeypatch)
+    for path, results in got.items():
+        for name, a, want in zip(['output', 'q', 'v', 'table', 'content'], results, reference()):
+            assert torch.equal(a, want.bfloat16()), (path, name)
 
 
 @pytest.mark.parametrize('case', BF16_CASES, ids=BF16_IDS)
-def test_bfloat16_kernels_round_as_a_bfloat16_matmul(case):
-    """A bfloat16 call (CPU autocast) computes as a bfloat16 matmul would: the logits q R rounded to bfloat16, products
-    of bfloat16 operands summed in float32, each result rounded once. The output and the value gradient (``L^T gy``)
-    equal the per-query float64 reference with the logits so rounded within half a unit of their last place and 1e-4
-    of their largest entry (a logit whose float32 sum lands on the other side of a rounding boundary than the
-    reference's moves them by about 1e-5), and are off the reference without rounding by more. The query, table and
-    content gradients (from the logit gradients rounded to bfloat16, as a matmul's backward) are within bfloat16
-    rounding of the exact ones."""
+def test_bfloat16_kernels_round_as_a_bfloat16_matmul(case, monkeypatch):
+    """By each bfloat16 path, a bfloat16 call (CPU autocast) computes as a bfloat16 matmul would: the logits q R rounded
+    to bfloat16, products of bfloat16 operands summed in float32, each result rounded once. The output and the value
+    gradient (``L^T gy``) equal the per-query float64 reference with the logits so rounded within half a unit of their
+    last place and 1e-4 of their largest entry (a logit whose float32 sum lands on the other side of a rounding
+    boundary than the reference's moves them by about 1e-5), and are off the reference without rounding by more. The
+    query, table and content gradients (from the logit gradients rounded to bfloat16, as a matmul's backward) are
+    within bfloat16 rounding of the exact ones."""
     require_cpu_kernel()
     g = torch.Generator().manual_seed(0)
-    got, reference = _bf16_call(case, lambda *shape: torch.randn(shape, generator=g).bfloat16())
+    got, reference = _bf16_call(case, lambda *shape: torch.randn(shape, generator=g).bfloat16(), monkeypatch)
     rounded, exact = reference(torch.bfloat16), reference()
 
     def excess(a, want):  # beyond half a bfloat16 unit in the last place, over the largest entry
         return (((a.double() - want).abs() - 2 ** -8 * want.abs()).max() / want.abs().max()).item()
 
-    for i, name in enumerate(['output', 'q', 'v', 'table', 'content'][:len(got)]):
-        if name in ('output', 'v'):
-            assert excess(got[i], rounded[i]) <= 1e-4 < 5e-4 < excess(got[i], exact[i]), name
-        else:
-            assert excess(got[i], exact[i]) <= 4e-3, name
-    # and the contract the tensor-core kernels are held to (interpreted and on a GPU): the output and value gradient
-    # equal to the rounded-logit reference far more often than to the exact one, the query and table gradients (from
-    # the rounded logit gradients) equal to the reference with rounded logit gradients more often than to the other
-    SB.check_rounding(got, case, reference.inputs, reference.gy, torch.bfloat16)
+    for path, results in got.items():
+        for i, name in enumerate(['output', 'q', 'v', 'table', 'content'][:len(results)]):
+            if name in ('output', 'v'):
+                assert excess(results[i], rounded[i]) <= 1e-4 < 5e-4 < excess(results[i], exact[i]), (path, name)
+            else:
+                assert excess(results[i], exact[i]) <= 4e-3, (path, name)
+        # and the contract the tensor-core kernels are held to (interpreted and on a GPU): the output and value
+        # gradient equal to the rounded-logit reference far more often than to the exact one, the query and table
+        # gradients (from the rounded logit gradients) equal to the reference with rounded logit gradients more often
+        # than to the other
+        SB.check_rounding(results, case, reference.inputs, reference.gy, torch.bfloat16,
+                          (tuple(rounded), tuple(exact)))
 
 
 @pytest.mark.parametrize('batch', [1, 2])

@@ -32,6 +32,8 @@ VARIABLES = {
     'TIMM_LAMBDA_NO_AUTOLOAD': ('flag', False, (), 'skip registering the models at `import timm` (the .pth hook)'),
     'TIMM_LAMBDA_CPU_ARCH': ('pattern', 'native', r'[A-Za-z0-9][A-Za-z0-9.+-]*',
                              "the CPU kernel's -march= target (layers/position_lambda/cpu_kernel.py)"),
+    'TIMM_LAMBDA_CPU_BF16': ('name', '', ('brgemm', 'avx512_bf16', 'float32'),
+                             "the CPU kernel's bfloat16 path, forced (unset: the one measured fastest on this CPU)"),
     'TIMM_LAMBDA_MMCV_CUDA': ('choice', 'auto', ('auto',), 'tools/install.sh: mmcv with CUDA ops: auto, on or off'),
     # the test suite's: a missing part fails its tests instead of skipping them (.ci/run sets them)
     'TIMM_LAMBDA_REQUIRE_DET': ('flag', False, (), 'tests: MMDetection must be installed'),

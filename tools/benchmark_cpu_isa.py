@@ -16,12 +16,20 @@ machine shared with other work the wall clock of a 2-thread step waits for a des
 (the gemm backend's many small GEMMs most), while its CPU time counts the work done; ``--passive``
 (``OMP_WAIT_POLICY=PASSIVE``) keeps idle OpenMP threads from spinning, so that CPU time is work alone.
 
+bfloat16 rows also time each bfloat16 path of the native build that this CPU can run (``cpu_kernel.compute_path``,
+forced by ``TIMM_LAMBDA_CPU_BF16``; ``--bf16-paths``): ``brgemm`` (oneDNN's BRGEMM: AMX tiles where the CPU has them),
+``avx512_bf16`` (the kernel's own VDPBF16PS loops, the bfloat16 path before AMX) and ``float32`` (converted, rounded
+back), as ``cpu_kernel[native,<path>]``; ``cpu_kernel[native]`` is the path ``compute_path`` chooses.
+
+    python tools/benchmark_cpu_isa.py --targets native --no-gemm --repeats 7 --json docs/results/cpu_amx.json
+
 ``--cap-libraries``: the convolution and the gemm backend's GEMMs also limited to AVX2 (oneDNN's and MKL's
 ``ONEDNN_MAX_CPU_ISA=AVX2``, ``MKL_ENABLE_INSTRUCTIONS=AVX2``, ``ATEN_CPU_CAPABILITY=avx2``, set before torch loads),
 so that every figure of the AVX2 columns is what an AVX2 CPU runs (on a Zen 4, whose AVX-512 units are 256 bits
 wide, at that CPU's clock).
 """
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -44,6 +52,9 @@ def _args(argv=None):
     p.add_argument('--threads', type=int, default=2)
     p.add_argument('--repeats', type=int, default=5)
     p.add_argument('--no-auto', action='store_true', help="leave out the 'auto' candidates")
+    p.add_argument('--no-gemm', action='store_true', help='leave out the gemm backend')
+    p.add_argument('--bf16-paths', nargs='*', default=None,
+                   help='bfloat16 paths of the native build to time (default: all this CPU runs)')
     p.add_argument('--build', action='store_true', help='build the targets that are not built (about 40 s each)')
     p.add_argument('--cap-libraries', action='store_true', help='oneDNN and MKL limited to AVX2 (see above)')
     p.add_argument('--passive', action='store_true', help='OMP_WAIT_POLICY=PASSIVE (see above)')
@@ -67,6 +78,14 @@ def interleaved(steps, repeats, warmup=1):
             wall[name].append(time.perf_counter() - t0)
             cpu[name].append(time.process_time() - c0)
     return wall, cpu
+
+
+def _cpu_flags() -> list:
+    """The CPU's flags (/proc/cpuinfo's first flags line; none elsewhere)."""
+    if not os.path.exists('/proc/cpuinfo'):
+        return []
+    with open('/proc/cpuinfo') as f:
+        return next((line for line in f if line.startswith(('flags', 'Features'))), ':').partition(':')[2].split()
 
 
 def main(argv=None):
@@ -97,21 +116,34 @@ def main(argv=None):
         kernels[target] = kernel
 
     def isa_of(kernel):
-        cpu_kernel._kernel = kernel
-        return cpu_kernel.isa()
+        with cpu_kernel.serving(kernel):
+            return cpu_kernel.isa()
 
     builds = {t: dict(isa=isa_of(k), isa_macros=list(k.isa_macros()), vector_bytes=int(k.vector_bytes),
                       bf16=bool(k.bf16), module=os.path.basename(k.__file__)) for t, k in kernels.items()}
     print(f'# {machine()}; builds: ' + ', '.join(f"{t}: {b['isa']} ({b['vector_bytes']} B vectors)"
                                                  for t, b in builds.items()), flush=True)
 
-    def served(kernel, backend, step):
+    def served(kernel, backend, step, path=''):
         def run():
-            if kernel is not None:
-                cpu_kernel._kernel = kernel
+            if path:
+                os.environ[cpu_kernel.PATH_ENV] = path
+            else:
+                os.environ.pop(cpu_kernel.PATH_ENV, None)
             backends.set_backend(backend, strict=backend != 'auto')  # (bumps the plans' version)
-            step()
+            with contextlib.nullcontext() if kernel is None else cpu_kernel.serving(kernel):  # (this build serves)
+                step()
         return run
+
+    native = kernels.get('native')
+    with contextlib.nullcontext() if native is None else cpu_kernel.serving(native):
+        isa = cpu_kernel.brgemm_isa() if native is not None else ''
+        chosen = {f'{d} s{s}': list(cpu_kernel.compute_path(getattr(torch, d), s))
+                  for d in args.dtypes for s in (1, 2)}
+    paths = [p for p in (cpu_kernel.BF16_PATHS if args.bf16_paths is None else args.bf16_paths)
+             if native is not None and native.bf16 and (p != 'brgemm' or isa)]
+    print(f'# bfloat16 BRGEMM micro-kernel: {isa or "none"}; paths timed: {", ".join(paths) or "none"}; chosen: '
+          + '; '.join(f'{k}: {v[0]}' for k, v in chosen.items()), flush=True)
 
     results = []
     for width, size, stride in [backbone_shapes(args.image_size)[i] for i in args.shapes]:
@@ -127,8 +159,14 @@ def main(argv=None):
                 for target, kernel in kernels.items():
                     steps[f'cpu_kernel[{target}]'] = served(kernel, 'cpu_kernel', layer_step(layer, x, dtype, mode))
                     figures[f'cpu_kernel[{target}]'] = dict(isa=builds[target]['isa'])
-                steps['gemm'] = served(None, 'gemm', layer_step(layer, x, dtype, mode))
-                figures['gemm'] = dict(isa='library')
+                for path in paths if dtype == torch.bfloat16 else []:
+                    name = f'cpu_kernel[native,{path}]'
+                    steps[name] = served(native, 'cpu_kernel', layer_step(layer, x, dtype, mode), path)
+                    figures[name] = dict(isa=builds['native']['isa'], path=path,
+                                         brgemm=isa if path == 'brgemm' else '')
+                if not args.no_gemm:
+                    steps['gemm'] = served(None, 'gemm', layer_step(layer, x, dtype, mode))
+                    figures['gemm'] = dict(isa='library')
                 if not args.no_auto:
                     for target, kernel in kernels.items():
                         steps[f'auto[{target}]'] = served(kernel, 'auto', layer_step(layer, x, dtype, mode))
@@ -167,11 +205,17 @@ def main(argv=None):
                     load_before=load_before, machine=machine(), cpu=cpu_model(), threads=args.threads, batch=1,
                     repeats=args.repeats, libraries_capped_to_avx2=args.cap_libraries, load_after=load_average(),
                     environment={k: os.environ[k] for k in list(CAPS) + ['OMP_WAIT_POLICY'] if k in os.environ},
-                    builds=builds, user_note=args.note,
+                    builds=builds, user_note=args.note, cpu_flags=sorted(
+                        set(_cpu_flags()) &
+                        {'avx2', 'fma', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile', 'avx512_fp16'}),
+                    vendor=cpu_kernel._vendor(), brgemm_isa=isa, bf16_paths_timed=paths, compute_path=chosen,
                     note='ms: median wall time of the interleaved repeats; cpu_ms: median CPU time of the process (all '
                          'threads); ratio, cpu_ratio: to the conv3x3 of the same row; summed: the three shapes\' '
                          "times over the conv's; isa: the instruction set of the kernel build that ran ('library': "
-                         "oneDNN/MKL's own dispatch); served: the backends that ran the position lambdas")
+                         "oneDNN/MKL's own dispatch); served: the backends that ran the position lambdas; "
+                         "cpu_kernel[native,<path>]: the native build with its bfloat16 path forced "
+                         "(TIMM_LAMBDA_CPU_BF16), brgemm: the micro-kernel oneDNN ran it on; compute_path: the path "
+                         "cpu_kernel.compute_path chooses per dtype and step, and why")
         with open(args.json, 'w') as f:
             json.dump(dict(meta, results=results, summed_ratio=sums), f, indent=1)
             f.write('\n')

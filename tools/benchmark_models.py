@@ -178,8 +178,13 @@ def peak_memory(built, x, device, dtype=torch.float32):
     return memory
 
 
-def compare(which, size, batch, device, repeats, memory_only=False, dtype=torch.float32):
+def compare(which, size, batch, device, repeats, memory_only=False, dtype=torch.float32, only=None):
     models, default_batch, default_size, kind = COMPARISONS[which]
+    if only:  # a subset of the comparison's models (the baseline, the second, is kept for the ratios)
+        unknown = set(only) - {m[0] for m in models}
+        if unknown:
+            raise SystemExit(f'--models: {sorted(unknown)} not in {which}: {[m[0] for m in models]}')
+        models = [m for i, m in enumerate(models) if m[0] in only or i == 1]
     size, batch = size or default_size, batch or default_batch
     built = {label: build(name, kw, kind, device) for label, name, kw in models}
     x = torch.randn(batch, 3, size, size, device=device)
@@ -206,9 +211,13 @@ def compare(which, size, batch, device, repeats, memory_only=False, dtype=torch.
         budgets = goal_budgets(which, rows, macs, skipped[0])
     memory = peak_memory(built, x, device, dtype)
     print(f'load average after the timing: {after}\n', flush=True)
+    from timm_lambda.layers.position_lambda import cpu_kernel
+    flags = set(cpu_kernel._cpu_flags().partition(':')[2].split())
     return dict(comparison=which, size=size, batch=batch, dtype=str(dtype), machine=machine(device), load_before=before,
                 load_after=after, times={f'{k[0]}/{k[1]}': v for k, v in times.items()}, peak_mib=memory,
-                goal_budgets=budgets)
+                goal_budgets=budgets, models=[m[0] for m in models],
+                cpu_flags=sorted(flags & {'avx2', 'fma', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile'}),
+                cpu_kernel_path=list(cpu_kernel.compute_path(dtype)) if device == 'cpu' else None)
 
 
 def compile_comparison(size, batch, device, repeats):
@@ -370,6 +379,9 @@ def main(argv=None):
     p.add_argument('--memory-only', action='store_true', help='peak memory only, no timing (see above)')
     p.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'],
                    help=f'{", ".join(sorted(COMPARISONS))}: bfloat16 runs both models under autocast')
+    p.add_argument('--models', nargs='+', default=None,
+                   help=f'{", ".join(sorted(COMPARISONS))}: time only these of its models (labels, e.g. '
+                        f'"{LAMBDA101[0]}"), and its baseline')
     args = p.parse_args(argv)
     if args.memory_only and args.comparison not in COMPARISONS:
         p.error(f'--memory-only applies to {sorted(COMPARISONS)}')
@@ -387,7 +399,7 @@ def main(argv=None):
                                   tuple(args.sizes) if args.sizes else (1024, 224))
     else:
         results = [compare(args.comparison, s, args.batch, device, args.repeats, args.memory_only,
-                           getattr(torch, args.dtype)) for s in args.sizes or [None]]
+                           getattr(torch, args.dtype), args.models) for s in args.sizes or [None]]
     if args.json and args.memory_only:
         command = shlex.join(['python', 'tools/benchmark_models.py', *(sys.argv[1:] if argv is None else argv)])
         record_memory(args.json, results, dict(

@@ -131,6 +131,11 @@ class Backend:
         ``'auto: '``, measured slower there), or None."""
         return None
 
+    def computes_as(self, call: Call) -> str:
+        """How this backend computes ``call`` (a sentence for the INFO line and ``served_backends(why=True)``; ''
+        where there is nothing to say)."""
+        return ''
+
     def decide(self, call: Call) -> Decision:
         """The backend's decisions for ``call`` (a pure function of it: the plan caches it)."""
         return Decision(compute_dtype=call.dtype)

@@ -49,13 +49,13 @@ try:
 except ImportError:  # not POSIX: torch's own lock alone serialises the builds
     fcntl = None
 
-__all__ = ['CpuKernel', 'forward', 'backward', 'native', 'compute_dtype', 'build', 'load', 'load_target', 'serving',
-           'unavailable', 'isa', 'declines', 'arch', 'CpuKernelBuildError']
+__all__ = ['CpuKernel', 'forward', 'backward', 'native', 'compute_dtype', 'compute_path', 'brgemm_isa', 'build',
+           'load', 'load_target', 'serving', 'unavailable', 'isa', 'declines', 'arch', 'CpuKernelBuildError', 'PATHS']
 
 _logger = logging.getLogger(__name__)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_SOURCES = [os.path.join(_HERE, name) for name in ('tiled_cpu.cpp', 'tiled_cpu_bf16.cpp')]
+_SOURCES = [os.path.join(_HERE, name) for name in ('tiled_cpu.cpp', 'tiled_cpu_bf16.cpp', 'tiled_cpu_brgemm.cpp')]
 _HEADER = os.path.join(_HERE, 'tiled_cpu.h')
 _CFLAGS = ['-O3', '-march=native', '-fopenmp']  # '-march=' + arch() in place of native (_cflags)
 ARCH_ENV = 'TIMM_LAMBDA_CPU_ARCH'
@@ -388,17 +388,90 @@ def unavailable() -> Optional[str]:
 
 
 def native(dtype: torch.dtype) -> bool:
-    """Whether the kernel computes a ``dtype`` call in that dtype itself: bfloat16 where the compiler targets AVX-512
-    BF16 (``tiled_forward_bf16``, ``tiled_backward_bf16``); other 16-bit calls run in float32."""
+    """Whether the kernel can compute a ``dtype`` call in that dtype itself: bfloat16 where the compiler targets AVX-512
+    BF16 (its bfloat16 paths, :func:`compute_path`); other 16-bit calls run in float32."""
     _look_up()
     return dtype == torch.bfloat16 and _kernel is not None and _kernel.bf16
 
 
+def brgemm_isa() -> str:
+    """The micro-kernel that runs the kernel's bfloat16 BRGEMM products (torch's ``at::native::cpublas::brgemm``,
+    oneDNN's BRGEMM): ``'amx'`` (AMX tiles: oneDNN's effective ISA has AMX-BF16, torch's ``cpublas::could_pack``),
+    ``'avx512'`` (oneDNN's AVX-512 BF16 micro-kernel: a CPU without AMX, or ``ONEDNN_MAX_CPU_ISA`` below it), or
+    ``''`` where it cannot run (no bfloat16 build, oneDNN without AVX-512 BF16, ``torch.backends.mkldnn`` disabled).
+    Found by one small product checked exactly (``brgemm_bf16_isa``), once per process and setting of
+    ``torch.backends.mkldnn``."""
+    _look_up()
+    if not native(torch.bfloat16):
+        return ''
+    key = torch._C._get_mkldnn_enabled()
+    if key not in _BRGEMM_ISA:
+        _BRGEMM_ISA[key] = _kernel.brgemm_bf16_isa()
+    return _BRGEMM_ISA[key]
+
+
+_BRGEMM_ISA = {}
+PATH_ENV = 'TIMM_LAMBDA_CPU_BF16'  # forces the path of bfloat16 calls (tests, benchmarks): one of BF16_PATHS
+BF16_PATHS = ('brgemm', 'avx512_bf16', 'float32')
+_VENDOR = None
+
+
+def _vendor() -> str:
+    """The CPU's vendor_id (/proc/cpuinfo: 'GenuineIntel', 'AuthenticAMD'), '' elsewhere."""
+    global _VENDOR
+    if _VENDOR is None:
+        _VENDOR = ''
+        if os.path.exists('/proc/cpuinfo'):
+            with open('/proc/cpuinfo') as f:
+                _VENDOR = next((line.split(':', 1)[1].strip() for line in f if line.startswith('vendor_id')), '')
+    return _VENDOR
+
+
 @torch.compiler.assume_constant_result  # (it reads the build: under torch.compile, once while tracing)
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the kernel computes a ``dtype`` input in: itself for float32, float64 and :func:`native` bfloat16,
-    else float32."""
-    return dtype if dtype in (torch.float32, torch.float64) or native(dtype) else torch.float32
+def compute_path(dtype: torch.dtype, step: int = 1) -> Tuple[str, str]:
+    """How the kernel computes a call of ``dtype`` at ``step`` (1 or 2): ``(path, why)``, the path one of
+    ``'float64'``, ``'float32'`` (a 16-bit call's inputs converted, its results rounded back), ``'brgemm'`` (bfloat16
+    products by oneDNN's BRGEMM micro-kernel, ``tiled_*_brgemm``: on AMX tiles where :func:`brgemm_isa` is ``'amx'``),
+    ``'avx512_bf16'`` (bfloat16 products by the kernel's own VDPBF16PS loops, ``tiled_*_bf16``); ``why`` a sentence
+    for ``served_backends(why=True)``. bfloat16, measured (tools/benchmark_cpu_isa.py, docs/results/cpu_amx_*.json,
+    docs/results/cpu_isa.json): on AMX the BRGEMM path; on an AMD CPU with AVX-512 BF16 the VDPBF16PS loops (faster
+    than float32 at every shape on Zen 4); on an Intel CPU with AVX-512 BF16 but no AMX for oneDNN, float32; float32
+    without AVX-512 BF16. ``$TIMM_LAMBDA_CPU_BF16`` (one of :data:`BF16_PATHS`) forces a bfloat16 path that this build
+    can run (``'brgemm'`` then runs oneDNN's micro-kernel of this CPU, AMX or AVX-512 BF16)."""
+    if dtype in _SAME:  # (host time: this runs twice a training step of each layer)
+        return _SAME[dtype]
+    bf16 = dtype == torch.bfloat16 and native(dtype)
+    return _compute_path(dtype, step, bf16, brgemm_isa() if bf16 else '', _vendor(), env(PATH_ENV))
+
+
+_SAME = {torch.float32: ('float32', 'float32 in float32'), torch.float64: ('float64', 'float64 in float64')}
+
+
+@functools.lru_cache(maxsize=64)
+def _compute_path(dtype: torch.dtype, step: int, bf16: bool, isa: str, vendor: str, forced: str) -> Tuple[str, str]:
+    """:func:`compute_path` of its inputs (``bf16``: :func:`native` bfloat16; ``isa``: :func:`brgemm_isa`)."""
+    if dtype in _SAME:
+        return _SAME[dtype]
+    if not bf16:
+        return 'float32', (f'{str(dtype)[6:]} in float32 (converted, results rounded back): the kernel has no '
+                           f'{str(dtype)[6:]} products' + ('' if dtype != torch.bfloat16 else
+                                                           ' without AVX-512 BF16 in its build'))
+    if forced:
+        if forced == 'brgemm' and not isa:
+            raise ValueError(f"{PATH_ENV}=brgemm, but oneDNN's BRGEMM cannot run bfloat16 here")
+        return forced, f'bfloat16 by the {forced} path ({isa or "no BRGEMM"}), forced by {PATH_ENV}'
+    if isa == 'amx':
+        return 'brgemm', 'bfloat16 on AMX tiles (oneDNN BRGEMM by torch cpublas::brgemm)'
+    if vendor == 'AuthenticAMD':
+        return 'avx512_bf16', 'bfloat16 by AVX-512 BF16 (VDPBF16PS; faster than float32 on AMD, no AMX)'
+    return 'float32', ('bfloat16 in float32 (converted, results rounded back): without AMX, AVX-512 BF16 is slower '
+                       'than float32 on this Intel CPU (docs/benchmarks.md)')
+
+
+def compute_dtype(dtype: torch.dtype, step: int = 1) -> torch.dtype:
+    """The dtype the kernel computes a ``dtype`` input at ``step`` in (:func:`compute_path`)."""
+    path = compute_path(dtype, step)[0]
+    return {'float64': torch.float64, 'float32': torch.float32}.get(path, torch.bfloat16)
 
 
 _ISA_OF_MACROS = (('avx512_bf16', {'__AVX512BF16__', '__AVX512F__'}), ('avx512', {'__AVX512F__'}),
@@ -466,21 +539,28 @@ def _to(x: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]
 
 
 def forward(q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, step: int, content: Optional[torch.Tensor] = None,
-            dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """The tiled kernels' output (layouts: :meth:`.fused.Tiled.tiled_forward`) computed in ``dtype`` (default
-    :func:`compute_dtype` of ``q``'s), returned in ``q``'s dtype."""
-    kernel, c = _module(), dtype or compute_dtype(q.dtype)
-    if c == torch.bfloat16:
+            path: Optional[str] = None) -> torch.Tensor:
+    """The tiled kernels' output (layouts: :meth:`.fused.Tiled.tiled_forward`) by ``path`` (default
+    :func:`compute_path`'s; the plan's), returned in ``q``'s dtype."""
+    kernel, path = _module(), path or compute_path(q.dtype, step)[0]
+    if path == 'brgemm':
+        return kernel.tiled_forward_brgemm(q, v, table, content, step)
+    if path == 'avx512_bf16':
         return kernel.tiled_forward_bf16(q, v, table, content, step)
+    c = torch.float64 if path == 'float64' else torch.float32
     return _to(kernel.tiled_forward(_to(q, c), _to(v, c), _to(table, c), _to(content, c), step), q.dtype)
 
 
 def backward(gy: torch.Tensor, q: torch.Tensor, v: torch.Tensor, table: torch.Tensor, step: int,
-             content: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None):
+             content: Optional[torch.Tensor] = None, path: Optional[str] = None):
     """The gradients of q, v, the table and the content lambda (an empty tensor without one) in the inputs' dtypes,
-    computed in ``dtype`` (a bfloat16 call's from its bfloat16 operands, summed in float32)."""
-    kernel, c = _module(), dtype or compute_dtype(q.dtype)
-    if c == torch.bfloat16:
+    by ``path`` (default :func:`compute_path`'s; a bfloat16 call's computed from its bfloat16 operands, summed in
+    float32)."""
+    kernel, path = _module(), path or compute_path(q.dtype, step)[0]
+    c = {'float64': torch.float64, 'float32': torch.float32}.get(path, torch.bfloat16)
+    if path == 'brgemm':
+        gq, gv, gtable, gcontent = kernel.tiled_backward_brgemm(_to(gy, c), q, v, table, content, step)
+    elif path == 'avx512_bf16':
         gq, gv, gtable, gcontent = kernel.tiled_backward_bf16(_to(gy, c), q, v, table, content, step)
     else:
         gq, gv, gtable, gcontent = kernel.tiled_backward(_to(gy, c), _to(q, c), _to(v, c), _to(table, c),
@@ -489,9 +569,13 @@ def backward(gy: torch.Tensor, q: torch.Tensor, v: torch.Tensor, table: torch.Te
             _to(gcontent, v.dtype if content is None else content.dtype))
 
 
+PATHS = ('float64', 'float32', 'brgemm', 'avx512_bf16')  # the plan's tiling names one by its index
+
+
 class CpuKernel(Tiled):
-    """The ``cpu_kernel`` backend: the tiled form by this module's C++ kernels on CPU tensors; float32 and float64,
-    bfloat16 natively where built for AVX-512 BF16 (:func:`native`), other 16-bit calls computed in float32."""
+    """The ``cpu_kernel`` backend: the tiled form by this module's C++ kernels on CPU tensors; float32 and float64;
+    bfloat16 by the path :func:`compute_path` measured fastest on this CPU (AMX by oneDNN's BRGEMM, AVX-512 BF16's
+    VDPBF16PS loops, or float32), other 16-bit calls computed in float32. Its plans name the path in their tiling."""
     name = 'cpu_kernel'
     devices = ('cpu',)
 
@@ -501,12 +585,19 @@ class CpuKernel(Tiled):
     def declines(self, call: Call) -> Optional[str]:
         return declines(call.dtype, call.stride)
 
+    def computes_as(self, call: Call) -> str:
+        return compute_path(call.dtype, call.stride)[1]
+
     def kernel_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """:func:`compute_dtype`."""
         return compute_dtype(dtype)
 
+    def kernel_tiling(self, device: str, dtype: torch.dtype, step: int, c: int, kw: int):
+        """The path (:func:`compute_path`), as its index in :data:`PATHS`."""
+        return (PATHS.index(compute_path(dtype, step)[0]),)
+
     def tiled_forward(self, plan, q, v, table, step, content):
-        return forward(q, v, table, step, content, plan.compute_dtype)
+        return forward(q, v, table, step, content, PATHS[plan.tiling[0]])
 
     def tiled_backward(self, plan, gy, q, v, table, step, content):
-        return backward(gy, q, v, table, step, content, plan.compute_dtype)
+        return backward(gy, q, v, table, step, content, PATHS[plan.tiling[0]])

@@ -285,17 +285,19 @@ def _higher_order(plan: Plan, gy: Tensor, inputs: Sequence) -> list:
 def _in_autocast_dtype(*args):
     # torch.library.register_autocast (torch >= 2.7) fixes the dtype at registration; autocast's dtype is chosen at
     # run time (bfloat16 or float16, on either device), so this rule reads it as a matmul does; a plan made for the
-    # inputs' dtype gets the backend's compute dtype for autocast's
+    # inputs' dtype gets the backend's decisions for autocast's
     device = args[0].device.type
+    dtype = args[0].dtype
     args = _autocast_inputs(args, torch.get_autocast_dtype(device))
     q, table, v, backend = args[0], args[3], args[2], args[10]
-    if q.dtype != args[12] and backend in backends.REGISTRY and backends.REGISTRY[backend].operator:
+    if q.dtype != dtype and backend in backends.REGISTRY and backends.REGISTRY[backend].operator:
         b, hk, height, width = q.shape
         k, u = table.shape[0], table.shape[1]
         kh, kw = min(table.shape[2], 2 * height - 1), min(table.shape[3], 2 * width - 1)
         call = backends.Call(args[9], q.device.type, q.dtype, args[5], 0, 2 * height - 1 <= kh and 2 * width - 1 <= kw,
                              height, width, kh, kw, k, u, v.shape[1] // u, hk // k)
-        args[12] = backends.REGISTRY[backend].decide(call).compute_dtype or q.dtype
+        d = backends.REGISTRY[backend].decide(call)
+        args[11:14] = [d.variant, d.compute_dtype or q.dtype, list(d.tiling)]
     with torch.autocast(device, enabled=False):
         return _op(*args)
 

@@ -230,15 +230,16 @@ class Tiled(Backend):
         tiling for the kernel call the variant makes (:meth:`kernel_tiling`)."""
         variant = _variant(call)
         step, c, kw = (2, 9 * call.k, call.kw + 2) if variant == 'patched' else (1, call.k, call.kw)
-        return Decision(variant, self.kernel_dtype(call.dtype), self.kernel_tiling(call.device, step, c, kw))
+        return Decision(variant, self.kernel_dtype(call.dtype),
+                        self.kernel_tiling(call.device, call.dtype, step, c, kw))
 
     def kernel_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype the kernels compute a call of ``dtype`` in (default: itself)."""
         return dtype
 
-    def kernel_tiling(self, device: str, step: int, c: int, kw: int) -> Tuple[int, ...]:
-        """The kernels' tiling and chunking for a kernel call at ``step`` with query depth ``c`` against a table
-        window ``kw`` wide (its own ints; default none)."""
+    def kernel_tiling(self, device: str, dtype: torch.dtype, step: int, c: int, kw: int) -> Tuple[int, ...]:
+        """The kernels' tiling, chunking and path for a kernel call in ``dtype`` at ``step`` with query depth ``c``
+        against a table window ``kw`` wide (its own ints; default none)."""
         return ()
 
     def tiled_forward(self, plan, q: Tensor, v: Tensor, table: Tensor, step: int,

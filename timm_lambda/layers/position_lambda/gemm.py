@@ -218,9 +218,9 @@ class Gemm(Tiled):
         """The tiled form's (:meth:`.fused.Tiled.decide`); the dense form has no variant, its chunks the tiled's."""
         if call.form == 'tiled':
             return super().decide(call)
-        return Decision('', call.dtype, self.kernel_tiling(call.device, 1, call.k, call.kw))
+        return Decision('', call.dtype, self.kernel_tiling(call.device, call.dtype, 1, call.k, call.kw))
 
-    def kernel_tiling(self, device: str, step: int, c: int, kw: int) -> Tuple[int, ...]:
+    def kernel_tiling(self, device: str, dtype: torch.dtype, step: int, c: int, kw: int) -> Tuple[int, ...]:
         """The chunk size: :data:`CPU_CHUNK_ROWS` logit rows on a CPU, :data:`DEVICE_CHUNK_ELEMENTS` logits
         elsewhere."""
         return (CPU_CHUNK_ROWS if device == 'cpu' else DEVICE_CHUNK_ELEMENTS,)

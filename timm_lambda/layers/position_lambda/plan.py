@@ -168,5 +168,6 @@ def _choose(form: str, device: str, dtype: torch.dtype, stride: int, queries: in
                          f"form{'s' if len(forms) > 1 else ''}, not {form!r}: choose the layer's form accordingly, or "
                          "set_backend('auto')")
     chosen = backends.choose(call)
-    backends.note(call, chosen, backends.explain(call, chosen))
+    how = backends.get(chosen).computes_as(call)
+    backends.note(call, chosen, backends.explain(call, chosen) + (f'; {how}' if how else ''))
     return chosen

@@ -317,6 +317,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #if defined(__AVX512BF16__)
   m.def("tiled_forward_bf16", &tiled_forward_bf16);
   m.def("tiled_backward_bf16", &tiled_backward_bf16);
+  m.def("tiled_forward_brgemm", &tiled_forward_brgemm, py::arg("q"), py::arg("v"), py::arg("table"),
+        py::arg("content"), py::arg("step"), py::arg("block") = std::vector<int64_t>{});
+  m.def("tiled_backward_brgemm", &tiled_backward_brgemm, py::arg("gy"), py::arg("q"), py::arg("v"), py::arg("table"),
+        py::arg("content"), py::arg("step"), py::arg("block") = std::vector<int64_t>{});
+  m.def("brgemm_bf16_isa", &brgemm_bf16_isa);
+  m.def("amx_tile_data_permitted", &amx_tile_data_permitted);
   m.attr("bf16") = true;
 #else
   m.attr("bf16") = false;

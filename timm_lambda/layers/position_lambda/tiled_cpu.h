@@ -425,10 +425,18 @@ inline torch::Tensor content_of(const std::optional<torch::Tensor>& content, con
 
 }  // namespace tiled_cpu
 
-// tiled_cpu_bf16.cpp, where the compiler targets AVX-512 BF16
+// tiled_cpu_bf16.cpp and tiled_cpu_brgemm.cpp, where the compiler targets AVX-512 BF16
 #if defined(__AVX512BF16__)
 torch::Tensor tiled_forward_bf16(torch::Tensor q, torch::Tensor v, torch::Tensor table,
                                  std::optional<torch::Tensor> content, int64_t step);
 std::vector<torch::Tensor> tiled_backward_bf16(torch::Tensor gy, torch::Tensor q, torch::Tensor v, torch::Tensor table,
                                                std::optional<torch::Tensor> content, int64_t step);
+// tiled_cpu_brgemm.cpp: bfloat16 by oneDNN's BRGEMM (AMX tiles where the CPU has them)
+std::string brgemm_bf16_isa();
+bool amx_tile_data_permitted();
+torch::Tensor tiled_forward_brgemm(torch::Tensor q, torch::Tensor v, torch::Tensor table,
+                                   std::optional<torch::Tensor> content, int64_t step, std::vector<int64_t> block);
+std::vector<torch::Tensor> tiled_backward_brgemm(torch::Tensor gy, torch::Tensor q, torch::Tensor v,
+                                                 torch::Tensor table, std::optional<torch::Tensor> content,
+                                                 int64_t step, std::vector<int64_t> block);
 #endif

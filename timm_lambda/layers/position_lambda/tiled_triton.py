@@ -818,7 +818,7 @@ class _Triton(Tiled):
         return [r + " (or Triton's interpreter, TRITON_INTERPRET=1)" if r.startswith('needs CUDA') else r
                 for r in reasons]
 
-    def kernel_tiling(self, device: str, step: int, c: int, kw: int):
+    def kernel_tiling(self, device: str, dtype: torch.dtype, step: int, c: int, kw: int):
         """Whether the tensor-core kernels compute their logits (and ``dq``) themselves (:func:`_fuses`), and the
         logits of a chunk (:data:`CHUNK_ELEMENTS`)."""
         return (int(self.tensor_cores and _fuses(step, c, kw)), CHUNK_ELEMENTS)
