@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from dev.datasets import SHAPE_CLASSES, SyntheticShapes
-from dev.quick_train import QuickRunConfig, quick_train
+from _lib.datasets import SHAPE_CLASSES, SyntheticShapes
+from _lib.quick_train import QuickRunConfig, quick_train
 
 REPO = Path(__file__).resolve().parents[1]
 

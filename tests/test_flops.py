@@ -8,7 +8,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from _layer_helpers import CUSTOM_OP_FLOPS
-from dev.docs import forward_macs
+from _lib.docs import forward_macs
 from timm_lambda.layers import LambdaLayer
 
 pytestmark = CUSTOM_OP_FLOPS

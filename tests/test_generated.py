@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from _layer_helpers import CUSTOM_OP_FLOPS
-from dev.docs import DOC_BLOCKS, generated_files, render_blocks
+from _lib.docs import DOC_BLOCKS, generated_files, render_blocks
 
 REPO = Path(__file__).resolve().parents[1]
 GENERATED = generated_files(REPO)

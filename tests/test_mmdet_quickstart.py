@@ -23,7 +23,7 @@ def test_quickstart_default_run(tmp_path):
     run, about 2.5 minutes on one core, serves every check). It writes the data, the checkpoint, a COCO evaluation of
     the checkpoint loaded from disk, progress with ETA and both PNGs; on the held-out generated images it reaches
     bbox AP50 >= 0.3."""
-    from dev.quickstart import DEFAULTS
+    from _lib.quickstart import DEFAULTS
     work = str(tmp_path / 'qs')
     rc, out = run([sys.executable, osp.join(REPO, 'tools', 'quickstart.py'), '--work-dir', work, '--image-size', '96'],
                   timeout=1500)

@@ -18,7 +18,7 @@ import time
 
 
 def parse_args(argv=None):
-    from dev.quick_train import QuickRunConfig
+    from _lib.quick_train import QuickRunConfig
     d = QuickRunConfig()
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--model', default=d.model, help='timm model name (default: %(default)s)')
@@ -52,7 +52,7 @@ def main(argv=None):
     import timm
     import torch
 
-    from dev.quick_train import QuickRunConfig, quick_train
+    from _lib.quick_train import QuickRunConfig, quick_train
     cfg = QuickRunConfig(
         model=args.model, model_kwargs={'layers': tuple(args.layers)}, num_classes=args.classes,
         image_size=args.image_size, train_samples=args.train_samples, val_samples=args.val_samples,

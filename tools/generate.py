@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dev.docs import generated_files
+from _lib.docs import generated_files
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -35,6 +35,7 @@ starts, every path exists and every output is written and checked.
 """
 import argparse
 import glob
+import importlib.util
 import json
 import math
 import os
@@ -49,10 +50,23 @@ import tarfile
 import tempfile
 import time
 
-from dev.benchmarks.measure import commit, cpu_model  # the tools' shared helpers (tools/dev)
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, 'tools')
+BENCHMARKS = os.path.join(ROOT, 'benchmarks')  # the measurement programs this check runs
+
+
+def _load_measure():
+    """benchmarks/harness/measure.py, read from its file: ``python tools/gpu_check.py`` has tools/ on its path, not
+    benchmarks/, and the check names its commit and CPU by the helpers every result uses (tests/test_result_commits.py).
+    """
+    spec = importlib.util.spec_from_file_location('harness_measure', os.path.join(BENCHMARKS, 'harness', 'measure.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+measure = _load_measure()
+commit, cpu_model = measure.commit, measure.cpu_model
 PY = sys.executable
 
 # The position-lambda tests and the model tests of tests/test_cuda.py; mmdet's tools run in the Mask R-CNN steps.
@@ -358,7 +372,7 @@ def layer_table(run: Run, args) -> None:
     def check():  # every table, then the batch-1 CUDA-graph comparison (graphs.json)
         passed, why = check_json(table)()
         return check_json(graphs)() if passed else (passed, why)
-    run.step('layer_benchmarks', [PY, os.path.join(TOOLS, 'benchmark_lambda_layer.py'), '--gpu-check', run.path()]
+    run.step('layer_benchmarks', [PY, os.path.join(BENCHMARKS, 'benchmark_lambda_layer.py'), '--gpu-check', run.path()]
              + (['--tiny'] if run.dry_run else []), 80, check, need=40)
     if os.path.exists(table):  # what was measured, also where the step ran out of time
         run.record['results']['layer_vs_conv'] = layer_summary(table)
@@ -426,7 +440,7 @@ def mask_rcnn(run: Run, args) -> None:
     tools/test.py on the LambdaResNet-101 checkpoint."""
     import mmdet
 
-    from dev.synthetic_coco import make_coco_dataset
+    from _lib.synthetic_coco import make_coco_dataset
     from timm_lambda_mmdet.overrides import small_run_overrides, to_cli_options
     tools = os.path.join(os.path.dirname(mmdet.__file__), '.mim', 'tools')
     s = mask_rcnn_setting(run.dry_run)
@@ -494,7 +508,7 @@ def _mmdet_metrics(test_dir: str) -> dict:
 
 def image_folder(root: str, classes, per_class: int, size: int) -> None:
     """A generated ImageFolder (``root/train/<class>/*.png``, ``root/val/...``) from dev.datasets.SyntheticShapes."""
-    from dev.datasets import SyntheticShapes
+    from _lib.datasets import SyntheticShapes
     n = per_class * len(classes)
     for split, n in (('train', n), ('val', max(len(classes), n // 4))):
         data = SyntheticShapes(n, size, classes=classes, split=split, seed=0)
@@ -588,7 +602,7 @@ def tc_kernels(run: Run, args) -> None:
         alternatives = len(errors_in(rows))
         return True, f'{len(rows)} rows' + (f'; {alternatives} alternative tilings failed or differed'
                                             if alternatives else '')
-    run.step('tune_tc_kernels', [PY, os.path.join(TOOLS, 'tune_tc_kernels.py'), '--out', run.path(), '--budget',
+    run.step('tune_tc_kernels', [PY, os.path.join(BENCHMARKS, 'tune_tc_kernels.py'), '--out', run.path(), '--budget',
                                  str(round(max(budget, 5)))] + (['--dry-run'] if run.dry_run else []), limit,
              check, need=need)
     if os.path.exists(path):
@@ -616,7 +630,7 @@ def model_benchmarks(run: Run, which) -> None:
     res = run.record['results'].setdefault('models', {})
     for name, gpu, dry, limit, need in which:
         path = run.path(f'{name}.json')
-        run.step(name, [PY, os.path.join(TOOLS, 'benchmark_models.py')] + (dry if run.dry_run else gpu)
+        run.step(name, [PY, os.path.join(BENCHMARKS, 'benchmark_models.py')] + (dry if run.dry_run else gpu)
                  + ['--json', path], limit,
                  check_json(path, lambda r: None if all(c.get('rows') or c.get('times') for c in r)
                             else 'a comparison without rows or times'),

@@ -5,7 +5,7 @@
 """
 import argparse
 
-from dev.synthetic_coco import make_coco_dataset
+from _lib.synthetic_coco import make_coco_dataset
 
 
 def main(argv=None):

@@ -8,7 +8,7 @@ see tools/generate.py).
 """
 import argparse
 
-from dev.docs import attention_tables, model_table
+from _lib.docs import attention_tables, model_table
 
 if __name__ == '__main__':
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])

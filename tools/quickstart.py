@@ -8,7 +8,7 @@ held-out images and draw its predictions (tools/dev/quickstart.py: what is run a
 import argparse
 import os.path as osp
 
-from dev.quickstart import CONFIG_NAME, DEFAULTS, run
+from _lib.quickstart import CONFIG_NAME, DEFAULTS, run
 
 CONFIG = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'configs', 'mmdet', CONFIG_NAME)
 

@@ -153,7 +153,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     import triton
 
-    from dev.benchmarks.measure import commit
+    from harness.measure import commit
     rows = report()
     print(f"{'shape':6} {'dtype':5} {'prec':5} {'kernel':22} {'warps':>5} {'stages':>6} {'regs':>4} {'spill':>5} "
           f"{'shared':>7} {'progs/SM':>8} {'mma':>4} {'wgmma':>5} {'cp.async':>8}")

@@ -53,7 +53,7 @@ def commit() -> str:
     if os.environ.get('TIMM_LAMBDA_COMMIT'):
         return os.environ['TIMM_LAMBDA_COMMIT']
     import subprocess
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root, capture_output=True, text=True, check=True)
         dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=root,

@@ -29,8 +29,8 @@ import time
 import torch
 
 import timm_lambda  # noqa: F401  (registers the models)
-from dev.benchmarks.measure import commit
-from dev.benchmarks.table4 import TABLE4_ROWS, markdown, markdown_document, plot, run_table4
+from harness.measure import commit
+from harness.table4 import TABLE4_ROWS, markdown, markdown_document, plot, run_table4
 
 
 def _result_args(argv):

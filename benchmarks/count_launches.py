@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from torch._library.custom_ops import OPDEFS  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from dev.benchmarks.measure import commit, machine  # noqa: E402
+from harness.measure import commit, machine  # noqa: E402
 from timm_lambda.layers import LambdaLayer, set_backend  # noqa: E402
 from timm_lambda.layers.position_lambda import tiled_triton  # noqa: E402
 

@@ -448,7 +448,7 @@ def main(argv=None):
     if args.check:
         check()
         return
-    from dev.benchmarks.measure import commit, cpu_model
+    from harness.measure import commit, cpu_model
     rows = table()
     for r in rows:
         print(f"{r['shape']:6s} {r['dtype']:8s} issued/needed: forward {r['ratio']['forward']:.2f}x, backward "

@@ -42,7 +42,7 @@ import timm
 import torch
 from torch import nn
 
-from dev.benchmarks.measure import (
+from harness.measure import (
     commit,
     graphed_step,
     interleaved_times,
@@ -52,7 +52,7 @@ from dev.benchmarks.measure import (
     spread,
     step_macs,
 )
-from dev.benchmarks.peak import fma_peak_gmacs
+from harness.peak import fma_peak_gmacs
 from timm_lambda import LambdaLayer
 
 LAMBDA101, RS101 = ('LambdaResNet-101', 'lambdaresnet101', {}), ('ResNet-RS-101+SE', 'resnetrs101', {})

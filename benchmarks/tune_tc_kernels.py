@@ -36,7 +36,7 @@ if '--dry-run' in sys.argv:
 
 import torch  # noqa: E402
 
-from dev.benchmarks.measure import commit, machine  # noqa: E402
+from harness.measure import commit, machine  # noqa: E402
 from timm_lambda.layers import LambdaLayer, set_backend  # noqa: E402
 from timm_lambda.layers.position_lambda import tiled_triton as T  # noqa: E402
 

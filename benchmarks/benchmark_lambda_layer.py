@@ -44,7 +44,7 @@ import time
 import torch
 from torch import nn
 
-from dev.benchmarks.measure import (
+from harness.measure import (
     backbone_shapes,
     commit,
     graphed_step,
@@ -56,7 +56,7 @@ from dev.benchmarks.measure import (
     spread,
     step_macs,
 )
-from dev.benchmarks.peak import fma_peak_gmacs
+from harness.peak import fma_peak_gmacs
 from timm_lambda.layers import LambdaLayer
 
 

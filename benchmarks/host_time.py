@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from dev.benchmarks.measure import commit, machine
+from harness.measure import commit, machine
 from timm_lambda.layers import LambdaLayer, set_backend
 
 

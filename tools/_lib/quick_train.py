@@ -6,7 +6,7 @@ timm's train/eval transforms with the model's data config, ``timm.optim.create_o
 ``timm.scheduler.create_scheduler_v2`` (cosine, per-update warm-up) drive the training, with timm's
 label-smoothing loss and ``timm.utils.accuracy``. It prints one line per epoch and returns the numbers.
 
-    from dev.quick_train import QuickRunConfig, quick_train
+    from _lib.quick_train import QuickRunConfig, quick_train
     result = quick_train(QuickRunConfig(epochs=2))
 
 ``tools/classification_quick_run.py`` is the command-line entry point (README "Classification quick run").

@@ -77,7 +77,7 @@ def main(argv=None):
     import torch
     from torch import nn
 
-    from dev.benchmarks.measure import backbone_shapes, commit, cpu_model, layer_step, load_average, machine, spread
+    from harness.measure import backbone_shapes, commit, cpu_model, layer_step, load_average, machine, spread
     from timm_lambda.layers import LambdaLayer
     from timm_lambda.layers.position_lambda import backends, cpu_kernel
 
