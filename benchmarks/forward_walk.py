@@ -2,7 +2,7 @@
 in the order they run, as "stays" (consecutive frames in one file), the files, and the returns to a file already left
 (issue 38: the dispatch was spread over five files).
 
-    python tools/forward_walk.py [--impl auto|tiled|dense|einsum|conv] [--path]
+    python benchmarks/forward_walk.py [--impl auto|tiled|dense|einsum|conv] [--path]
 """
 import argparse
 import os

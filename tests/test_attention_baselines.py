@@ -128,7 +128,7 @@ def test_table4_lambda_variants():
 
 
 def test_table4_analytic_memory_reproduces_the_papers_figures():
-    """The paper's memory column from its complexity column (dev.benchmarks.table4 docstring): within rounding."""
+    """The paper's memory column from its complexity column (harness.table4 docstring): within rounding."""
     paper = {layer: gb for layer, _, gb, _, _ in TABLE4}
     for layer, (_, _, kind) in TABLE4_ROWS.items():
         if paper[layer] is not None:

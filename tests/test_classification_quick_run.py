@@ -1,5 +1,5 @@
-"""The README's classification quick run (tools/classification_quick_run.py, dev.quick_train) and its
-generated data set (dev.datasets.SyntheticShapes)."""
+"""The README's classification quick run (tools/classification_quick_run.py, _lib.quick_train) and its
+generated data set (_lib.datasets.SyntheticShapes)."""
 import re
 import subprocess
 import sys

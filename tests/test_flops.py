@@ -1,4 +1,4 @@
-"""Multiply-add counts (the README model table's GMACs column, ``dev.docs.forward_macs``): torch's FlopCounterMode
+"""Multiply-add counts (the README model table's GMACs column, ``_lib.docs.forward_macs``): torch's FlopCounterMode
 counts the lambda operator (``timm_lambda::lambda_layer``) by its registered FLOP formula, on the meta device as on a
 CPU."""
 

@@ -45,7 +45,7 @@ def test_quickstart_default_run(tmp_path):
 
 
 def test_quickstart_options_reach_the_run(monkeypatch):
-    """Every command-line option of tools/quickstart.py is handed to dev.quickstart.run (the runs
+    """Every command-line option of tools/quickstart.py is handed to _lib.quickstart.run (the runs
     themselves are the run above and the mmdet end-to-end tests)."""
     tool = load_file('tools/quickstart.py', 'quickstart_tool')
     calls = []

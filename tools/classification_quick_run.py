@@ -6,7 +6,7 @@ With no arguments this generates 8 classes of shapes and textures in random colo
 (resnet50_lambda_global32: every 3x3 conv a lambda layer, global context) with one block per stage, and
 trains it for 10 epochs with timm's own machinery (create_model, create_loader with timm's transforms,
 create_optimizer_v2, create_scheduler_v2), printing held-out top-1 after every epoch and the final accuracy
-against chance (12.5%). About 2 minutes on 2 CPU cores. The code is tools/dev/quick_train.py.
+against chance (12.5%). About 2 minutes on 2 CPU cores. The code is tools/_lib/quick_train.py.
 
     python tools/classification_quick_run.py [--epochs 10] [--threads 1] [--model resnet50_lambda_global32]
 """

@@ -330,7 +330,7 @@ def layer_summary(path: str) -> list:
 
 
 def tc_kernels_summary(path: str) -> dict:
-    """From tools/tune_tc_kernels.py's JSON: each layer step's device time, its five largest kernels and the five
+    """From benchmarks/tune_tc_kernels.py's JSON: each layer step's device time, its five largest kernels and the five
     aten operators (with input shapes) whose own kernels took longest; each
     tensor-core kernel's time at the wrappers' constants, its best alternative and the speedup; at batch 1, the
     small-grid tiles' speedup over the full-grid ones; the host's microseconds a call of an aten op, a Triton launch
@@ -507,7 +507,7 @@ def _mmdet_metrics(test_dir: str) -> dict:
 
 
 def image_folder(root: str, classes, per_class: int, size: int) -> None:
-    """A generated ImageFolder (``root/train/<class>/*.png``, ``root/val/...``) from dev.datasets.SyntheticShapes."""
+    """A generated ImageFolder (``root/train/<class>/*.png``, ``root/val/...``) from _lib.datasets.SyntheticShapes."""
     from _lib.datasets import SyntheticShapes
     n = per_class * len(classes)
     for split, n in (('train', n), ('val', max(len(classes), n // 4))):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Quick start: train a LambdaResNet Mask R-CNN on generated COCO-format data until it detects, evaluate it on
-held-out images and draw its predictions (tools/dev/quickstart.py: what is run and how it is scaled down).
+held-out images and draw its predictions (tools/_lib/quickstart.py: what is run and how it is scaled down).
 
     python tools/quickstart.py                      # about 2.5 minutes on 2 idle CPU cores (135 s, 2026-11-22)
     python tools/quickstart.py --iters 20 --num-train 16 --num-val 4   # a smoke test

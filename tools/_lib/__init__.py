@@ -1,8 +1,9 @@
-"""Development code of this repository, not installed: the generators of configs and README tables (:mod:`.docs`,
-:mod:`.recipes`), the benchmark harnesses (:mod:`.benchmarks`) and the generated data sets and short runs of the
-quick starts (:mod:`.datasets`, :mod:`.quick_train`, :mod:`.synthetic_coco`, :mod:`.quickstart`).
+"""The code of the programs in ``tools/`` (not installed): the generators of the committed configs and doc tables
+(:mod:`.docs`, :mod:`.recipes`, :mod:`.results`), and the generated data sets and short runs of the quick starts
+(:mod:`.datasets`, :mod:`.quick_train`, :mod:`.synthetic_coco`, :mod:`.quickstart`).
 
-``python tools/x.py`` puts ``tools/`` first on ``sys.path``, so the entry points in ``tools/`` import this
-package as ``dev``; the tests find it through ``pythonpath = ["tools"]`` (pyproject.toml). It imports the
-installed packages (``timm_lambda``, ``timm_lambda_mmdet``), never the other way round (tests/test_layout.py).
+``python tools/x.py`` puts ``tools/`` first on ``sys.path``, so the programs in ``tools/`` import this package as
+``_lib``; the tests find it through ``pythonpath`` (pyproject.toml). It imports the installed packages
+(``timm_lambda``, ``timm_lambda_mmdet``), never the other way round, and not the lab (``benchmarks/``;
+tests/test_layout.py).
 """

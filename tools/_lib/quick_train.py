@@ -1,6 +1,6 @@
 """A short image-classification run through timm's own machinery, on a generated data set.
 
-``timm.create_model`` builds the LambdaResNet, :class:`~dev.datasets.SyntheticShapes` generates the
+``timm.create_model`` builds the LambdaResNet, :class:`~_lib.datasets.SyntheticShapes` generates the
 images (train and held-out splits from independent random streams), ``timm.data.create_loader`` applies
 timm's train/eval transforms with the model's data config, ``timm.optim.create_optimizer_v2`` and
 ``timm.scheduler.create_scheduler_v2`` (cosine, per-update warm-up) drive the training, with timm's
