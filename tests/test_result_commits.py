@@ -10,9 +10,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # writers of JSON that is not a result: gpu_bundle.py's MANIFEST records the sources it bundled
 NOT_RESULTS = {'tools/gpu_bundle.py'}
-# the helper imported (benchmarks/), or its file loaded by the GPU check (tools/ does not have benchmarks/ on its path)
-HELPER = (r'from harness\.measure import (\([^)]*\bcommit\b|[^\n(]*\bcommit\b)'
-          r'|harness., .measure\.py.\)[\s\S]*commit, cpu_model = measure\.commit')
+# the helper, imported by the lab (benchmarks/) or through tools/_lib/provenance.py, which reads the same file
+HELPER = r'from (harness\.measure|_lib\.provenance) import (\([^)]*\bcommit\b|[^\n(]*\bcommit\b)'
 
 
 def _writers():
@@ -52,3 +51,11 @@ def test_the_helper_marks_an_uncommitted_tree_dirty(tmp_path, monkeypatch):
     assert measure.commit() == head
     (repo / 'benchmarks' / 'harness' / 'measure.py').write_text('# changed\n')
     assert measure.commit() == head + '+dirty'
+
+
+def test_the_tools_name_their_commit_by_the_same_helper():
+    """tools/_lib/provenance.py's helpers are benchmarks/harness/measure.py's own functions, not copies."""
+    from _lib import provenance
+    from harness import measure
+    for name in ('commit', 'cpu_model', 'load_average', 'machine'):
+        assert getattr(provenance, name).__code__.co_filename == getattr(measure, name).__code__.co_filename, name

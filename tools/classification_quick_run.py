@@ -11,9 +11,12 @@ against chance (12.5%). About 2 minutes on 2 CPU cores. The code is tools/_lib/q
     python tools/classification_quick_run.py [--epochs 10] [--threads 1] [--model resnet50_lambda_global32]
 """
 import argparse
+import json
 import os
 import platform
+import shlex
 import subprocess
+import sys
 import time
 
 
@@ -37,6 +40,7 @@ def parse_args(argv=None):
     p.add_argument('--seed', type=int, default=d.seed)
     p.add_argument('--threads', type=int, default=None,
                    help="torch threads (default: torch's; 1 is faster when other jobs share the cores)")
+    p.add_argument('--json', default=None, help='write the run (command, commit, machine, time, accuracies) here')
     return p.parse_args(argv)
 
 
@@ -66,6 +70,16 @@ def main(argv=None):
     print(f'[quick-run] machine load after: {machine_load()}', flush=True)
     print(f'[quick-run] done in {time.time() - start:.0f}s: held-out top-1 {result["val_top1"]:.1f}% vs chance '
           f'{result["chance"]:.1f}%', flush=True)
+    if args.json:
+        from _lib.provenance import commit, load_average, machine
+        record = dict(command=shlex.join(['python', 'tools/classification_quick_run.py']
+                                         + list(sys.argv[1:] if argv is None else argv)),
+                      date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(), machine=machine(),
+                      load_after=load_average(), seconds=round(time.time() - start, 1), config=vars(args),
+                      result={k: v for k, v in result.items() if isinstance(v, (int, float, list))})
+        with open(args.json, 'w') as f:
+            json.dump(record, f, indent=1, default=str)
+            f.write('\n')
     return result
 
 

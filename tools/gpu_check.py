@@ -35,7 +35,6 @@ starts, every path exists and every output is written and checked.
 """
 import argparse
 import glob
-import importlib.util
 import json
 import math
 import os
@@ -50,23 +49,11 @@ import tarfile
 import tempfile
 import time
 
+from _lib.provenance import commit, cpu_model  # the one commit() of every result (benchmarks/harness)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, 'tools')
 BENCHMARKS = os.path.join(ROOT, 'benchmarks')  # the measurement programs this check runs
-
-
-def _load_measure():
-    """benchmarks/harness/measure.py, read from its file: ``python tools/gpu_check.py`` has tools/ on its path, not
-    benchmarks/, and the check names its commit and CPU by the helpers every result uses (tests/test_result_commits.py).
-    """
-    spec = importlib.util.spec_from_file_location('harness_measure', os.path.join(BENCHMARKS, 'harness', 'measure.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-measure = _load_measure()
-commit, cpu_model = measure.commit, measure.cpu_model
 PY = sys.executable
 
 # The position-lambda tests and the model tests of tests/test_cuda.py; mmdet's tools run in the Mask R-CNN steps.
