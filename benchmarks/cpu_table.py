@@ -14,8 +14,9 @@ oneDNN runs bfloat16 convolutions by its reference code).
     python benchmarks/cpu_table.py --parts c4 c4_avx2 --json docs/results/cpu_table.json   # re-run two parts
 
 Builds both kernels first where they are not built (``python -m timm_lambda.build_cpu_kernel``, plain and with
-``TIMM_LAMBDA_CPU_ARCH=x86-64-v3``, into ``$TORCH_EXTENSIONS_DIR``). With ``--json`` naming an existing file, the
-parts not run are kept. ``python tools/generate.py`` renders the README's table from the file.
+``TIMM_LAMBDA_CPU_ARCH=x86-64-v3``, into ``$TORCH_EXTENSIONS_DIR``). The JSON is written after each part; with
+``--json`` naming an existing file, the parts not run are kept. ``python tools/generate.py`` renders the README's
+table from the file.
 """
 import argparse
 import json
@@ -86,27 +87,25 @@ def run_part(name: str) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--parts', nargs='+', choices=list(PARTS), default=list(PARTS))
-    p.add_argument('--json', help='write (or update) the result here')
+    p.add_argument('--json', help='write (or update) the result here, after each part')
     args = p.parse_args(argv)
     t0, load_before = time.perf_counter(), load_average()
+    parts = {}
+    if args.json and os.path.exists(args.json):
+        with open(args.json) as f:
+            parts = json.load(f)['parts']  # the parts not run now are kept
     _build_kernels()
-    parts = {name: run_part(name) for name in args.parts}
-    record = dict(command=shlex.join(['python', 'benchmarks/cpu_table.py'] + list(argv or sys.argv[1:])),
-                  date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(), machine=machine(),
-                  cpu=cpu_model(), cores=os.cpu_count(), load_before=load_before, load_after=load_average(),
-                  seconds=round(time.perf_counter() - t0, 1), parts=parts)
-    if args.json:
-        try:
-            with open(args.json) as f:
-                kept = json.load(f)['parts']
-        except FileNotFoundError:
-            kept = {}
-        record['parts'] = dict(kept, **parts)
-        with open(args.json, 'w') as f:
-            json.dump(record, f, indent=1, default=str)
-            f.write('\n')
-    print(f'[cpu_table] {len(parts)} parts in {record["seconds"]:.0f} s')
-
+    for name in args.parts:
+        parts[name] = run_part(name)
+        record = dict(command=shlex.join(['python', 'benchmarks/cpu_table.py'] + list(argv or sys.argv[1:])),
+                      date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(), machine=machine(),
+                      cpu=cpu_model(), cores=os.cpu_count(), load_before=load_before, load_after=load_average(),
+                      seconds=round(time.perf_counter() - t0, 1), parts=parts)
+        if args.json:  # after each part: an interrupted run keeps what it measured
+            with open(args.json, 'w') as f:
+                json.dump(record, f, indent=1, default=str)
+                f.write('\n')
+    print(f'[cpu_table] {len(args.parts)} parts in {time.perf_counter() - t0:.0f} s')
 
 if __name__ == '__main__':
     main()
