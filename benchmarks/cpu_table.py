@@ -90,22 +90,28 @@ def main(argv=None):
     p.add_argument('--json', help='write (or update) the result here, after each part')
     args = p.parse_args(argv)
     t0, load_before = time.perf_counter(), load_average()
-    parts = {}
+    parts, runs = {}, []
     if args.json and os.path.exists(args.json):
         with open(args.json) as f:
-            parts = json.load(f)['parts']  # the parts not run now are kept
+            kept = json.load(f)
+        parts, runs = kept['parts'], kept.get('runs', [])  # the parts not run now are kept, and how they ran
+    this = dict(command=shlex.join(['python', 'benchmarks/cpu_table.py'] + list(argv or sys.argv[1:])),
+                date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(), load_before=load_before)
     _build_kernels()
     for name in args.parts:
         parts[name] = run_part(name)
-        record = dict(command=shlex.join(['python', 'benchmarks/cpu_table.py'] + list(argv or sys.argv[1:])),
-                      date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(), machine=machine(),
-                      cpu=cpu_model(), cores=os.cpu_count(), load_before=load_before, load_after=load_average(),
-                      seconds=round(time.perf_counter() - t0, 1), parts=parts)
+        this.update(parts=args.parts[:args.parts.index(name) + 1], seconds=round(time.perf_counter() - t0, 1),
+                    load_after=load_average())
+        # command: what reproduces every part; runs: the invocations that measured them
+        record = dict(command=f'python benchmarks/cpu_table.py --json {args.json or "OUT.json"}', date=this['date'],
+                      commit=this['commit'], machine=machine(), cpu=cpu_model(), cores=os.cpu_count(),
+                      runs=runs + [this], parts=parts)
         if args.json:  # after each part: an interrupted run keeps what it measured
             with open(args.json, 'w') as f:
                 json.dump(record, f, indent=1, default=str)
                 f.write('\n')
     print(f'[cpu_table] {len(args.parts)} parts in {time.perf_counter() - t0:.0f} s')
+
 
 if __name__ == '__main__':
     main()
