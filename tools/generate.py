@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""Write the files generated from the paper facts (timm_lambda/paper.py): configs/timm/*.yaml (timm train.py
-recipes), configs/mmdet/*.py (Table 14 configs) with their configs/mmdet/metafile.yml, and the generated blocks
-of README.md.
+"""Write the generated files: from the paper facts (timm_lambda/paper.py) configs/timm/*.yaml (timm train.py
+recipes), configs/mmdet/*.py (Table 14 configs) with their configs/mmdet/metafile.yml; and the generated blocks of
+README.md and docs/*.md, the result tables among them from the committed JSON in docs/results/
+(tools/_lib/results.py).
 
     python tools/generate.py           # write
     python tools/generate.py --check   # exit 1 and list the files that differ (what tests/test_generated.py checks)
