@@ -1,4 +1,4 @@
-"""Measuring speed and memory on a shared machine: the helpers behind ``tools/benchmark_*.py``.
+"""Measuring speed and memory on a shared machine: the helpers behind ``benchmarks/*.py``.
 
 * Times are taken **side by side in one process, interleaved** (A, B, A, B, ... with the order reversed
   every other round) and summarised by the median, so a load change hits every candidate alike; report
