@@ -609,6 +609,7 @@ def readme_gpu(page: str) -> Tuple[List[Result], List[str]]:
 # --- the README's CPU table (benchmarks/cpu_table.py) --------------------------------------------------------------
 
 SAME = 'as this CPU (AMX computes 16-bit types only)'
+NOT_MEASURED = 'not measured'
 CPU_CLASSES = (('this CPU: AVX-512, AVX-512 BF16, AMX', ''), ('AVX-512 BF16, no AMX', '_avx512_bf16'),
                ('AVX2 + FMA only', '_avx2'))
 
@@ -639,7 +640,7 @@ def readme_cpu(page: str) -> Tuple[List[Result], List[str]]:
             cand = f'auto[{targets[suffix]}]'
             t, e = (_layer_sum(part, f'{m} {dtype}', cand) for m in ('train', 'eval'))
             cells.append(f'{x(t)}; {x(e)}' if t is not None else SAME if (suffix, dtype) == ('_avx512_bf16', 'float32')
-                         else '-')
+                         else NOT_MEASURED)
         what = 'float32' if dtype == 'float32' else 'bfloat16 autocast'
         out.append(f"| one lambda layer / its 3x3 conv, LambdaResNet-101's c4 and c5 shapes at 1024 px summed, "
                    f"batch 1, {what} | " + ' | '.join(cells) + ' |')
@@ -655,7 +656,7 @@ def readme_cpu(page: str) -> Tuple[List[Result], List[str]]:
         for name in names:
             part = _part(name) if name not in (None, SAME) else None
             if part is None:
-                cells.append(SAME if name == SAME else '-')
+                cells.append(SAME if name == SAME else NOT_MEASURED)
                 continue
             entry = part['result'][0]
             lam, base = _models(entry)[:2]
