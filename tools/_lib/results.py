@@ -12,8 +12,10 @@ A JSON whose file name holds ``before`` or its own commit (``detection_shapes_26
 earlier code kept for comparison: never the newest of its kind. A program that writes one JSON of parts
 (benchmarks/cpu_table.py) contributes each part as a result of its own, named ``file.json#part``.
 
-To add a block for a new kind of JSON: a branch of :func:`kind_of` if its content is new, a renderer (a function of
-a :class:`Result`, returning markdown lines) and one line of :data:`BLOCKS`; the page gets the two marker lines.
+To add a block for a new JSON: ``python tools/generate.py --kinds`` prints each result's kind (a branch of
+:func:`kind_of` where its content is new); a renderer (a function of a :class:`Result` returning markdown lines, or
+an existing one); one line of :data:`BLOCKS`, ``'name': of(kind, renderer)``; the two marker lines
+``<!-- generated:name -->`` and ``<!-- /generated:name -->`` on the page; then ``python tools/generate.py``.
 """
 import json
 import re
