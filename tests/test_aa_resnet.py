@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dev.docs import count_params
+from _lib.docs import count_params
 from timm_lambda.layers import AugmentedConv2d, RelPosSelfAttention2d
 from timm_lambda.layers.attention_augmented import augmented_depths
 from timm_lambda.layers.relative_attention import rel_to_abs, relative_logits_1d

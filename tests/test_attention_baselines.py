@@ -9,8 +9,8 @@ import timm
 import torch
 import torch.nn.functional as F
 
-from dev.benchmarks.table4 import TABLE4_ROWS, analytic_memory_gib, markdown, plot, run_table4
-from dev.docs import TABLE3_MODELS, table3_rows
+from _lib.docs import TABLE3_MODELS, table3_rows
+from harness.table4 import TABLE4_ROWS, analytic_memory_gib, markdown, plot, run_table4
 from timm_lambda import registered_models
 from timm_lambda.layers import AxialSelfAttention2d, LambdaLayer, LocalSelfAttention2d, RelPosSelfAttention2d
 from timm_lambda.paper import TABLE3, TABLE4
@@ -128,7 +128,7 @@ def test_table4_lambda_variants():
 
 
 def test_table4_analytic_memory_reproduces_the_papers_figures():
-    """The paper's memory column from its complexity column (dev.benchmarks.table4 docstring): within rounding."""
+    """The paper's memory column from its complexity column (harness.table4 docstring): within rounding."""
     paper = {layer: gb for layer, _, gb, _, _ in TABLE4}
     for layer, (_, _, kind) in TABLE4_ROWS.items():
         if paper[layer] is not None:
@@ -215,13 +215,13 @@ def test_benchmark_and_table_tools_run(tmp_path):
     import subprocess
     import sys
     repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, str(repo / 'tools' / 'benchmark_table4.py'), '--img-size', '32', '--batch',
-                           '2', '--repeats', '1', '--no-infer', '--rows', 'Lambda layer',
+    proc = subprocess.run([sys.executable, str(repo / 'benchmarks' / 'benchmark_table4.py'), '--img-size', '32',
+                           '--batch', '2', '--repeats', '1', '--no-infer', '--rows', 'Lambda layer',
                            '--md', str(tmp_path / 't.md'), '--png', ''],
                           cwd=repo, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert '| Lambda layer | `resnet50_lambda` | Θ(lkn²) | 1.9 | 1.92 |' in (tmp_path / 't.md').read_text()
-    from dev.docs import attention_tables
+    from _lib.docs import attention_tables
     out = attention_tables()
     assert 'Local relative self-attention (Ramachandran et al., 2019) | 18.0 |' in out
     assert '`aa_resnet152` | 61.6 | 61.61' in out

@@ -67,3 +67,31 @@ def test_layer_gradcheck_batch_one(name, make, train):
 @pytest.mark.parametrize('name,train', model_params(skip_deepest=True))
 def test_model_batch_one_equals_duplicated_batch(name, train):
     check_model_batch_one(name, train)
+
+
+def _torch_batch_norm_gradcheck(batch: int, training: bool) -> bool:
+    """Torch alone: ``F.batch_norm`` -> ``reshape(B, C, n)`` -> ``transpose(1, 2)`` -> ``matmul`` (the lambda layer's
+    pattern), gradcheck of the input gradient; at B == 1 the gradient reaching batch norm has strides
+    ``(C, 1, W*C, C)`` and torch's CPU kernel mishandles it."""
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(0)
+    C, H, W = 8, 5, 4
+    x = torch.randn(batch, C, H, W, dtype=torch.float64, generator=g, requires_grad=True)
+    weight, bias = torch.randn(C, dtype=torch.float64, generator=g), torch.randn(C, dtype=torch.float64, generator=g)
+    mean, var = torch.randn(C, dtype=torch.float64, generator=g), torch.rand(C, dtype=torch.float64, generator=g) + 0.5
+    other = torch.randn(batch, 3, H * W, dtype=torch.float64, generator=g)
+
+    def f(x):
+        y = F.batch_norm(x, None if training else mean, None if training else var, weight, bias, training=training)
+        return torch.matmul(other, y.reshape(batch, C, H * W).transpose(1, 2))
+
+    return torch.autograd.gradcheck(f, (x,), raise_exception=False)
+
+
+@pytest.mark.parametrize('train', [True, False], ids=['train', 'eval'])
+def test_torch_batch_norm_backward_is_still_wrong_at_batch_one(train):
+    """The upstream bug that timm_lambda/layers/batch_one.py works around, in torch alone (the torch versions it was
+    seen on: docs/execution_modes.md): wrong at batch 1, right at batch 2. When this fails at batch 1, torch has fixed
+    it: the workaround can go for the versions that have the fix."""
+    assert _torch_batch_norm_gradcheck(2, train)
+    assert not _torch_batch_norm_gradcheck(1, train), f'torch {torch.__version__} has fixed the batch-1 bug'

@@ -1,5 +1,5 @@
-"""The README's classification quick run (tools/classification_quick_run.py, dev.quick_train) and its
-generated data set (dev.datasets.SyntheticShapes)."""
+"""The README's classification quick run (tools/classification_quick_run.py, _lib.quick_train) and its
+generated data set (_lib.datasets.SyntheticShapes)."""
 import re
 import subprocess
 import sys
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from dev.datasets import SHAPE_CLASSES, SyntheticShapes
-from dev.quick_train import QuickRunConfig, quick_train
+from _lib.datasets import SHAPE_CLASSES, SyntheticShapes
+from _lib.quick_train import QuickRunConfig, quick_train
 
 REPO = Path(__file__).resolve().parents[1]
 

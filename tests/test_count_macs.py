@@ -1,6 +1,6 @@
-"""tools/count_macs.py: the multiply-adds that the tensor-core kernels of the tiled position lambdas issue, from their
-grids and tiles. Its formula must equal what the kernels do (every ``tl.dot`` and torch matrix product counted while
-the wrappers run under Triton's interpreter on small maps, launch by launch), and the committed figures
+"""benchmarks/count_macs.py: the multiply-adds that the tensor-core kernels of the tiled position lambdas issue, from
+their grids and tiles. Its formula must equal what the kernels do (every ``tl.dot`` and torch matrix product counted
+while the wrappers run under Triton's interpreter on small maps, launch by launch), and the committed figures
 (docs/results/kernel_macs.json) must be the formula's at today's tiles."""
 import json
 import os
@@ -10,7 +10,7 @@ import sys
 from _helpers import require_triton
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOOL = os.path.join(ROOT, 'tools', 'count_macs.py')
+TOOL = os.path.join(ROOT, 'benchmarks', 'count_macs.py')
 RESULT = os.path.join(ROOT, 'docs', 'results', 'kernel_macs.json')
 
 
@@ -28,9 +28,9 @@ def test_formula_equals_the_interpreted_kernels_count():
 
 def test_committed_figures_are_the_formulas():
     """docs/results/kernel_macs.json holds what the formula gives at the wrappers' current tiles (a change to
-    ``tc_launch_meta`` or the kernels' loops regenerates it: ``python tools/count_macs.py --json
+    ``tc_launch_meta`` or the kernels' loops regenerates it: ``python benchmarks/count_macs.py --json
     docs/results/kernel_macs.json``), and each row's totals are its sites' sums against the query-side form."""
-    sys.path.insert(0, os.path.join(ROOT, 'tools'))
+    sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
     import count_macs
     with open(RESULT) as f:
         committed = json.load(f)
@@ -39,7 +39,7 @@ def test_committed_figures_are_the_formulas():
     for old, new in zip(committed['rows'], fresh):
         key = (old['shape'], old['dtype'])
         assert (old['issued'], old['needed']) == (new['issued'], new['needed']), (
-            f'{key}: docs/results/kernel_macs.json is stale; regenerate it: python tools/count_macs.py --json '
+            f'{key}: docs/results/kernel_macs.json is stale; regenerate it: python benchmarks/count_macs.py --json '
             'docs/results/kernel_macs.json')
         assert old['issued']['train'] == sum(s['issued'] for s in old['sites'])
         assert old['needed']['train'] == 4 * old['needed']['logits'] + 3 * old['needed']['values']

@@ -288,8 +288,8 @@ def test_model_batch_one_equals_duplicated_batch_on_cuda(name, train):
 @pytest.mark.slow
 def test_mmdet_mask_rcnn_train_test_on_cuda(tmp_path):
     pytest.importorskip('mmdet', reason='detection extra not installed (pip install "timm-lambda[det]")')
+    from _lib.synthetic_coco import make_coco_dataset
     from _mmdet_helpers import CLASSES, CONFIG_DIR, MMDET_TOOLS, run
-    from dev.synthetic_coco import make_coco_dataset
     from timm_lambda_mmdet.mmcv_cuda import mmcv_has_cuda_ops
     from timm_lambda_mmdet.overrides import small_run_overrides, to_cli_options
 

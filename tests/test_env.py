@@ -81,7 +81,7 @@ def test_every_variable_of_the_package_is_in_the_table():
     variables and the benchmarks' commit excepted), and the table's kinds and defaults are the call sites'."""
     import re
     found = set()
-    for root in ('timm_lambda', 'timm_lambda_mmdet', 'tools'):
+    for root in ('timm_lambda', 'timm_lambda_mmdet', 'tools', 'benchmarks'):
         for path in (REPO / root).rglob('*'):
             if path.suffix in ('.py', '.sh'):
                 found |= set(re.findall(r'TIMM_LAMBDA_[A-Z0-9_]+', path.read_text()))

@@ -88,9 +88,9 @@ def test_mmengine_compile_true_on_a_shrunk_table14_config(tmp_path):
     from mmengine.runner import Runner
 
     import _det  # noqa: F401  (skips without the [det] extra)
+    from _lib.quickstart import build_config
+    from _lib.synthetic_coco import make_coco_dataset
     from _mmdet_helpers import CONFIG_DIR
-    from dev.quickstart import build_config
-    from dev.synthetic_coco import make_coco_dataset
 
     data = make_coco_dataset(str(tmp_path / 'data'), num_train=8, num_val=2, image_size=96, seed=0)
     config = osp.join(CONFIG_DIR, 'mask-rcnn_lambdaresnet101_fpn_syncbn_lsj-130k_coco.py')
@@ -113,12 +113,12 @@ def test_mmengine_compile_true_on_a_shrunk_table14_config(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_benchmark_command_runs(capsys):
-    """``tools/benchmark_models.py cuda`` (float32 and bfloat16 autocast, LambdaResNet-101 vs ResNet-RS-101+SE
+    """``benchmarks/benchmark_models.py cuda`` (float32 and bfloat16 autocast, LambdaResNet-101 vs ResNet-RS-101+SE
     and LambdaResNet-50 vs timm's lambda_resnet50ts) runs end to end; here on the CPU at 64 px, since CI has
     no GPU: the command a lent GPU would run is the same code."""
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / 'tools' / 'benchmark_models.py'
+    path = Path(__file__).resolve().parents[1] / 'benchmarks' / 'benchmark_models.py'
     spec = importlib.util.spec_from_file_location('benchmark_models', path)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)

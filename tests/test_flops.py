@@ -1,4 +1,4 @@
-"""Multiply-add counts (the README model table's GMACs column, ``dev.docs.forward_macs``): torch's FlopCounterMode
+"""Multiply-add counts (the README model table's GMACs column, ``_lib.docs.forward_macs``): torch's FlopCounterMode
 counts the lambda operator (``timm_lambda::lambda_layer``) by its registered FLOP formula, on the meta device as on a
 CPU."""
 
@@ -8,7 +8,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from _layer_helpers import CUSTOM_OP_FLOPS
-from dev.docs import forward_macs
+from _lib.docs import forward_macs
 from timm_lambda.layers import LambdaLayer
 
 pytestmark = CUSTOM_OP_FLOPS

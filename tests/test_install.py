@@ -117,7 +117,8 @@ INSTALLED = ("timm_lambda", "timm_lambda_mmdet", "mmdet_plugin")  # the packages
 
 def test_wheel_holds_what_users_import(tmp_path):
     """A wheel built from this tree holds every module of the installed packages, the CPU kernel's C++ sources and the
-    autoload hook, and nothing else: no development code (tools/dev/, imported as ``dev``), no tests, no configs."""
+    autoload hook, and nothing else: not the tools' code (tools/_lib/) nor the lab (benchmarks/), no tests, no
+    configs."""
     src = tmp_path / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", "data", "work_dirs", ".whl",

@@ -1,7 +1,7 @@
 """form='auto' rule (timm_lambda.layers.position_lambda.choose_form) against the committed sweeps.
 
 The expectations are read from docs/results/sweep_*.json, written by the commands in their ``command`` field
-(`tools/benchmark_lambda_layer.py --sweep ...`): training steps of the dense and tiled forms side by side,
+(`benchmarks/benchmark_lambda_layer.py --sweep ...`): training steps of the dense and tiled forms side by side,
 interleaved rounds, min / median / max per size. At every measured size where one form is clearly faster,
 ``'auto'`` must choose it. Clearly faster: its median round is faster than the other form's fastest round
 (at least 3 of its 5 rounds beat all 5 of the other's). The margin comes from the data's spread: the rounds of
@@ -83,7 +83,7 @@ def test_auto_gives_the_same_output_as_every_impl():
 def test_the_documented_sweep_command_writes_the_committed_format(tmp_path):
     """A tiny sweep by the tool writes the same keys as the committed files (which the tests above read); a
     committed file may also hold ``memory``, the record of a later ``--memory-only`` run over it."""
-    tool = load_file('tools/benchmark_lambda_layer.py', 'benchmark_lambda_layer')
+    tool = load_file('benchmarks/benchmark_lambda_layer.py', 'benchmark_lambda_layer')
     out = tmp_path / 'sweep.json'
     tool.main(['--sweep', '--width', '8', '--scope', '7', '--sizes', '5', '--repeats', '1', '--json', str(out)])
     written, committed = _load(out), _load(ROOT / 'docs' / 'results' / 'sweep_scope7_u4.json')
@@ -91,7 +91,7 @@ def test_the_documented_sweep_command_writes_the_committed_format(tmp_path):
     assert written['commit'] and [k for k in written if k != 'commit'] == [
         key for key in committed if key not in ('memory', 'commit')]
     assert list(written['settings']) == list(committed['settings'])
-    assert written['command'].startswith('python tools/benchmark_lambda_layer.py --sweep')
+    assert written['command'].startswith('python benchmarks/benchmark_lambda_layer.py --sweep')
     row, committed_row = written['results'][0], committed['results'][0]
     assert list(row) == list(committed_row)
     assert all(list(row[k]) == list(committed_row[k]) for k in row if k != 'size')

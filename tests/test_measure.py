@@ -1,4 +1,4 @@
-"""Peak memory of a step (tools/dev/benchmarks/measure.py) counts what the CPU allocator hands out, inside
+"""Peak memory of a step (benchmarks/harness/measure.py) counts what the CPU allocator hands out, inside
 custom operators too: a custom operator's own scratch, and the lambda layer's dense form (one custom operator
 holding the logits ``[b, h n, m]`` inside) against the same arithmetic in plain ops."""
 import statistics
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from _helpers import load_file
-from dev.benchmarks.measure import peak_of_memory_events, peak_step_bytes, step_macs
+from harness.measure import peak_of_memory_events, peak_step_bytes, step_macs
 from timm_lambda.layers import LambdaLayer
 
 MIB = 2 ** 20
@@ -83,8 +83,8 @@ def test_dense_form_training_step_holds_logits_and_their_gradient():
 
 
 def _tool(name: str):
-    """tools/<name>.py as a new module."""
-    return load_file(f'tools/{name}.py', name)
+    """benchmarks/<name>.py as a new module."""
+    return load_file(f'benchmarks/{name}.py', name)
 
 
 def test_memory_only_run_replaces_the_memory_of_a_saved_result(tmp_path):
@@ -106,7 +106,7 @@ def test_memory_only_run_replaces_the_memory_of_a_saved_result(tmp_path):
 
 @pytest.mark.slow
 def test_model_goals_against_the_skipped_lambda_layers(monkeypatch, capsys):
-    """``tools/benchmark_models.py c4``'s bound: the candidate with its lambda layers skipped has none left and the
+    """``benchmarks/benchmark_models.py c4``'s bound: the candidate with its lambda layers skipped has none left and the
     same feature shapes; the multiply-adds the goals are divided by are exactly the lambda layers' own (counted layer
     by layer on the inputs they get in the network); a goal's budget is goal x baseline - skipped (medians)."""
     tool = _tool('benchmark_models')

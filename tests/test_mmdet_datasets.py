@@ -9,8 +9,8 @@ from mmdet.registry import DATASETS
 from mmdet.utils import register_all_modules
 
 import timm_lambda_mmdet  # noqa: F401
+from _lib.synthetic_coco import make_coco_dataset
 from _mmdet_helpers import CLASSES
-from dev.synthetic_coco import make_coco_dataset
 
 register_all_modules()
 

@@ -19,8 +19,8 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 
 import timm_lambda_mmdet.runner_checkpoints  # noqa: F401  (opts in to the allow-list, as the configs do)
+from _lib.synthetic_coco import make_coco_dataset
 from _mmdet_helpers import CLASSES, CONFIG_DIR, MMDET_TOOLS, python_m, run
-from dev.synthetic_coco import make_coco_dataset
 from timm_lambda_mmdet.overrides import small_run_overrides, to_cli_options
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ def test_quickstart_default_run(tmp_path):
     run, about 2.5 minutes on one core, serves every check). It writes the data, the checkpoint, a COCO evaluation of
     the checkpoint loaded from disk, progress with ETA and both PNGs; on the held-out generated images it reaches
     bbox AP50 >= 0.3."""
-    from dev.quickstart import DEFAULTS
+    from _lib.quickstart import DEFAULTS
     work = str(tmp_path / 'qs')
     rc, out = run([sys.executable, osp.join(REPO, 'tools', 'quickstart.py'), '--work-dir', work, '--image-size', '96'],
                   timeout=1500)
@@ -45,7 +45,7 @@ def test_quickstart_default_run(tmp_path):
 
 
 def test_quickstart_options_reach_the_run(monkeypatch):
-    """Every command-line option of tools/quickstart.py is handed to dev.quickstart.run (the runs
+    """Every command-line option of tools/quickstart.py is handed to _lib.quickstart.run (the runs
     themselves are the run above and the mmdet end-to-end tests)."""
     tool = load_file('tools/quickstart.py', 'quickstart_tool')
     calls = []

@@ -1,6 +1,6 @@
-"""Every tool that writes result JSON names the commit it ran at through one helper, ``dev.benchmarks.measure.commit``
-(``+dirty`` where tracked files differ from it), never a ``git rev-parse`` of its own that would name a commit for
-an uncommitted tree (docs/results/launches.json once did)."""
+"""Every program that writes result JSON names the commit it ran at through one helper, ``harness.measure.commit``
+(benchmarks/harness/measure.py; ``+dirty`` where tracked files differ from it), never a ``git rev-parse`` of its own
+that would name a commit for an uncommitted tree (docs/results/launches.json once did)."""
 import os
 import re
 import subprocess
@@ -8,49 +8,54 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOOLS = os.path.join(ROOT, 'tools')
-# writers of result JSON, not of a result: gpu_bundle.py's MANIFEST records the sources it bundled
-NOT_RESULTS = {'gpu_bundle.py'}
+# writers of JSON that is not a result: gpu_bundle.py's MANIFEST records the sources it bundled
+NOT_RESULTS = {'tools/gpu_bundle.py'}
+# the helper, imported by the lab (benchmarks/) or through tools/_lib/provenance.py, which reads the same file
+HELPER = r'from (harness\.measure|_lib\.provenance) import (\([^)]*\bcommit\b|[^\n(]*\bcommit\b)'
 
 
 def _writers():
     out = []
-    for name in sorted(os.listdir(TOOLS)):
-        if name.endswith('.py') and name not in NOT_RESULTS:
-            with open(os.path.join(TOOLS, name)) as f:
-                text = f.read()
-            if 'json.dump' in text:
-                out.append((name, text))
+    for folder in ('tools', 'benchmarks'):
+        for name in sorted(os.listdir(os.path.join(ROOT, folder))):
+            rel = f'{folder}/{name}'
+            if name.endswith('.py') and rel not in NOT_RESULTS:
+                with open(os.path.join(ROOT, rel)) as f:
+                    text = f.read()
+                if 'json.dump' in text:
+                    out.append((rel, text))
     return out
 
 
 @pytest.mark.parametrize('name, text', _writers(), ids=[n for n, _ in _writers()])
 def test_each_result_writer_names_its_commit_by_the_shared_helper(name, text):
-    assert re.search(r'from dev\.benchmarks\.measure import (\([^)]*\bcommit\b|[^\n(]*\bcommit\b)', text), \
-        f'tools/{name} writes JSON without dev.benchmarks.measure.commit'
-    assert 'commit()' in text, f'tools/{name} imports commit but does not record it'
-    assert 'rev-parse' not in text, f'tools/{name} asks git for its commit itself (no +dirty)'
+    assert re.search(HELPER, text), f'{name} writes JSON without harness.measure.commit'
+    assert 'commit()' in text, f'{name} imports commit but does not record it'
+    assert 'rev-parse' not in text, f'{name} asks git for its commit itself (no +dirty)'
 
 
 def test_the_helper_marks_an_uncommitted_tree_dirty(tmp_path, monkeypatch):
     """In a checkout whose tracked files differ from HEAD the commit ends in ``+dirty``; clean, it does not."""
-    import sys
-    sys.path.insert(0, TOOLS)
-    try:
-        from dev.benchmarks import measure
-    finally:
-        sys.path.remove(TOOLS)
+    from harness import measure
     monkeypatch.delenv('TIMM_LAMBDA_COMMIT', raising=False)
     repo = tmp_path / 'repo'
-    (repo / 'tools' / 'dev' / 'benchmarks').mkdir(parents=True)
+    (repo / 'benchmarks' / 'harness').mkdir(parents=True)
     with open(measure.__file__) as f:
-        (repo / 'tools' / 'dev' / 'benchmarks' / 'measure.py').write_text(f.read())
+        (repo / 'benchmarks' / 'harness' / 'measure.py').write_text(f.read())
     env = dict(os.environ, GIT_AUTHOR_NAME='t', GIT_AUTHOR_EMAIL='t@t', GIT_COMMITTER_NAME='t',
                GIT_COMMITTER_EMAIL='t@t')
     for cmd in (['git', 'init', '-q'], ['git', 'add', '.'], ['git', 'commit', '-q', '-m', 'x']):
         subprocess.run(cmd, cwd=repo, check=True, env=env)
     head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=repo, capture_output=True, text=True).stdout.strip()
-    monkeypatch.setattr(measure, '__file__', str(repo / 'tools' / 'dev' / 'benchmarks' / 'measure.py'))
+    monkeypatch.setattr(measure, '__file__', str(repo / 'benchmarks' / 'harness' / 'measure.py'))
     assert measure.commit() == head
-    (repo / 'tools' / 'dev' / 'benchmarks' / 'measure.py').write_text('# changed\n')
+    (repo / 'benchmarks' / 'harness' / 'measure.py').write_text('# changed\n')
     assert measure.commit() == head + '+dirty'
+
+
+def test_the_tools_name_their_commit_by_the_same_helper():
+    """tools/_lib/provenance.py's helpers are benchmarks/harness/measure.py's own functions, not copies."""
+    from _lib import provenance
+    from harness import measure
+    for name in ('commit', 'cpu_model', 'load_average', 'machine'):
+        assert getattr(provenance, name).__code__.co_filename == getattr(measure, name).__code__.co_filename, name

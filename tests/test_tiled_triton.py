@@ -77,7 +77,7 @@ def test_small_grids_get_more_programs_down_to_one_a_multiprocessor():
     import torch
 
     from timm_lambda.layers.position_lambda import tiled_triton as T
-    shapes = [(256, 64, 1), (512, 64, 2), (512, 32, 1)]  # (width, side, stride), as tools/tune_tc_kernels.py
+    shapes = [(256, 64, 1), (512, 64, 2), (512, 32, 1)]  # (width, side, stride), as benchmarks/tune_tc_kernels.py
     for dtype, prec in ((torch.bfloat16, 'ieee'), (torch.float32, 'tf32'), (torch.float32, 'ieee')):
         for width, side, step in shapes:
             c, kw, dv, out = (144, 25, width // 4, side // 2) if step == 2 else (16, 23, width // 4, side)
@@ -217,7 +217,7 @@ def test_a_failing_launch_raises_in_strict_mode_and_for_a_chosen_backend(monkeyp
     assert tiled_triton._LAUNCHED
 
 
-_SM90 = load_file('tools/sm90_kernels.py', 'sm90_kernels')
+_SM90 = load_file('benchmarks/sm90_kernels.py', 'sm90_kernels')
 
 
 @pytest.mark.slow
@@ -225,7 +225,7 @@ _SM90 = load_file('tools/sm90_kernels.py', 'sm90_kernels')
 def test_tensor_core_kernels_compile_for_sm90_with_wgmma_no_spills_two_programs_and_async_loads(shape):
     """Every tensor-core kernel as the wrappers launch it (``tiled_triton.tc_launch_meta``) at LambdaResNet-101's
     three 1024 px shapes and a small odd one, compiled ahead of time for sm_90 (H100 and H200) by Triton on this CPU
-    with the launcher's specialisation at those sizes (tools/sm90_kernels.py; issue 53 item 2): every 16-bit and
+    with the launcher's specialisation at those sizes (benchmarks/sm90_kernels.py; issue 53 item 2): every 16-bit and
     TF32 kernel (the value gradient too) on Hopper's warpgroup MMA (``wgmma``), the exact float32 one on no tensor
     cores; none spills to local memory (``ptxas -v``); at least two programs resident a multiprocessor (registers,
     warps, shared memory); the 16-bit kernels' and the TF32 value gradient's main loops pipelined (``num_stages`` >

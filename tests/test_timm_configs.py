@@ -15,7 +15,7 @@ import yaml
 from timm.models import get_pretrained_cfg
 
 import timm_lambda  # noqa: F401  (registers the models even without the autoload hook)
-from dev import recipes as timm_train_args
+from _lib import recipes as timm_train_args
 from timm_lambda.paper import TABLE20
 
 REPO = Path(__file__).resolve().parents[1]

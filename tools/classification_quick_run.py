@@ -6,19 +6,22 @@ With no arguments this generates 8 classes of shapes and textures in random colo
 (resnet50_lambda_global32: every 3x3 conv a lambda layer, global context) with one block per stage, and
 trains it for 10 epochs with timm's own machinery (create_model, create_loader with timm's transforms,
 create_optimizer_v2, create_scheduler_v2), printing held-out top-1 after every epoch and the final accuracy
-against chance (12.5%). About 2 minutes on 2 CPU cores. The code is tools/dev/quick_train.py.
+against chance (12.5%). About 2 minutes on 2 CPU cores. The code is tools/_lib/quick_train.py.
 
     python tools/classification_quick_run.py [--epochs 10] [--threads 1] [--model resnet50_lambda_global32]
 """
 import argparse
+import json
 import os
 import platform
+import shlex
 import subprocess
+import sys
 import time
 
 
 def parse_args(argv=None):
-    from dev.quick_train import QuickRunConfig
+    from _lib.quick_train import QuickRunConfig
     d = QuickRunConfig()
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--model', default=d.model, help='timm model name (default: %(default)s)')
@@ -37,6 +40,7 @@ def parse_args(argv=None):
     p.add_argument('--seed', type=int, default=d.seed)
     p.add_argument('--threads', type=int, default=None,
                    help="torch threads (default: torch's; 1 is faster when other jobs share the cores)")
+    p.add_argument('--json', default=None, help='write the run (command, commit, machine, time, accuracies) here')
     return p.parse_args(argv)
 
 
@@ -52,7 +56,7 @@ def main(argv=None):
     import timm
     import torch
 
-    from dev.quick_train import QuickRunConfig, quick_train
+    from _lib.quick_train import QuickRunConfig, quick_train
     cfg = QuickRunConfig(
         model=args.model, model_kwargs={'layers': tuple(args.layers)}, num_classes=args.classes,
         image_size=args.image_size, train_samples=args.train_samples, val_samples=args.val_samples,
@@ -66,6 +70,16 @@ def main(argv=None):
     print(f'[quick-run] machine load after: {machine_load()}', flush=True)
     print(f'[quick-run] done in {time.time() - start:.0f}s: held-out top-1 {result["val_top1"]:.1f}% vs chance '
           f'{result["chance"]:.1f}%', flush=True)
+    if args.json:
+        from _lib.provenance import commit, load_average, machine
+        record = dict(command=shlex.join(['python', 'tools/classification_quick_run.py']
+                                         + list(sys.argv[1:] if argv is None else argv)),
+                      date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(), machine=machine(),
+                      load_after=load_average(), seconds=round(time.time() - start, 1), config=vars(args),
+                      result={k: v for k, v in result.items() if isinstance(v, (int, float, list))})
+        with open(args.json, 'w') as f:
+            json.dump(record, f, indent=1, default=str)
+            f.write('\n')
     return result
 
 

@@ -49,10 +49,11 @@ import tarfile
 import tempfile
 import time
 
-from dev.benchmarks.measure import commit, cpu_model  # the tools' shared helpers (tools/dev)
+from _lib.provenance import commit, cpu_model  # the one commit() of every result (benchmarks/harness)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, 'tools')
+BENCHMARKS = os.path.join(ROOT, 'benchmarks')  # the measurement programs this check runs
 PY = sys.executable
 
 # The position-lambda tests and the model tests of tests/test_cuda.py; mmdet's tools run in the Mask R-CNN steps.
@@ -316,7 +317,7 @@ def layer_summary(path: str) -> list:
 
 
 def tc_kernels_summary(path: str) -> dict:
-    """From tools/tune_tc_kernels.py's JSON: each layer step's device time, its five largest kernels and the five
+    """From benchmarks/tune_tc_kernels.py's JSON: each layer step's device time, its five largest kernels and the five
     aten operators (with input shapes) whose own kernels took longest; each
     tensor-core kernel's time at the wrappers' constants, its best alternative and the speedup; at batch 1, the
     small-grid tiles' speedup over the full-grid ones; the host's microseconds a call of an aten op, a Triton launch
@@ -358,7 +359,7 @@ def layer_table(run: Run, args) -> None:
     def check():  # every table, then the batch-1 CUDA-graph comparison (graphs.json)
         passed, why = check_json(table)()
         return check_json(graphs)() if passed else (passed, why)
-    run.step('layer_benchmarks', [PY, os.path.join(TOOLS, 'benchmark_lambda_layer.py'), '--gpu-check', run.path()]
+    run.step('layer_benchmarks', [PY, os.path.join(BENCHMARKS, 'benchmark_lambda_layer.py'), '--gpu-check', run.path()]
              + (['--tiny'] if run.dry_run else []), 80, check, need=40)
     if os.path.exists(table):  # what was measured, also where the step ran out of time
         run.record['results']['layer_vs_conv'] = layer_summary(table)
@@ -426,7 +427,7 @@ def mask_rcnn(run: Run, args) -> None:
     tools/test.py on the LambdaResNet-101 checkpoint."""
     import mmdet
 
-    from dev.synthetic_coco import make_coco_dataset
+    from _lib.synthetic_coco import make_coco_dataset
     from timm_lambda_mmdet.overrides import small_run_overrides, to_cli_options
     tools = os.path.join(os.path.dirname(mmdet.__file__), '.mim', 'tools')
     s = mask_rcnn_setting(run.dry_run)
@@ -493,8 +494,8 @@ def _mmdet_metrics(test_dir: str) -> dict:
 
 
 def image_folder(root: str, classes, per_class: int, size: int) -> None:
-    """A generated ImageFolder (``root/train/<class>/*.png``, ``root/val/...``) from dev.datasets.SyntheticShapes."""
-    from dev.datasets import SyntheticShapes
+    """A generated ImageFolder (``root/train/<class>/*.png``, ``root/val/...``) from _lib.datasets.SyntheticShapes."""
+    from _lib.datasets import SyntheticShapes
     n = per_class * len(classes)
     for split, n in (('train', n), ('val', max(len(classes), n // 4))):
         data = SyntheticShapes(n, size, classes=classes, split=split, seed=0)
@@ -588,7 +589,7 @@ def tc_kernels(run: Run, args) -> None:
         alternatives = len(errors_in(rows))
         return True, f'{len(rows)} rows' + (f'; {alternatives} alternative tilings failed or differed'
                                             if alternatives else '')
-    run.step('tune_tc_kernels', [PY, os.path.join(TOOLS, 'tune_tc_kernels.py'), '--out', run.path(), '--budget',
+    run.step('tune_tc_kernels', [PY, os.path.join(BENCHMARKS, 'tune_tc_kernels.py'), '--out', run.path(), '--budget',
                                  str(round(max(budget, 5)))] + (['--dry-run'] if run.dry_run else []), limit,
              check, need=need)
     if os.path.exists(path):
@@ -616,7 +617,7 @@ def model_benchmarks(run: Run, which) -> None:
     res = run.record['results'].setdefault('models', {})
     for name, gpu, dry, limit, need in which:
         path = run.path(f'{name}.json')
-        run.step(name, [PY, os.path.join(TOOLS, 'benchmark_models.py')] + (dry if run.dry_run else gpu)
+        run.step(name, [PY, os.path.join(BENCHMARKS, 'benchmark_models.py')] + (dry if run.dry_run else gpu)
                  + ['--json', path], limit,
                  check_json(path, lambda r: None if all(c.get('rows') or c.get('times') for c in r)
                             else 'a comparison without rows or times'),

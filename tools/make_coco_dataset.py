@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""Write the synthetic COCO-format dataset of the quick start (tools/dev/synthetic_coco.py).
+"""Write the synthetic COCO-format dataset of the quick start (tools/_lib/synthetic_coco.py).
 
     python tools/make_coco_dataset.py --out data/synthetic_coco --seed 0
 """
 import argparse
 
-from dev.synthetic_coco import make_coco_dataset
+from _lib.synthetic_coco import make_coco_dataset
 
 
 def main(argv=None):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Print the README model table: every registered name, parameters, the paper's count, multiply-adds beside the
-paper's FLOPs, default resolution, what it reproduces (tools/dev/docs.py; README.md holds it as a generated block,
+paper's FLOPs, default resolution, what it reproduces (tools/_lib/docs.py; README.md holds it as a generated block,
 see tools/generate.py).
 
     python tools/model_table.py
@@ -8,7 +8,7 @@ see tools/generate.py).
 """
 import argparse
 
-from dev.docs import attention_tables, model_table
+from _lib.docs import attention_tables, model_table
 
 if __name__ == '__main__':
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])

@@ -1,14 +1,20 @@
 #!/usr/bin/env python
 """Quick start: train a LambdaResNet Mask R-CNN on generated COCO-format data until it detects, evaluate it on
-held-out images and draw its predictions (tools/dev/quickstart.py: what is run and how it is scaled down).
+held-out images and draw its predictions (tools/_lib/quickstart.py: what is run and how it is scaled down).
 
-    python tools/quickstart.py                      # about 2.5 minutes on 2 idle CPU cores (135 s, 2026-11-22)
+    python tools/quickstart.py                      # a few minutes on 2 CPU cores
     python tools/quickstart.py --iters 20 --num-train 16 --num-val 4   # a smoke test
+    python tools/quickstart.py --json docs/results/quickstart.json     # also record the run (the README's figures)
 """
 import argparse
+import json
 import os.path as osp
+import shlex
+import sys
+import time
 
-from dev.quickstart import CONFIG_NAME, DEFAULTS, run
+from _lib.provenance import commit, load_average, machine
+from _lib.quickstart import CONFIG_NAME, DEFAULTS, run
 
 CONFIG = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'configs', 'mmdet', CONFIG_NAME)
 
@@ -22,8 +28,21 @@ def main(argv=None):
                 'mask_convs'):
         p.add_argument('--' + key.replace('_', '-'), type=int, default=DEFAULTS[key])
     p.add_argument('--lr', type=float, default=DEFAULTS['lr'])
+    p.add_argument('--json', default=None, help='write the run (command, commit, machine, time, COCO metrics) here')
     args = vars(p.parse_args(argv))
-    return run(args.pop('config'), args.pop('work_dir'), **args)
+    path, load_before, t0 = args.pop('json'), load_average(), time.perf_counter()
+    out = run(args.pop('config'), args.pop('work_dir'), **args)
+    if path:
+        given = list(sys.argv[1:] if argv is None else argv)
+        record = dict(command=shlex.join(['python', 'tools/quickstart.py'] + given),
+                      date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(), machine=machine(),
+                      load_before=load_before, load_after=load_average(), seconds=round(time.perf_counter() - t0, 1),
+                      settings=dict(DEFAULTS, **args), metrics={k: v for k, v in out['metrics'].items()
+                                                                if isinstance(v, (int, float))})
+        with open(path, 'w') as f:
+            json.dump(record, f, indent=1, default=str)
+            f.write('\n')
+    return out
 
 
 if __name__ == '__main__':

@@ -13,7 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dev.recipes import check_configs, parse_train_py, write_args_file
+from _lib.recipes import check_configs, parse_train_py, write_args_file
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / 'configs' / 'timm'
 ARGS_FILE = CONFIG_DIR / 'train_py_args.txt'

@@ -5,7 +5,7 @@ gradient of shape ``[1, C, H, W]`` with strides like ``(C, 1, W*C, C)``: channel
 ``is_contiguous(memory_format=torch.channels_last)``, but with a batch stride of ``C`` (legal, since the
 batch has one sample). The CPU kernel then computes a wrong input gradient (relative error ~1), in train
 and eval mode; at batch 2 the same graph is exact. Seen on torch 2.14.1 (the affected releases are listed
-in docs/execution_modes.md, with a torch-only repro: tools/repro_batch_one_bn.py).
+in docs/execution_modes.md, with a torch-only repro in tests/test_batch_one.py).
 
 Every layer of this package whose norm output feeds a reshape goes through :func:`reshape_normed`.
 """

@@ -347,7 +347,7 @@ def load():
 def load_target(target: str):
     """The complete build for ``-march=<target>`` (see :func:`arch`; built by ``TIMM_LAMBDA_CPU_ARCH=<target> python -m
     timm_lambda.build_cpu_kernel``) loaded without compiling, or None; it does not serve (a benchmark or test compares
-    builds side by side in one process: tools/benchmark_cpu_isa.py)."""
+    builds side by side in one process: benchmarks/benchmark_cpu_isa.py)."""
     name = _name(target)
     return _load(_build_dir(name), name)[0]
 
@@ -433,7 +433,7 @@ def compute_path(dtype: torch.dtype, step: int = 1) -> Tuple[str, str]:
     ``'float64'``, ``'float32'`` (a 16-bit call's inputs converted, its results rounded back), ``'brgemm'`` (bfloat16
     products by oneDNN's BRGEMM micro-kernel, ``tiled_*_brgemm``: on AMX tiles where :func:`brgemm_isa` is ``'amx'``),
     ``'avx512_bf16'`` (bfloat16 products by the kernel's own VDPBF16PS loops, ``tiled_*_bf16``); ``why`` a sentence
-    for ``served_backends(why=True)``. bfloat16, measured (tools/benchmark_cpu_isa.py, docs/results/cpu_amx_*.json,
+    for ``served_backends(why=True)``. bfloat16, measured (benchmarks/benchmark_cpu_isa.py, docs/results/cpu_amx_*.json,
     docs/results/cpu_isa.json): on AMX the BRGEMM path; on an AMD CPU with AVX-512 BF16 the VDPBF16PS loops (faster
     than float32 at every shape on Zen 4); on an Intel CPU with AVX-512 BF16 but no AMX for oneDNN, float32; float32
     without AVX-512 BF16. ``$TIMM_LAMBDA_CPU_BF16`` (one of :data:`BF16_PATHS`) forces a bfloat16 path that this build
@@ -507,11 +507,11 @@ def _bf16_gemms() -> bool:
 def declines(dtype: torch.dtype, step: int) -> Optional[str]:
     """Why ``'auto'`` passes over the kernel for a call of ``dtype`` at ``step`` (1 or 2) although it could compute
     it, a reason starting ``'auto: '`` that names the instruction set; None where the kernel is the fast choice
-    (measured: tools/benchmark_cpu_isa.py, docs/benchmarks.md, "CPU"). The kernel's vectors are the instruction set's
-    (:func:`isa`): without AVX2 and FMA (SSE, NEON) the gemm backend's GEMMs, by the BLAS's tuned kernels, are faster;
-    a 16-bit stride-2 call that the kernel runs in float32 (a build without AVX-512 BF16) is slower than the gemm
-    backend's 16-bit GEMMs where those run on AVX-512 BF16 (:func:`_bf16_gemms`); on an AVX2 CPU they do not, and the
-    kernel's float32 is the faster (tools/benchmark_cpu_isa.py)."""
+    (measured: benchmarks/benchmark_cpu_isa.py, docs/benchmarks.md, "CPU"). The kernel's vectors are the
+    instruction set's (:func:`isa`): without AVX2 and FMA (SSE, NEON) the gemm backend's GEMMs, by the BLAS's tuned
+    kernels, are faster; a 16-bit stride-2 call that the kernel runs in float32 (a build without AVX-512 BF16) is
+    slower than the gemm backend's 16-bit GEMMs where those run on AVX-512 BF16 (:func:`_bf16_gemms`); on an AVX2 CPU
+    they do not, and the kernel's float32 is the faster (benchmarks/benchmark_cpu_isa.py)."""
     name = isa()
     if name not in FAST_ISAS:
         return (f"auto: the CPU kernel was built for {ISA_NAMES[name]} (-march={arch()}), without AVX2 + FMA; the "

@@ -514,8 +514,8 @@ def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, st
     :func:`_precision`): ``{'rows': {...}, 'logit_grad': {...}, 'value_grad': {...}}`` (``tc_rows`` forward, its
     logit-gradient variant, ``tc_value_grad``), each the kernel's block sizes, flags, ``num_warps`` and where set
     ``num_stages``; the forward's ``CONTENT`` is the caller's. What the wrappers launch, on every call (cached: a
-    pure function of its arguments; callers copy before changing it); tools/sm90_kernels.py and
-    tools/tune_tc_kernels.py use the same.
+    pure function of its arguments; callers copy before changing it); benchmarks/sm90_kernels.py and
+    benchmarks/tune_tc_kernels.py use the same.
 
     Measured by the GPU check's sweep on an H200 (docs/results/gpu_h200_run5_check_layer.json, ``tc_kernels``; each
     kernel at LambdaResNet-101's three 1024 px shapes, batch 8, at the tiles of then): 16-bit rows at the fewest
@@ -530,13 +530,13 @@ def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, st
     multiply-adds instead. Exact
     float32 keeps one row (at 64 its logit gradient spills 3.9 KB a thread on sm_90).
 
-    Chosen for the multiply-adds that the tiles issue (tools/count_macs.py, docs/results/kernel_macs.json), inferred,
-    not measured: the rows' queries the most that keep the fewest window columns (8 at a 23-wide scope: 30 of 32
+    Chosen for the multiply-adds that the tiles issue (benchmarks/count_macs.py, docs/results/kernel_macs.json),
+    inferred, not measured: the rows' queries the most that keep the fewest window columns (8 at a 23-wide scope: 30 of 32
     columns) and so the fewest output rows a program (2: each program visits 24 value rows for 23 a row needs, 26 at
     4); the value gradient transposed, its channels the MMA's 64 or 128 rows (``wgmma``), 16 value columns a program
     (the fewest an MMA takes: 38 queries' scopes reach 16 columns at a 23-wide scope, 54 reach 32) and the heads in
     the contraction (:func:`_tc_value_tiles`), on 4 warps (none spilled, at least two programs a multiprocessor on
-    sm_90: tools/sm90_kernels.py).
+    sm_90: benchmarks/sm90_kernels.py).
     A small grid (``images`` in the launch, ``|u|``, the value map's ``height``, default ``width``, on a GPU of
     ``sms`` multiprocessors: :func:`sm_count`): while a kernel's grid has fewer programs than the GPU has
     multiprocessors, fewer output rows a program (``BLOCK_Y`` halved, down to 1) and fewer value-gradient channels a
@@ -545,7 +545,7 @@ def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, st
     2x132 programs (unchanged); at batch 1 the c5 layer's (32 x 32 map) had 32 (value gradient, then 32 columns a
     program; 64 at 16) and 64 (16-bit rows) on an H200's 132 (docs/benchmarks.md, "GPU"; inferred, not yet
     measured: the GPU check's ``occupancy`` part of
-    tools/tune_tc_kernels.py times both). Without ``images`` and ``sms``: the tiles of a full grid.
+    benchmarks/tune_tc_kernels.py times both). Without ``images`` and ``sms``: the tiles of a full grid.
 
     ``FUSED`` (forward and logit gradient): the forward computes the logits it contracts from the queries and the
     table, the logit gradient ``dq``, at stride 1, ``|k| <= 64`` and scopes up to 32 wide; elsewhere GEMMs do. The
@@ -590,7 +590,7 @@ def _tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, s
     # (at stride 2 the 9 |k| deep pooled queries' tile, and a wider (global) scope's logits tile, would not fit the
     # registers); the 16-bit forward of 64 rows on 4 warps (with the logits of every output row's scope row in one
     # [64, BY KWP] tile it spilled at 4 and ran on 8; with each output row's own, [64, KWP], 168-234 registers at 4
-    # warps, none spilled, two programs a multiprocessor: tools/sm90_kernels.py)
+    # warps, none spilled, two programs a multiprocessor: benchmarks/sm90_kernels.py)
     fused = _fuses(step, c, kw)
     forward = dict(rows(by_rows), BLOCK_C=_pow2(c, 16), LOGIT_GRAD=False, FUSED=fused)
     return dict(rows=forward,

@@ -1,7 +1,7 @@
 """Training recipes generated from the paper facts in :mod:`timm_lambda.paper`, and their checks.
 
 * timm ``train.py`` recipes (``configs/timm/*.yaml``): :func:`all_recipes`, from the templates in
-  ``tools/dev/recipe_templates/`` (``str.format`` fields in braces, filled from the paper facts);
+  ``tools/_lib/recipe_templates/`` (``str.format`` fields in braces, filled from the paper facts);
 * MMDetection configs of Table 14 (``configs/mmdet/*.py``): :func:`mmdet_configs`, and their
   ``configs/mmdet/metafile.yml`` in the format of mmdet's own configs (:func:`mmdet_metafile`);
 * the argument names of timm's ``train.py`` (:func:`parse_train_py`, read with :mod:`ast`, nothing executed),

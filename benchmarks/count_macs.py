@@ -15,8 +15,8 @@ maps under Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors) with the i
 every call (by call site) and torch's matrix products counted likewise; the two counts must be equal, launch by
 launch. The interpreter is too slow for 64 x 64 maps at batch 8: the committed figures are the formula's.
 
-    python tools/count_macs.py --json docs/results/kernel_macs.json     # LambdaResNet-101's 1024 px shapes, batch 8
-    TRITON_INTERPRET=1 python tools/count_macs.py --check               # formula == interpreted count, small maps
+    python benchmarks/count_macs.py --json docs/results/kernel_macs.json   # LambdaResNet-101's 1024 px shapes, batch 8
+    TRITON_INTERPRET=1 python benchmarks/count_macs.py --check             # formula == interpreted count, small maps
 
 If tiled_triton's names or launches change, the tool stops with an error naming what it missed (never a silent
 count of something else).
@@ -446,7 +446,7 @@ def main(argv=None):
     if args.check:
         check()
         return
-    from dev.benchmarks.measure import commit, cpu_model
+    from harness.measure import commit, cpu_model
     rows = table()
     for r in rows:
         print(f"{r['shape']:6s} {r['dtype']:8s} issued/needed: forward {r['ratio']['forward']:.2f}x, backward "
@@ -459,7 +459,7 @@ def main(argv=None):
             print(f"    {x['pass']:8s} {x['kernel']:21s} {x['dot']:20s} {x['part']:6s} {x['issued'] / 1e9:8.2f} G of "
                   f"{x['needed'] / 1e9:7.2f} G: {x['ratio']:.2f}x")
     if args.json:
-        record = dict(command='python tools/count_macs.py ' + ' '.join(argv), date=time.strftime(
+        record = dict(command='python benchmarks/count_macs.py ' + ' '.join(argv), date=time.strftime(
             '%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(), machine=dict(
             cpu=cpu_model(), python=platform.python_version(), torch=torch.__version__, note='counted, not timed: '
             'no GPU needed'), batch=BATCH, sms=SMS, heads=HEADS, dim_k=DIM_K, dim_u=DIM_U, scope=SCOPE,

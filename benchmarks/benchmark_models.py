@@ -4,33 +4,33 @@
 One command per comparison; each prints min / median / max over interleaved repeats, the ratios (of medians)
 to the first baseline, and the load average before and after:
 
-    python tools/benchmark_models.py backbone         # 1024x1024, batch 1: c2..c5 features as the detectors build them
-    python tools/benchmark_models.py classification   # 224x224, batch 2: classifiers
-    python tools/benchmark_models.py c4               # 512x512, batch 1: LambdaResNet-101-C4 vs its conv twin
-    python tools/benchmark_models.py c4 --dtype bfloat16   # the same under CPU autocast (bfloat16)
-    python tools/benchmark_models.py cifar            # resnet50_lambda (global 32x32 scope, 10 classes) vs
+    python benchmarks/benchmark_models.py backbone         # 1024x1024, batch 1: c2..c5 features as detectors build them
+    python benchmarks/benchmark_models.py classification   # 224x224, batch 2: classifiers
+    python benchmarks/benchmark_models.py c4               # 512x512, batch 1: LambdaResNet-101-C4 vs its conv twin
+    python benchmarks/benchmark_models.py c4 --dtype bfloat16   # the same under CPU autocast (bfloat16)
+    python benchmarks/benchmark_models.py cifar            # resnet50_lambda (global 32x32 scope, 10 classes) vs
                                                       # resnet50, batch 64
-    python tools/benchmark_models.py compile          # torch.compile (inductor) training step, 512x512 batch 1
+    python benchmarks/benchmark_models.py compile          # torch.compile (inductor) training step, 512x512 batch 1
                                                       # (--sizes 1024)
-    python tools/benchmark_models.py onnx             # legacy and dynamo ONNX exports in onnxruntime, 224 and 512 px
-    python tools/benchmark_models.py cuda             # on a GPU: float32 and bfloat16 autocast, img/s (never in CI)
+    python benchmarks/benchmark_models.py onnx             # legacy and dynamo ONNX exports, onnxruntime, 224 and 512 px
+    python benchmarks/benchmark_models.py cuda             # a GPU: float32 and bfloat16 autocast, img/s (never in CI)
 
 ``backbone``, ``classification`` and ``cifar`` measure a training step (BN in training mode: forward, a scalar
 loss, backward), inference as users run it (eval mode, BN running statistics, ``torch.no_grad``) and the peak
 memory of the training step. ``backbone`` compares LambdaResNet-101 with ResNet-RS-101 with SE (the paper's
 Table 13 baseline), without SE, and with the model's own convolutional twin (every lambda layer a 3x3 conv), so
-that the SE placement is not mistaken for lambda speed. Method: tools/dev/benchmarks/measure.py.
+that the SE placement is not mistaken for lambda speed. Method: benchmarks/harness/measure.py.
 
 ``backbone`` and ``c4`` also time the candidate with its lambda layers skipped (each returns its input, subsampled
 at stride 2: what no lambda layer can beat) and print, for each goal of the lambda-layer speed issue (below), the time
 that goal leaves the lambda layers and the multiply-add rate their arithmetic (``torch.utils.flop_counter``, the
-custom operators' exact counts) would need in it, next to the threads' float32 limit (tools/dev/benchmarks/peak.py).
+custom operators' exact counts) would need in it, next to the threads' float32 limit (benchmarks/harness/peak.py).
 
 ``--memory-only`` (``backbone``, ``classification``, ``cifar``): the peak training-step memory and no timing
 (memory is deterministic, so it can be measured on a busy machine); with ``--json`` naming an existing result of
 the same command, its ``peak_mib`` fields are replaced and the run recorded under ``memory``:
 
-    python tools/benchmark_models.py backbone --memory-only --json docs/results/backbone_1024.json
+    python benchmarks/benchmark_models.py backbone --memory-only --json docs/results/backbone_1024.json
 """
 import argparse
 import json
@@ -42,7 +42,7 @@ import timm
 import torch
 from torch import nn
 
-from dev.benchmarks.measure import (
+from harness.measure import (
     commit,
     graphed_step,
     interleaved_times,
@@ -52,7 +52,7 @@ from dev.benchmarks.measure import (
     spread,
     step_macs,
 )
-from dev.benchmarks.peak import fma_peak_gmacs
+from harness.peak import fma_peak_gmacs
 from timm_lambda import LambdaLayer
 
 LAMBDA101, RS101 = ('LambdaResNet-101', 'lambdaresnet101', {}), ('ResNet-RS-101+SE', 'resnetrs101', {})
@@ -329,7 +329,7 @@ def cuda_comparison(device, repeats, backbone_batch, classifier_batch, sizes=(10
 
 def graphs_comparison(device, repeats, sizes=(1024,), reduce_overhead=False):
     """Batch 1, the launch overhead: each model's training step eager against the same step replayed from a CUDA
-    graph (:func:`dev.benchmarks.measure.graphed_step`; float32, TF32 in matmuls and convolutions): LambdaResNet-101 and
+    graph (:func:`harness.measure.graphed_step`; float32, TF32 in matmuls and convolutions): LambdaResNet-101 and
     ResNet-RS-101+SE feature extractors at ``sizes[0]`` px, LambdaResNet-101-C4 and its conv twin at half that.
     ``reduce_overhead``: LambdaResNet-101's features alone (the detection backbone), also under
     ``torch.compile(mode='reduce-overhead')``: which of the two to use for detection training at 1-2 images a GPU."""
@@ -401,12 +401,12 @@ def main(argv=None):
         results = [compare(args.comparison, s, args.batch, device, args.repeats, args.memory_only,
                            getattr(torch, args.dtype), args.models) for s in args.sizes or [None]]
     if args.json and args.memory_only:
-        command = shlex.join(['python', 'tools/benchmark_models.py', *(sys.argv[1:] if argv is None else argv)])
+        command = shlex.join(['python', 'benchmarks/benchmark_models.py', *(sys.argv[1:] if argv is None else argv)])
         record_memory(args.json, results, dict(
             command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), machine=machine(device),
-            method='tools/dev/benchmarks/measure.py: allocator events (torch.profiler, profile_memory)'))
+            method='benchmarks/harness/measure.py: allocator events (torch.profiler, profile_memory)'))
     elif args.json:  # each row names the command, date and commit that produced it (the machine and loads too)
-        command = shlex.join(['python', 'tools/benchmark_models.py', *(sys.argv[1:] if argv is None else argv)])
+        command = shlex.join(['python', 'benchmarks/benchmark_models.py', *(sys.argv[1:] if argv is None else argv)])
         stamp = dict(command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), commit=commit())
         with open(args.json, 'w') as f:
             json.dump([dict(r, **stamp) for r in results], f, indent=1, default=str)

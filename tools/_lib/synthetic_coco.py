@@ -188,7 +188,7 @@ def make_split(out_dir, split, num_images, image_size, seed,
         annotations.extend(anns)
     coco = dict(
         info=dict(
-            description='timm-lambda synthetic shapes (tools/dev/synthetic_coco.py)',
+            description='timm-lambda synthetic shapes (tools/_lib/synthetic_coco.py)',
             version='1.0',
             year=2021,
             seed=seed),

@@ -1,4 +1,4 @@
-"""Measuring speed and memory on a shared machine: the helpers behind ``tools/benchmark_*.py``.
+"""Measuring speed and memory on a shared machine: the helpers behind ``benchmarks/*.py``.
 
 * Times are taken **side by side in one process, interleaved** (A, B, A, B, ... with the order reversed
   every other round) and summarised by the median, so a load change hits every candidate alike; report
@@ -53,7 +53,7 @@ def commit() -> str:
     if os.environ.get('TIMM_LAMBDA_COMMIT'):
         return os.environ['TIMM_LAMBDA_COMMIT']
     import subprocess
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root, capture_output=True, text=True, check=True)
         dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=root,

@@ -2,9 +2,9 @@
 "stays" (consecutive frames in one file), the files, and the returns to a file already left. An eval forward
 (``no_grad``) and a training step (forward, then backward), each direction counted on its own.
 
-    python tools/forward_walk.py [--form auto|tiled|dense|einsum|conv] [--path] [--json FILE]
+    python benchmarks/forward_walk.py [--form auto|tiled|dense|einsum|conv] [--path] [--json FILE]
 
-``PYTHONPATH=/path/to/other/checkout python tools/forward_walk.py`` walks another version of the package (the
+``PYTHONPATH=/path/to/other/checkout python benchmarks/forward_walk.py`` walks another version of the package (the
 numbers before and after a change, side by side).
 """
 import argparse
@@ -17,7 +17,7 @@ import time
 import torch
 
 import timm_lambda
-from dev.benchmarks.measure import commit, machine
+from harness.measure import commit, machine
 from timm_lambda.layers import LambdaLayer
 
 
@@ -103,7 +103,7 @@ def main(argv=None):
             print('  ' + ' -> '.join(c['path']))
     if args.json:
         with open(args.json, 'w') as f:
-            json.dump(dict(command=shlex.join(['python', 'tools/forward_walk.py'] + list(argv or sys.argv[1:])),
+            json.dump(dict(command=shlex.join(['python', 'benchmarks/forward_walk.py'] + list(argv or sys.argv[1:])),
                            date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(),
                            machine=machine('cpu'), package=os.path.dirname(timm_lambda.__file__), form=args.form,
                            results=result), f,

@@ -23,7 +23,7 @@ Four parts, at LambdaResNet-101's three lambda-layer shapes at 1024 px, batch 8 
 All stop at ``--budget`` seconds, the JSON written after each row. ``--dry-run``: a CPU at tiny shapes, the kernels
 under Triton's interpreter (every path runs; the comparison of alternatives is real, the times are not).
 
-    python tools/tune_tc_kernels.py --out DIR [--budget 100] [--dry-run]
+    python benchmarks/tune_tc_kernels.py --out DIR [--budget 100] [--dry-run]
 """
 import argparse
 import json
@@ -36,7 +36,7 @@ if '--dry-run' in sys.argv:
 
 import torch  # noqa: E402
 
-from dev.benchmarks.measure import commit, machine  # noqa: E402
+from harness.measure import commit, machine  # noqa: E402
 from timm_lambda.layers import LambdaLayer, set_backend  # noqa: E402
 from timm_lambda.layers.position_lambda import tiled_triton as T  # noqa: E402
 
@@ -324,7 +324,7 @@ def host(rows: list, save, budget: Budget, dry_run: bool, device: str) -> None:
     inputs, many calls, one synchronisation at the end, so the device keeps up and the time a call is the host's (a
     median of 5 rounds): an aten elementwise add, a small bmm, one ``tc_rows`` launch through Triton's launcher (the
     wrappers' constants), and a lambda layer's and a 3x3 conv's training step on a 2x2 map (256 channels). With a
-    layer step's operator and launch counts (tools/count_launches.py), what its eager time is made of."""
+    layer step's operator and launch counts (benchmarks/count_launches.py), what its eager time is made of."""
     def sync():
         if device == 'cuda':
             torch.cuda.synchronize()
@@ -398,7 +398,8 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, 'tune_tc_kernels.json')
     rows: list = []
-    record = dict(command='python tools/tune_tc_kernels.py ' + ' '.join(argv if argv is not None else sys.argv[1:]),
+    record = dict(command='python benchmarks/tune_tc_kernels.py ' + ' '.join(argv if argv is not None
+                                                                             else sys.argv[1:]),
                   date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(),
                   machine=machine(device), rows=rows)
 

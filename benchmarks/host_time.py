@@ -6,7 +6,7 @@ batch 1, stride 1 and 2: a training step (forward, ``sum``, backward, gradients 
 side in one process, interleaved rounds, one thread, CPU time of the thread (``time.thread_time``: what a loaded
 machine's other processes take is not counted).
 
-    python tools/host_time.py [--backend cpu_kernel] [--json docs/results/host_time.json]
+    python benchmarks/host_time.py [--backend cpu_kernel] [--json docs/results/host_time.json]
 """
 import argparse
 import copy
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from dev.benchmarks.measure import commit, machine
+from harness.measure import commit, machine
 from timm_lambda.layers import LambdaLayer, set_backend
 
 
@@ -89,7 +89,7 @@ def main(argv=None):
     set_backend('auto')
     if args.json:
         with open(args.json, 'w') as f:
-            json.dump(dict(command=shlex.join(['python', 'tools/host_time.py'] + list(argv or sys.argv[1:])),
+            json.dump(dict(command=shlex.join(['python', 'benchmarks/host_time.py'] + list(argv or sys.argv[1:])),
                            date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(),
                            machine=machine('cpu'), load_before=load, load_after=os.getloadavg(),
                            setting="LambdaLayer(16, dim_k=16, heads=4, scope=23, form='tiled') vs nn.Conv2d(16, 16, 3, "

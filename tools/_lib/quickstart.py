@@ -2,7 +2,7 @@
 
 Steps (:func:`run`):
 
-1. generate a deterministic COCO-format instance-segmentation set (:mod:`dev.synthetic_coco`:
+1. generate a deterministic COCO-format instance-segmentation set (:mod:`_lib.synthetic_coco`:
    four shape classes with polygon masks, crowd regions, images without objects) with separate train and
    held-out val images;
 2. train Mask R-CNN + FPN with a LambdaResNet backbone from the paper's Table 14 config

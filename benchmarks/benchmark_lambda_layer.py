@@ -6,7 +6,7 @@ Default: the three detection shapes of a LambdaResNet backbone at 1024x1024 (c4 
 for another input size), batch 1,
 ``form='auto'``; prints time, multiply-add rate (GMAC/s: ``torch.utils.flop_counter``'s count, custom operators
 included, over the median time) and, on a CPU, its share of the threads' float32 multiply-add limit
-(tools/dev/benchmarks/peak.py: how far each form is from the limit), peak memory and the ratio to the convolution per
+(benchmarks/harness/peak.py: how far each form is from the limit), peak memory and the ratio to the convolution per
 shape and in total, for a training step (``--mode train``, the default) or eval-mode inference (``--mode eval``).
 
 ``--sweep``: every implementation and the convolution on square inputs of growing size (width 256), a PNG
@@ -15,23 +15,24 @@ plot of time and memory against the input side, and at each size the faster of t
 reads the committed sweeps). ``--json`` writes the command, date, load before, machine (with the load after),
 settings and results: the files in docs/results/ are these commands' output.
 
-    python tools/benchmark_lambda_layer.py --repeats 7 --json docs/results/lambda_layer.json   # ~1 min, 2 cores
-    python tools/benchmark_lambda_layer.py --repeats 7 --mode eval --json docs/results/lambda_layer_eval.json
-    python tools/benchmark_lambda_layer.py --forms auto conv einsum
-    python tools/benchmark_lambda_layer.py --image-size 512 --json docs/results/lambda_layer_512.json  # c4 at 32x32
-    python tools/benchmark_lambda_layer.py --sweep --json docs/results/sweep_scope23.json
-    python tools/benchmark_lambda_layer.py --sweep --scope 7 --dim-u 4 --sizes 5 6 7 8 9 10 12 14 16 20 \
+    python benchmarks/benchmark_lambda_layer.py --repeats 7 --json docs/results/lambda_layer.json   # ~1 min, 2 cores
+    python benchmarks/benchmark_lambda_layer.py --repeats 7 --mode eval --json docs/results/lambda_layer_eval.json
+    python benchmarks/benchmark_lambda_layer.py --forms auto conv einsum
+    python benchmarks/benchmark_lambda_layer.py --image-size 512 --json docs/results/lambda_layer_512.json  # c4: 32x32
+    python benchmarks/benchmark_lambda_layer.py --sweep --json docs/results/sweep_scope23.json
+    python benchmarks/benchmark_lambda_layer.py --sweep --scope 7 --dim-u 4 --sizes 5 6 7 8 9 10 12 14 16 20 \
         --json docs/results/sweep_scope7_u4.json
-    python tools/benchmark_lambda_layer.py --replot docs/results/sweep_scope23.json --plot docs/lambda_layer_sweep.png
-    python tools/benchmark_lambda_layer.py --device cuda --tf32 --batch 8   # a GPU: tools/gpu_check.sh runs the set
-    python tools/benchmark_lambda_layer.py --device cuda --dtype bfloat16
-    python tools/benchmark_lambda_layer.py --memory-only --json docs/results/lambda_layer.json   # no timings
+    python benchmarks/benchmark_lambda_layer.py --replot docs/results/sweep_scope23.json \
+        --plot docs/lambda_layer_sweep.png
+    python benchmarks/benchmark_lambda_layer.py --device cuda --tf32 --batch 8   # tools/gpu_check.py runs the set
+    python benchmarks/benchmark_lambda_layer.py --device cuda --dtype bfloat16
+    python benchmarks/benchmark_lambda_layer.py --memory-only --json docs/results/lambda_layer.json   # no timings
 
 ``--memory-only``: the peak memory of every candidate's training step and no timing (memory is deterministic, so
 it can be measured on a busy machine); with ``--json`` naming an existing result of the same command, its
 ``peak_mib`` fields are replaced and the run recorded under ``memory``.
 
-Method: tools/dev/benchmarks/measure.py (interleaved repeats in one process, medians; peak memory from the
+Method: benchmarks/harness/measure.py (interleaved repeats in one process, medians; peak memory from the
 allocator's events, custom operators included).
 """
 import argparse
@@ -44,7 +45,7 @@ import time
 import torch
 from torch import nn
 
-from dev.benchmarks.measure import (
+from harness.measure import (
     backbone_shapes,
     commit,
     graphed_step,
@@ -56,7 +57,7 @@ from dev.benchmarks.measure import (
     spread,
     step_macs,
 )
-from dev.benchmarks.peak import fma_peak_gmacs
+from harness.peak import fma_peak_gmacs
 from timm_lambda.layers import LambdaLayer
 
 
@@ -312,10 +313,10 @@ def main(argv=None):
     if args.batch is None:
         args.batch = 2 if args.sweep or args.replot else 1
     if args.memory_only:
-        meta = dict(command=shlex.join(['python', 'tools/benchmark_lambda_layer.py', *(sys.argv[1:] if argv is None
+        meta = dict(command=shlex.join(['python', 'benchmarks/benchmark_lambda_layer.py', *(sys.argv[1:] if argv is None
                                                                                     else argv)]),
                     date=time.strftime('%Y-%m-%d', time.gmtime()), machine=machine(args.device),
-                    method='tools/dev/benchmarks/measure.py: allocator events (torch.profiler, profile_memory)')
+                    method='benchmarks/harness/measure.py: allocator events (torch.profiler, profile_memory)')
         results = memory_table(args)
         if args.json:
             record_memory(args.json, results, meta)
@@ -332,7 +333,8 @@ def main(argv=None):
             ('forms', 'batch', 'repeats', 'device', 'mode', 'tf32')
         settings = dict({k: getattr(args, k) for k in keys}, dtype=str(args.dtype).replace('torch.', ''),
                         threads=torch.get_num_threads())
-        command = shlex.join(['python', 'tools/benchmark_lambda_layer.py', *(sys.argv[1:] if argv is None else argv)])
+        command = shlex.join(['python', 'benchmarks/benchmark_lambda_layer.py',
+                              *(sys.argv[1:] if argv is None else argv)])
         record = dict(command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), commit=commit(),
                       load_before=load_before,
                       machine=machine(args.device), settings=settings)

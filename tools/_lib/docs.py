@@ -1,8 +1,8 @@
 """README tables and config files generated from the paper facts (:mod:`timm_lambda.paper`) and the registry,
 and the parameter-count comparisons with the papers (LambdaNetworks Table 3, AA paper Tables 3 and 6).
 
-README.md and two docs pages hold generated blocks between ``<!-- generated:NAME -->`` and
-``<!-- /generated:NAME -->`` (:data:`DOC_BLOCKS`);
+README.md and the docs pages hold generated blocks between ``<!-- generated:NAME -->`` and
+``<!-- /generated:NAME -->`` (:data:`DOC_BLOCKS`; the result tables: :mod:`.results`);
 :func:`generated_files` returns every generated file's expected text (``tools/generate.py`` writes them,
 ``tests/test_generated.py`` checks the committed ones).
 """
@@ -12,6 +12,7 @@ from typing import Callable, Dict, List
 
 from timm_lambda.paper import AA_TABLE3, AA_TABLE6, LAMBDA_BLOCKS, PARAM_COUNTS, STAGE_DEPTHS, TABLE3, TABLE14, TABLE20
 
+from . import results
 from .recipes import all_recipes, mmdet_config_name, mmdet_configs, mmdet_metafile
 
 __all__ = ['model_table', 'forward_macs', 'attention_tables', 'table14_table', 'recipes_table', 'DOC_BLOCKS',
@@ -200,21 +201,37 @@ def recipes_table() -> str:
 
 
 # file -> {block name -> generator}: the generated blocks between ``<!-- generated:NAME -->`` and
-# ``<!-- /generated:NAME -->`` of each markdown file
-DOC_BLOCKS: Dict[str, Dict[str, Callable[[], str]]] = {
+# ``<!-- /generated:NAME -->`` of each markdown file; a generator returns the block's text, or ``(the JSON it came
+# from, the text)`` for a result table (:mod:`.results`), whose opening line then names that JSON
+DOC_BLOCKS: Dict[str, Dict[str, Callable[[], object]]] = {
     'README.md': {'models': model_table},
     'docs/training.md': {'recipes': recipes_table},
     'docs/mmdetection.md': {'table14': table14_table},
 }
+for _page, _blocks in results.BLOCKS.items():
+    DOC_BLOCKS.setdefault(_page, {}).update(
+        {_name: (lambda page=_page, fn=_fn: results.render(page, fn)) for _name, _fn in _blocks.items()})
+
+# a block: its opening line (the name, and for a result table the JSON it came from), its text, its closing line
+BLOCK = re.compile(r'<!-- generated:(?P<name>[\w-]+)(?: from (?P<source>[^>]*?))? -->\n(?:.*?\n)?'
+                   r'<!-- /generated:(?P=name) -->', re.S)
 
 
-def render_blocks(text: str, blocks: Dict[str, Callable[[], str]], name: str = 'README.md') -> str:
+def render_blocks(text: str, blocks: Dict[str, Callable[[], object]], name: str = 'README.md') -> str:
     """``text`` with every generated block of ``blocks`` replaced by its current content."""
     for block, fn in blocks.items():
-        pattern = re.compile(rf'(<!-- generated:{block} -->\n)(?:.*?\n)?(<!-- /generated:{block} -->)', re.S)
-        if not pattern.search(text):
-            raise ValueError(f'{name} has no <!-- generated:{block} --> ... <!-- /generated:{block} --> block')
-        text = pattern.sub(lambda m, fn=fn: m.group(1) + fn() + '\n' + m.group(2), text)
+        found = [m for m in BLOCK.finditer(text) if m.group('name') == block]
+        if len(found) != 1:
+            raise ValueError(f'{name} has {len(found)} <!-- generated:{block} --> ... <!-- /generated:{block} --> '
+                             f'blocks, not one')
+        out = fn()
+        source, body = out if isinstance(out, tuple) else (None, out)
+        head = f'<!-- generated:{block}' + (f' from {source}' if source else '') + ' -->'
+        m = found[0]
+        text = text[:m.start()] + f'{head}\n{body}\n<!-- /generated:{block} -->' + text[m.end():]
+    unknown = sorted({m.group('name') for m in BLOCK.finditer(text)} - set(blocks))
+    if unknown:
+        raise ValueError(f'{name} has generated blocks that nothing generates: {unknown}')
     return text
 
 

@@ -14,7 +14,7 @@ three lambda-layer shapes (maps shrunk: the counts do not depend on the map size
 The Triton backends run under Triton's interpreter (``TRITON_INTERPRET=1``, set here before the package loads): the
 launches are those a GPU would get, the times are not. Counts, not times: the same on every machine.
 
-    python tools/count_launches.py [--backends triton_tc gemm ...] [--json docs/results/launches.json]
+    python benchmarks/count_launches.py [--backends triton_tc gemm ...] [--json docs/results/launches.json]
 """
 import os
 
@@ -32,7 +32,7 @@ import torch  # noqa: E402
 from torch._library.custom_ops import OPDEFS  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from dev.benchmarks.measure import commit, machine  # noqa: E402
+from harness.measure import commit, machine  # noqa: E402
 from timm_lambda.layers import LambdaLayer, set_backend  # noqa: E402
 from timm_lambda.layers.position_lambda import tiled_triton  # noqa: E402
 
@@ -165,7 +165,7 @@ def main(argv=None):
                 for backend, r in row['backends'].items():
                     print(f'    {backend}: ' + ', '.join(f'{k} {v}' for k, v in sorted(r['ops'].items())))
     if args.json:
-        record = dict(command=shlex.join(['python', 'tools/count_launches.py'] + list(argv or sys.argv[1:])),
+        record = dict(command=shlex.join(['python', 'benchmarks/count_launches.py'] + list(argv or sys.argv[1:])),
                       date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(), machine=machine('cpu'),
                       batch=args.batch, note='kernel counts (machine-independent; Triton interpreted on a CPU)',
                       rows=rows)

@@ -1,12 +1,12 @@
 """A short image-classification run through timm's own machinery, on a generated data set.
 
-``timm.create_model`` builds the LambdaResNet, :class:`~dev.datasets.SyntheticShapes` generates the
+``timm.create_model`` builds the LambdaResNet, :class:`~_lib.datasets.SyntheticShapes` generates the
 images (train and held-out splits from independent random streams), ``timm.data.create_loader`` applies
 timm's train/eval transforms with the model's data config, ``timm.optim.create_optimizer_v2`` and
 ``timm.scheduler.create_scheduler_v2`` (cosine, per-update warm-up) drive the training, with timm's
 label-smoothing loss and ``timm.utils.accuracy``. It prints one line per epoch and returns the numbers.
 
-    from dev.quick_train import QuickRunConfig, quick_train
+    from _lib.quick_train import QuickRunConfig, quick_train
     result = quick_train(QuickRunConfig(epochs=2))
 
 ``tools/classification_quick_run.py`` is the command-line entry point (README "Classification quick run").

@@ -9,7 +9,7 @@ tensor-core instructions (``mma``, ``wgmma``), the asynchronous copies that soft
 kernel runs on tensor cores, fits the SM and keeps its working set in registers. tests/test_tiled_triton.py asserts
 the first three.
 
-    python tools/sm90_kernels.py [--json docs/results/sm90_kernels.json]
+    python benchmarks/sm90_kernels.py [--json docs/results/sm90_kernels.json]
 """
 import argparse
 import json
@@ -153,7 +153,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     import triton
 
-    from dev.benchmarks.measure import commit
+    from harness.measure import commit
     rows = report()
     print(f"{'shape':6} {'dtype':5} {'prec':5} {'kernel':22} {'warps':>5} {'stages':>6} {'regs':>4} {'spill':>5} "
           f"{'shared':>7} {'progs/SM':>8} {'mma':>4} {'wgmma':>5} {'cp.async':>8}")
@@ -163,7 +163,7 @@ def main(argv=None):
               f"{r['programs_per_sm']:>8} {r['mma']:>4} {r['wgmma']:>5} {r['cp_async']:>8}")
     if args.json:
         with open(args.json, 'w') as f:
-            json.dump(dict(command='python ' + ' '.join(['tools/sm90_kernels.py'] + (argv or sys.argv[1:])),
+            json.dump(dict(command='python ' + ' '.join(['benchmarks/sm90_kernels.py'] + (argv or sys.argv[1:])),
                            date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(),
                            triton=triton.__version__, target='cuda sm_90 (sm_90a ptxas)', rows=rows), f, indent=1)
 

@@ -1,4 +1,4 @@
-"""The CPU's float32 multiply-add limit, measured: the yardstick for the GMAC/s of ``tools/benchmark_*.py``.
+"""The CPU's float32 multiply-add limit, measured: the yardstick for the GMAC/s of ``benchmarks/benchmark_*.py``.
 
 A register-only loop (twelve independent vector accumulators per thread, ``-O3 -march=native``, GCC/Clang vector
 extensions: whatever the machine's widest FMA is) on every thread torch uses (OpenMP); no memory traffic, so it is the

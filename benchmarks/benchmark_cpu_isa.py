@@ -1,15 +1,15 @@
 #!/usr/bin/env python
 """The CPU kernel per instruction set (issue 52): one lambda layer's step at the 1024 px LambdaResNet-101 shapes
-(tools/benchmark_lambda_layer.py's), batch 1, against the 3x3 convolution it replaces, with the kernel built for this
-CPU (``-march=native``: AVX-512 here) and for another target (default ``x86-64-v3``: AVX2 + FMA, no AVX-512) loaded
+(benchmarks/benchmark_lambda_layer.py's), batch 1, against the 3x3 convolution it replaces, with the kernel built for
+this CPU (``-march=native``: AVX-512 here) and for another target (default ``x86-64-v3``: AVX2 + FMA, no AVX-512) loaded
 side by side in one process, the gemm backend, and ``'auto'`` served by each build (what ``cpu_kernel.declines``
 makes it choose on that class of CPU). Training step (forward + sum + backward, the input needing grad) and eval
-(``torch.no_grad``), float32 and bfloat16 autocast; interleaved repeats (tools/dev/benchmarks/measure.py), medians,
+(``torch.no_grad``), float32 and bfloat16 autocast; interleaved repeats (benchmarks/harness/measure.py), medians,
 the ratios to the convolution; each figure names the instruction set it ran (``isa``: the build's compiler macros,
 ``cpu_kernel.isa()``) and the backends that served it.
 
     TIMM_LAMBDA_CPU_ARCH=x86-64-v3 python -m timm_lambda.build_cpu_kernel   # once: the AVX2 build (--build does it)
-    python tools/benchmark_cpu_isa.py --build --repeats 5 --json docs/results/cpu_isa.json
+    python benchmarks/benchmark_cpu_isa.py --build --repeats 5 --json docs/results/cpu_isa.json
 
 Each step is timed by the wall clock (``ms``) and by the CPU time of the process, all threads (``cpu_ms``): on a
 machine shared with other work the wall clock of a 2-thread step waits for a descheduled thread at each barrier
@@ -21,7 +21,7 @@ forced by ``TIMM_LAMBDA_CPU_BF16``; ``--bf16-paths``): ``brgemm`` (oneDNN's BRGE
 ``avx512_bf16`` (the kernel's own VDPBF16PS loops, the bfloat16 path before AMX) and ``float32`` (converted, rounded
 back), as ``cpu_kernel[native,<path>]``; ``cpu_kernel[native]`` is the path ``compute_path`` chooses.
 
-    python tools/benchmark_cpu_isa.py --targets native --no-gemm --repeats 7 --json docs/results/cpu_amx.json
+    python benchmarks/benchmark_cpu_isa.py --targets native --no-gemm --repeats 7 --json docs/results/cpu_amx.json
 
 ``--cap-libraries``: the convolution and the gemm backend's GEMMs also limited to AVX2 (oneDNN's and MKL's
 ``ONEDNN_MAX_CPU_ISA=AVX2``, ``MKL_ENABLE_INSTRUCTIONS=AVX2``, ``ATEN_CPU_CAPABILITY=avx2``, set before torch loads),
@@ -65,7 +65,7 @@ def _args(argv=None):
 
 def interleaved(steps, repeats, warmup=1):
     """Wall and CPU seconds per call of each step, in interleaved rounds (the order reversed every other round), as
-    tools/dev/benchmarks/measure.py's interleaved_times."""
+    benchmarks/harness/measure.py's interleaved_times."""
     for _ in range(warmup):
         for fn in steps.values():
             fn()
@@ -96,7 +96,7 @@ def main(argv=None):
     import torch
     from torch import nn
 
-    from dev.benchmarks.measure import backbone_shapes, commit, cpu_model, layer_step, load_average, machine, spread
+    from harness.measure import backbone_shapes, commit, cpu_model, layer_step, load_average, machine, spread
     from timm_lambda.layers import LambdaLayer
     from timm_lambda.layers.position_lambda import backends, cpu_kernel
 

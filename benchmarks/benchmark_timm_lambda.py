@@ -14,8 +14,8 @@ Each step is timed twice over: wall seconds (``time.perf_counter``, measure.py's
 thread (``--threads 1``, the default) its CPU time is the work it did, and the ratio of CPU times is the figure to
 quote there:
 
-    python tools/benchmark_timm_lambda.py --json docs/results/timm_lambda_models.json
-    python tools/benchmark_timm_lambda.py --models lambda_resnet50ts --dtypes float32 --repeats 3
+    python benchmarks/benchmark_timm_lambda.py --json docs/results/timm_lambda_models.json
+    python benchmarks/benchmark_timm_lambda.py --models lambda_resnet50ts --dtypes float32 --repeats 3
 
 ``--layers``: instead of the models, each lambda layer of each model alone, timm's against its conversion, on the
 input it gets in the model at ``--size`` (a training step: forward, a scalar loss, backward to the input and the
@@ -32,7 +32,7 @@ import timm
 import torch
 from timm.layers.lambda_layer import LambdaLayer as TimmLayer
 
-from dev.benchmarks.measure import commit, interleaved_times, load_average, machine, spread
+from harness.measure import commit, interleaved_times, load_average, machine, spread
 from timm_lambda.models import convert_timm_lambda_layers
 
 MODELS = ('lambda_resnet26t', 'lambda_resnet50ts', 'lambda_resnet26rpt_256')
@@ -157,7 +157,8 @@ def main(argv=None):
     run = compare_layers if args.layers else compare
     results = [row for name in args.models for row in run(name, args.size, args.batch, dtypes, args.repeats)]
     if args.json:  # each row names the command, date and commit that produced it (the machine and loads too)
-        command = shlex.join(['python', 'tools/benchmark_timm_lambda.py', *(sys.argv[1:] if argv is None else argv)])
+        command = shlex.join(['python', 'benchmarks/benchmark_timm_lambda.py',
+                              *(sys.argv[1:] if argv is None else argv)])
         stamp = dict(command=command, date=time.strftime('%Y-%m-%d', time.gmtime()), commit=commit())
         with open(args.json, 'w') as f:
             json.dump([dict(r, **stamp) for r in results], f, indent=1, default=str)
