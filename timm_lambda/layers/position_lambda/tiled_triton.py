@@ -531,8 +531,8 @@ def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, st
     float32 keeps one row (at 64 its logit gradient spills 3.9 KB a thread on sm_90).
 
     Chosen for the multiply-adds that the tiles issue (benchmarks/count_macs.py, docs/results/kernel_macs.json),
-    inferred, not measured: the rows' queries the most that keep the fewest window columns (8 at a 23-wide scope: 30 of 32
-    columns) and so the fewest output rows a program (2: each program visits 24 value rows for 23 a row needs, 26 at
+    inferred, not measured: the rows' queries the most that keep the fewest window columns (8 at a 23-wide scope: 30
+    of 32 columns) and so the fewest output rows a program (2: each program visits 24 value rows for 23 a row needs, 26 at
     4); the value gradient transposed, its channels the MMA's 64 or 128 rows (``wgmma``), 16 value columns a program
     (the fewest an MMA takes: 38 queries' scopes reach 16 columns at a 23-wide scope, 54 reach 32) and the heads in
     the contraction (:func:`_tc_value_tiles`), on 4 warps (none spilled, at least two programs a multiprocessor on
