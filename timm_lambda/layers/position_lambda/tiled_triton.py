@@ -532,19 +532,18 @@ def tc_launch_meta(heads: int, c: int, dv: int, width: int, wo: int, kw: int, st
 
     Chosen for the multiply-adds that the tiles issue (benchmarks/count_macs.py, docs/results/kernel_macs.json),
     inferred, not measured: the rows' queries the most that keep the fewest window columns (8 at a 23-wide scope: 30
-    of 32 columns) and so the fewest output rows a program (2: each program visits 24 value rows for 23 a row needs, 26 at
-    4); the value gradient transposed, its channels the MMA's 64 or 128 rows (``wgmma``), 16 value columns a program
-    (the fewest an MMA takes: 38 queries' scopes reach 16 columns at a 23-wide scope, 54 reach 32) and the heads in
-    the contraction (:func:`_tc_value_tiles`), on 4 warps (none spilled, at least two programs a multiprocessor on
-    sm_90: benchmarks/sm90_kernels.py).
-    A small grid (``images`` in the launch, ``|u|``, the value map's ``height``, default ``width``, on a GPU of
-    ``sms`` multiprocessors: :func:`sm_count`): while a kernel's grid has fewer programs than the GPU has
-    multiprocessors, fewer output rows a program (``BLOCK_Y`` halved, down to 1) and fewer value-gradient channels a
-    program (``BLOCK_V`` halved, down to 32): each program then repeats loads another would share, but the idle
-    multiprocessors work. At batch 8 every default grid of LambdaResNet-101's three shapes already has at least
-    2x132 programs (unchanged); at batch 1 the c5 layer's (32 x 32 map) had 32 (value gradient, then 32 columns a
-    program; 64 at 16) and 64 (16-bit rows) on an H200's 132 (docs/benchmarks.md, "GPU"; inferred, not yet
-    measured: the GPU check's ``occupancy`` part of
+    of 32 columns) and so the fewest output rows a program (2: each program visits 24 value rows for 23 a row needs,
+    26 at 4); the value gradient transposed, its channels the MMA's 64 or 128 rows (``wgmma``), 16 value columns a
+    program (the fewest an MMA takes: 38 queries' scopes reach 16 columns at a 23-wide scope, 54 reach 32) and the
+    heads in the contraction (:func:`_tc_value_tiles`), on 4 warps (none spilled, at least two programs a
+    multiprocessor on sm_90: benchmarks/sm90_kernels.py). A small grid (``images`` in the launch, ``|u|``, the value
+    map's ``height``, default ``width``, on a GPU of ``sms`` multiprocessors: :func:`sm_count`): while a kernel's
+    grid has fewer programs than the GPU has multiprocessors, fewer output rows a program (``BLOCK_Y`` halved, down
+    to 1) and fewer value-gradient channels a program (``BLOCK_V`` halved, down to 32): each program then repeats
+    loads another would share, but the idle multiprocessors work. At batch 8 every default grid of
+    LambdaResNet-101's three shapes already has at least 2x132 programs (unchanged); at batch 1 the c5 layer's (32 x
+    32 map) had 32 (value gradient, then 32 columns a program; 64 at 16) and 64 (16-bit rows) on an H200's 132
+    (docs/benchmarks.md, "GPU"; inferred, not yet measured: the GPU check's ``occupancy`` part of
     benchmarks/tune_tc_kernels.py times both). Without ``images`` and ``sms``: the tiles of a full grid.
 
     ``FUSED`` (forward and logit gradient): the forward computes the logits it contracts from the queries and the
