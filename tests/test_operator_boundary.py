@@ -121,6 +121,24 @@ def test_the_same_bad_call_gets_the_same_error_eager_fake_and_compiled(what, arg
     assert fake == eager and compiled == eager, (eager, fake, compiled)
 
 
+@pytest.mark.parametrize('name, bad', [('stride', float), ('count_include_pad', int), ('global_scope', int)])
+def test_a_call_checked_once_lets_no_equal_looking_bad_call_through(name, bad):
+    """check_call remembers the calls it found consistent (its host time): a later call equal to one of them as a
+    dict key (``2.0 == 2``, ``0 == False``) but not in type still gets the error naming the argument. (Through the
+    operator torch's schema converts such values first; check_call is public.)"""
+    import random
+
+    import _boundary_fuzz as F
+    a = F.base(random.Random(0), 'gemm')  # (stride 2, no global scope)
+    try:
+        PL.check_call(*[a[n] for n in F.NAMES])  # consistent: remembered
+        a[name] = bad(a[name])
+        with pytest.raises((ValueError, TypeError), match=name):
+            PL.check_call(*[a[n] for n in F.NAMES])
+    finally:
+        PL.set_backend('auto')
+
+
 def test_a_reparameterized_layer_put_back_into_training_warns_once():
     """``reparameterize()`` is one-way (the norms folded into the projection): ``train()`` afterwards warns, naming
     it, once; ``eval()`` does not; a layer never folded does not."""

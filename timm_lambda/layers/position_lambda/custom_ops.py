@@ -30,6 +30,7 @@ __all__ = ['lambda_op', 'check_call', 'flops']
 _LIB = torch.library.Library('timm_lambda', 'FRAGMENT')  # the autocast rule's registration
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NAMES = ('q', 'keys', 'v', 'table', 'shared')
+_DTYPE_NAMES = {d: str(d)[6:] for d in _FLOATS}  # ('torch.float32' -> 'float32': served_backends' keys)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -38,8 +39,35 @@ def _shape(x: Tensor) -> list:
     return list(x.shape)
 
 
+def _meta(x):
+    return None if x is None else (x.shape, x.dtype, x.device)
+
+
+_CHECKED: dict = {}  # the keys of calls found consistent (:func:`check_call`'s host time: a dict lookup once seen)
+
+
 def check_call(q, keys, v, table, shared, stride, count_include_pad, key_norm, global_scope, form, backend, variant,
                compute_dtype, tiling, gy=None, content=None, kn=None) -> None:
+    """:func:`_check_call`, once for each combination of the tensors' shapes, dtypes and devices, the arguments and the
+    registry's :func:`.backends.version` (symbolic sizes and non-tensors: every time)."""
+    try:
+        key = (_meta(q), _meta(keys), _meta(v), _meta(table), _meta(shared), stride, count_include_pad, key_norm,
+               global_scope, form, backend, variant, compute_dtype, tuple(tiling), _meta(gy), _meta(content),
+               _meta(kn), backends.VERSION[0], type(stride), type(count_include_pad), type(global_scope))  # (1 == True)
+        if key in _CHECKED:
+            return
+    except (AttributeError, TypeError):  # not a tensor (the full check names it), or symbolic sizes (unhashable)
+        key = None
+    _check_call(q, keys, v, table, shared, stride, count_include_pad, key_norm, global_scope, form, backend, variant,
+                compute_dtype, tiling, gy, content, kn)
+    if key is not None:
+        if len(_CHECKED) >= 4096:
+            _CHECKED.clear()
+        _CHECKED[key] = None
+
+
+def _check_call(q, keys, v, table, shared, stride, count_include_pad, key_norm, global_scope, form, backend, variant,
+                compute_dtype, tiling, gy=None, content=None, kn=None) -> None:
     """Raise a ValueError (a shape, size or choice) or TypeError (a type, dtype or device) naming the argument, what
     it got and what is accepted, unless the operator's arguments are consistent: ``q [B, h k, H, W]``, ``keys [B, u
     k, H, W]`` or None, ``v [B, u V, H, W]``, ``table [k, u, R_h, R_w]`` (odd sides; a global one covering ``2 H - 1
@@ -90,7 +118,7 @@ def check_call(q, keys, v, table, shared, stride, count_include_pad, key_norm, g
     check = _check_plan if type(height) is int and type(width) is int and type(b) is int else \
         _check_plan.__wrapped__  # (symbolic sizes: not hashable, and guarded where compared)
     check(form, backend, variant, compute_dtype, tiling, q.device.type, q.dtype, stride, height, width,
-          min(rh, 2 * height - 1), min(rw, 2 * width - 1), k, u, dv, hk // k, b)
+          min(rh, 2 * height - 1), min(rw, 2 * width - 1), k, u, dv, hk // k, b, backends.VERSION[0])
     if gy is not None:
         out = [b, hk // k * dv, (height + stride - 1) // stride, (width + stride - 1) // stride]
         if not isinstance(gy, Tensor) or list(gy.shape) != out or gy.dtype != q.dtype or gy.device != q.device:
@@ -102,7 +130,7 @@ def check_call(q, keys, v, table, shared, stride, count_include_pad, key_norm, g
                                  f"got shape {_shape(x)}, {x.dtype} on {x.device}")
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256, typed=True)  # (typed: 2.0 and True are no stride, though 2.0 == 2, True == 1)
 def _check_choices(stride, count_include_pad, key_norm, global_scope, form, backend, variant, compute_dtype,
                    tiling) -> None:
     if not isinstance(stride, int) or isinstance(stride, bool) or stride not in (1, 2):
@@ -128,8 +156,9 @@ def _check_choices(stride, count_include_pad, key_norm, global_scope, form, back
 
 @functools.lru_cache(maxsize=1024)
 def _check_plan(form, backend, variant, compute_dtype, tiling, device, dtype, stride, height, width, kh, kw, k, u, dv,
-                heads, batch) -> None:
-    """The plan's backend serves the call, and its decisions are the ones the backend makes for it."""
+                heads, batch, version) -> None:
+    """The plan's backend serves the call, and its decisions are the ones the backend makes for it (``version``: the
+    registry's, :func:`.backends.version`, so that a changed rule is checked anew)."""
     queries = batch * ((height + stride - 1) // stride) * ((width + stride - 1) // stride) if device == 'cuda' else 0
     call = backends.Call(form, device, dtype, stride, queries, 2 * height - 1 <= kh and 2 * width - 1 <= kw, height,
                          width, kh, kw, k, u, dv, heads)
@@ -162,7 +191,7 @@ def _run(plan: Plan, direction: str, tensors: Sequence, extra: Sequence = ()) ->
         out = backend.forward(plan, *tensors) if direction == 'forward' else \
             backend.backward(plan, extra[0], *tensors, *extra[1:])
     q = tensors[0]
-    key = (plan.form, plan.backend, q.device.type, str(q.dtype)[6:], direction)  # ('torch.float32' -> 'float32')
+    key = (plan.form, plan.backend, q.device.type, _DTYPE_NAMES.get(q.dtype) or str(q.dtype)[6:], direction)
     if key in backends.SERVED:  # (counted here: the first of each combination is logged by record)
         backends.SERVED[key] += 1
     else:
