@@ -64,7 +64,10 @@ from timm_lambda.layers import LambdaLayer
 def _candidates(width, stride, forms, device, scope=23, dim_u=1):
     layers = {'conv3x3': nn.Conv2d(width, width, 3, stride, 1, bias=False)}
     for form in forms:
-        layers[form] = LambdaLayer(width, scope=scope, dim_u=dim_u, stride=stride, form=form)
+        try:
+            layers[form] = LambdaLayer(width, scope=scope, dim_u=dim_u, stride=stride, form=form)
+        except TypeError:  # before ``form`` (``PYTHONPATH`` of an older checkout: the figures before a change)
+            layers[form] = LambdaLayer(width, scope=scope, dim_u=dim_u, stride=stride, impl=form)
     return {k: m.to(device) for k, m in layers.items()}
 
 

@@ -67,8 +67,8 @@ def walk(form: str) -> dict:
     root = os.path.dirname(timm_lambda.__file__)
     try:
         layer = LambdaLayer(64, 64, dim_k=16, heads=4, dim_u=1, scope=7, form=form)
-    except TypeError:  # (versions before the layer's ``form`` argument called it ``form``)
-        layer = LambdaLayer(64, 64, dim_k=16, heads=4, dim_u=1, scope=7, form=form)
+    except TypeError:  # (versions before the layer's ``form`` argument called it ``impl``)
+        layer = LambdaLayer(64, 64, dim_k=16, heads=4, dim_u=1, scope=7, impl=form)
     x = torch.randn(2, 64, 16, 16, requires_grad=True)
     out = {}
 

@@ -47,13 +47,14 @@ def cpu_model() -> str:
         return platform.processor() or platform.machine()
 
 
-def commit() -> str:
+def commit(checkout: Optional[str] = None) -> str:
     """The checkout's commit (``git rev-parse HEAD``, ``+dirty`` where tracked files differ), ``$TIMM_LAMBDA_COMMIT``
-    where set (a copied tree), else ``'unknown'``: what every committed result names."""
-    if os.environ.get('TIMM_LAMBDA_COMMIT'):
+    where set (a copied tree), else ``'unknown'``: what every committed result names. ``checkout``: another
+    checkout's (benchmarks/before_after.py's older one), never the environment's."""
+    if checkout is None and os.environ.get('TIMM_LAMBDA_COMMIT'):
         return os.environ['TIMM_LAMBDA_COMMIT']
     import subprocess
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = checkout or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root, capture_output=True, text=True, check=True)
         dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=root,

@@ -66,7 +66,7 @@ class LambdaLayer(nn.Module):
             as timm's strided 3x3 convs, borders averaged over in-image positions only (as TF 'SAME').
         dilation: the local scope on a grid dilated by ``d`` (not in the paper; by analogy with atrous convolution,
             for output_stride 16 or 8): query ``n`` uses the contexts ``m = n + d o`` for the scope's offsets ``o``,
-            computed on the ``d x d`` interleaved sub-grids (:mod:`.dilation`) with every ``impl``; the content
+            computed on the ``d x d`` interleaved sub-grids (:mod:`.dilation`) with every ``form``; the content
             lambda stays global. Needs a local scope and ``stride=1``.
         pool_count_include_pad: average the stride-2 pooling's border windows over all 9 positions, zero padding
             included (``nn.AvgPool2d(3, 2, 1)``'s default), for checkpoints trained that way (d-li14/lambda.pytorch).

@@ -79,7 +79,7 @@ def position_plain(q: Tensor, v: Tensor, table: Tensor, height: int, width: int,
     elif form == 'conv':
         y = conv_form(q, v, table, height, width)
     else:
-        raise ValueError("impl must be one of 'auto', 'einsum', 'conv', 'dense', 'tiled', got '" + form + "'")
+        raise ValueError("form must be one of 'auto', 'einsum', 'conv', 'dense', 'tiled', got '" + form + "'")
     return y.reshape(b, h * dv, height, width)
 
 

@@ -81,7 +81,7 @@ def choose_form(spec: Spec, height: int, width: int, recording: bool = False) ->
     ``'auto'``: a global scope dense. Recorded, or a kernel backend chosen by name: tiled. Else dense computes
     ``|n|^2`` (query, context) pairs, tiled ``n_pad x K_h K_w`` (queries padded to whole 8x8 blocks, each against its
     scope: the CPU kernel) at about a quarter of the cost per pair plus a per-query overhead worth 32 pairs: dense
-    while ``4 |n|^2 <= n_pad (K_h K_w + 32)`` (measured: docs/lambda_layer.md, "The impl='auto' rule")."""
+    while ``4 |n|^2 <= n_pad (K_h K_w + 32)`` (measured: docs/lambda_layer.md, "The form='auto' rule")."""
     if spec.form != 'auto':
         return spec.form
     if spec.global_scope:
