@@ -102,7 +102,16 @@ def kind_of(result: Result) -> Optional[Tuple]:
     data, r = result.data, _record(result.data)  # the content; a part's own record holds its environment
     if isinstance(data, dict) and 'parts' in data:
         return ('parts', result.file.split('.')[0])
+    if isinstance(data, dict) and 'before_after.py' in data.get('command', ''):  # runs before and after a change
+        return ('before_after', data['program'])
     held = tuple(sorted(result.record.get('env', {}).items()))  # a part's libraries and kernel build, if held
+    path = r.get('cpu_kernel_path') if isinstance(data, list) else None
+    if path and 'forced by' in str(path[1]):  # the kernel's bfloat16 path held by its env variable
+        held += (('TIMM_LAMBDA_CPU_BF16', path[0]),)
+    if isinstance(data, list) and r.get('fast_model'):  # benchmarks/benchmark_timm_lambda.py
+        return ('timm_models', r.get('size'))
+    if isinstance(data, list) and r.get('layer') and 'cpu_timm_over_converted' in r:  # the same, --layers
+        return ('timm_layers', r.get('size'))
     if isinstance(data, list) and r.get('comparison'):
         return ('models', r['comparison'], r.get('size'), r.get('batch'),
                 str(r.get('dtype', 'float32')).replace('torch.', ''), _device(result), held)
@@ -130,7 +139,8 @@ def kind_of(result: Result) -> Optional[Tuple]:
     if isinstance(data, dict) and 'classification_quick_run.py' in data.get('command', ''):
         return ('quick_run',)
     for tool, key in (('host_time', 'host_time.py'), ('launches', 'count_launches.py'), ('macs', 'count_macs.py'),
-                      ('sm90', 'sm90_kernels.py')):
+                      ('sm90', 'sm90_kernels.py'), ('forward_walk', 'forward_walk.py'),
+                      ('checkpoint_memory', 'checkpoint_memory.py')):
         if isinstance(data, dict) and key in data.get('command', ''):
             return (tool, data.get('triton')) if tool == 'sm90' else (tool,)
     return None
@@ -383,33 +393,30 @@ def sweep_table(result: Result) -> List[str]:
     return out
 
 
-def cpu_isa_table(result: Result) -> List[str]:
-    """benchmark_cpu_isa.py: per shape, step and dtype the conv's median ms and each candidate's (x the conv, the
-    backend that served it); the three shapes summed."""
-    rows = result.data['results']
-    names = [k for k in rows[0] if isinstance(rows[0][k], dict) and k != 'conv3x3']
+def cpu_isa_table(result: Result, dtypes: Sequence[str] = ('float32', 'bfloat16')) -> List[str]:
+    """benchmark_cpu_isa.py: per shape, step and dtype (of ``dtypes``) the conv's median ms and each candidate's (x the
+    conv, the backend that served it); the three shapes summed."""
+    rows = [r for r in result.data['results'] if r['dtype'] in dtypes]
+    names = list(dict.fromkeys(k for r in rows for k in r if isinstance(r[k], dict) and k != 'conv3x3'))
+
+    def cell(r, n):
+        return f"{r[n]['ms']:.0f} ({x(r[n]['ratio'])}) {'/'.join(r[n]['served'])}" if n in r else '-'
     out = ['| shape | step, dtype | 3x3 conv (ms) | ' + ' | '.join(names) + ' |',
            '|---|---|---:|' + '---|' * len(names)]
     for r in rows:
         shape = f"{r['width']} ch {r['size']}x{r['size']}" + (f" s{r['stride']}" if r['stride'] > 1 else '')
-        out.append(f"| {shape} | {r['mode']}, {r['dtype']} | {r['conv3x3']['ms']:.0f} | " + ' | '.join(
-            f"{r[n]['ms']:.0f} ({x(r[n]['ratio'])}) {'/'.join(r[n]['served'])}" for n in names) + ' |')
+        out.append(f"| {shape} | {r['mode']}, {r['dtype']} | {r['conv3x3']['ms']:.0f} | "
+                   + ' | '.join(cell(r, n) for n in names) + ' |')
     for key, sums in result.data['summed_ratio'].items():
-        if 'CPU time' not in key:
-            out.append(f'| **summed** | {key} | 1 | ' + ' | '.join(f'**{x(sums[n])}**' for n in names) + ' |')
+        if 'CPU time' not in key and key.split()[-1] in dtypes:
+            out.append(f'| **summed** | {key} | 1 | ' + ' | '.join(f'**{x(sums[n])}**' if n in sums else '-'
+                                                                   for n in names) + ' |')
     return out
 
 
-def host_time_table(result: Result) -> List[str]:
-    """host_time.py: per stride and step the conv's and the layer's medians in us, their ratio, and the eval ratio
-    after ``reparameterize()``; then the setting."""
-    out = ['| stride, step | conv (us) | layer (us) | layer / conv | reparameterized / conv |',
-           '|---|---:|---:|---:|---:|']
-    for r in result.data['rows']:
-        rep = r.get('ratio_reparameterized')
-        out.append(f"| {r['stride']}, {r['mode']} | {r['us']['conv']:.0f} | {r['us']['lambda']:.0f} | {x(r['ratio'])} |"
-                   f" {x(rep) if rep else '-'} |")
-    return out + ['', f"Setting: {result.data['setting']}."]
+def cpu_isa_bf16_table(result: Result) -> List[str]:
+    """:func:`cpu_isa_table` of the bfloat16 rows."""
+    return cpu_isa_table(result, ('bfloat16',))
 
 
 def launches_table(result: Result) -> List[str]:
@@ -509,6 +516,153 @@ def quick_run_table(result: Result) -> List[str]:
             '| held-out top-1 (%) | ' + ' | '.join(f"{e['val_top1']:.1f}" for e in epochs) + ' |', '',
             f"Final held-out top-1 **{r['val_top1']:.1f}%** against chance {r['chance']:.1f}% (train top-1 "
             f"{epochs[-1]['train_top1']:.1f}%), in {result.data['seconds']:.0f} s."]
+
+
+# --- timm's lambda networks on this layer (benchmarks/benchmark_timm_lambda.py) -------------------------------------
+
+
+def _dtype(record: dict) -> str:
+    return 'float32' if 'float32' in str(record['dtype']) else 'bf16 autocast'
+
+
+def timm_models_table(result: Result) -> List[str]:
+    """timm's model over its conversion (> 1: the converted model is faster), CPU time, training step and inference,
+    float32 and bf16 autocast; then the process's seconds of the converted model's training step."""
+    rows: Dict[str, Dict[str, dict]] = {}
+    for r in result.data:
+        rows.setdefault(r['model'], {})[_dtype(r)] = r
+    dtypes = ['float32', 'bf16 autocast']
+    out = ['| model | ' + ' | '.join(f'{m}, {d}' for d in dtypes for m in ('training step', 'inference'))
+           + ' | converted training step, float32 (CPU s) |', '|---|' + '---:|' * 5]
+    for model, by in rows.items():
+        cells = [x(by[d]['cpu_timm_over_converted'][m]) if d in by else '-'
+                 for d in dtypes for m in ('training step', 'inference')]
+        f32 = by.get('float32')
+        cells.append(f"{f32['cpu_median_s']['converted/training step']:.2f}" if f32 else '-')
+        out.append(f'| `{model}` | ' + ' | '.join(cells) + ' |')
+    return out
+
+
+def timm_layers_table(result: Result) -> List[str]:
+    """Each lambda layer alone, on its input in its model: timm's training step over the converted layer's, CPU
+    time, float32 and bf16 autocast."""
+    rows: Dict[Tuple[str, str], Dict[str, dict]] = {}
+    for r in result.data:
+        rows.setdefault((r['model'], r['layer']), {})[_dtype(r)] = r
+    out = ['| model | layer | input | stride | scope | timm / converted, float32 | bf16 autocast |',
+           '|---|---|---|---:|---|---:|---:|']
+    for (model, layer), by in rows.items():
+        r = next(iter(by.values()))
+        out.append(f"| `{model}` | `{layer}` | {'x'.join(map(str, r['input_shape']))} | {r['stride']} | {r['scope']} | "
+                   + ' | '.join(x(by[d]['cpu_timm_over_converted']) if d in by else '-'
+                                for d in ('float32', 'bf16 autocast')) + ' |')
+    return out
+
+
+def timm_layers(page: str) -> Tuple[List[Result], List[str]]:
+    """:func:`timm_layers_table`, then each model's lambda layers' share of timm's float32 training step (the layers'
+    CPU medians summed, over the model's)."""
+    layers, models = newest(('timm_layers', 256)), newest(('timm_models', 256))
+    shares = []
+    for m in models.data:
+        if _dtype(m) == 'float32':
+            summed = sum(r['cpu_median_s']['timm'] for r in layers.data
+                         if r['model'] == m['model'] and _dtype(r) == 'float32')
+            shares.append(f"`{m['model']}` {100 * summed / m['cpu_median_s']['timm/training step']:.0f}%")
+    return [layers, models], timm_layers_table(layers) + [
+        '', "timm's lambda layers' share of timm's float32 training step: " + ', '.join(shares) + '.']
+
+
+def _range(values: Sequence[float], digits: int = 2) -> str:
+    return f'{min(values):.{digits}f}-{max(values):.{digits}f}x'
+
+
+def timm_summary(page: str) -> Tuple[List[Result], List[str]]:
+    """One sentence: what a timm user gains, the layers alone and the whole model, ranges over the three models."""
+    layers, models = newest(('timm_layers', 256)), newest(('timm_models', 256))
+
+    def lay(d):
+        return _range([r['cpu_timm_over_converted'] for r in layers.data if _dtype(r) == d], 1)
+    steps = [v for r in models.data for v in r['cpu_timm_over_converted'].values()]
+    return [layers, models], [f"On this CPU at 256 px, timm's time over the converted: each lambda layer's training "
+                              f"step {lay('float32')} in float32 ({lay('bf16 autocast')} under bf16 autocast), a whole "
+                              f"training or inference step {_range(steps)}."]
+
+
+# --- the plan (issue 58): the files a call enters, the host's time, checkpointing -----------------------------------
+
+
+def _runs(program: str) -> Tuple[Result, List[dict], List[dict]]:
+    """The newest benchmarks/before_after.py run of ``program``: it, its runs before and its runs after."""
+    src = newest(('before_after', program))
+    return src, src.data['runs']['before'], src.data['runs']['after']
+
+
+def forward_walk_table(page: str) -> Tuple[List[Result], List[str]]:
+    """benchmarks/forward_walk.py before and after: stays in the package's files and returns to a file already left."""
+    src, (before,), (after,) = _runs('forward_walk.py')
+    b = _short_commit(src.get('before_commit'))
+    out = [f'| call | before ({b}): stays in files, returns to a file left | after |', '|---|---|---|']
+    for what, a in after['results'].items():
+        b = before['results'].get(what)
+        cell = '{stays} in {files}, {returns}'
+        out.append(f"| {what} | {cell.format(**b) if b else '-'} | {cell.format(**a)} |")
+    return [src], out
+
+
+def host_time_pairs(page: str) -> Tuple[List[Result], List[str]]:
+    """benchmarks/host_time.py, runs before and after alternated: per stride and step the median over the runs of
+    each run's median CPU microseconds, the layer's and the conv's, and after / before."""
+    src, before, after = _runs('host_time.py')
+
+    def us(runs, stride, mode, name):
+        return med([row['us'][name] for r in runs for row in r['rows']
+                    if (row['stride'], row['mode']) == (stride, mode) and name in row['us']])
+    out = [f"| stride, step | conv (us) | layer before, {_short_commit(src.get('before_commit'))} (us) | "
+           'layer after (us) | after / before |',
+           '|---|---:|---:|---:|---:|']
+    for row in after[0]['rows']:
+        key = (row['stride'], row['mode'])
+        b, a = us(before, *key, 'lambda'), us(after, *key, 'lambda')
+        out.append(f"| {key[0]}, {key[1]} | {us(after + before, *key, 'conv'):.0f} | {b:.0f} | {a:.0f} | {x(a / b)} |")
+    return [src], out + ['', f"{len(before)} runs before ({_short_commit(src.get('before_commit'))}) and {len(after)} "
+                         f"after, alternated; setting: {after[0]['setting']}."]
+
+
+def layer_pairs(page: str) -> Tuple[List[Result], List[str]]:
+    """benchmarks/benchmark_lambda_layer.py before and after, back to back: per shape the median over the runs of the
+    layer's time over its conv's."""
+    src, before, after = _runs('benchmark_lambda_layer.py')
+
+    def ratios(runs, i):
+        return [r['results'][i]['auto']['ms'] / r['results'][i]['conv3x3']['ms'] for r in runs]
+    out = [f"| shape | layer / conv before ({_short_commit(src.get('before_commit'))}) | after |", '|---|---:|---:|']
+    for i, row in enumerate(after[0]['results']):
+        shape = f"{row['width']} ch {row['size']}x{row['size']}" + (f" s{row['stride']}" if row['stride'] > 1 else '')
+        out.append(f'| {shape} | {x(med(ratios(before, i)))} | {x(med(ratios(after, i)))} |')
+
+    def summed(runs):
+        return med([sum(e['auto']['ms'] for e in r['results']) / sum(e['conv3x3']['ms'] for e in r['results'])
+                    for r in runs])
+    return [src], out + [f'| **summed** | {x(summed(before))} | {x(summed(after))} |']
+
+
+def checkpoint_table(page: str) -> Tuple[List[Result], List[str]]:
+    """benchmarks/checkpoint_memory.py, before and after: each stack's step peak, plain and checkpointed, and their
+    ratio; the gradients' sums equal."""
+    src, (before,), (after,) = _runs('checkpoint_memory.py')
+    out = [f"| stack | before ({_short_commit(src.get('before_commit'))}): plain / checkpointed step peak (MiB), "
+           'ratio | after | gradients equal |', '|---|---|---|---|']
+    for kind in ('lambda', 'conv'):
+        cells, equal = [], True
+        for r in (before, after):
+            plain, ckpt = (next(row for row in r['rows'] if row['kind'] == kind and row['checkpointed'] is c)
+                           for c in (False, True))
+            cells.append(f"{plain['step_peak_mib']:.0f} / {ckpt['step_peak_mib']:.0f}, "
+                         f"{x(ckpt['step_peak_mib'] / plain['step_peak_mib'])}")
+            equal &= plain['grad_sum'] == ckpt['grad_sum']
+        out.append(f"| {kind} | {' | '.join(cells)} | {'yes' if equal else 'no'} |")
+    return [src], out + ['', f"Setting: {after['setting']}."]
 
 
 # --- GPU (tools/gpu_check.py) ------------------------------------------------------------------------------------
@@ -668,9 +822,11 @@ def readme_cpu(page: str) -> Tuple[List[Result], List[str]]:
 
     def train(part, dtype, target='native'):
         return x(_layer_sum(_part(part), f'train {dtype}', f'auto[{target}]'))
+    path = (_part('layer') or {}).get('result', {}).get('compute_path', {}).get('bfloat16 s1')  # as the run recorded
+    kernel = f'the kernel: {path[1]}' if path else 'the kernel on AVX-512 BF16'
     out += ['', f"What to expect: one lambda layer's training step takes {train('layer', 'float32')} its 3x3 conv's "
             f"in float32 and {train('layer', 'bfloat16')} under bfloat16 autocast on a CPU with AMX like this one "
-            f"(oneDNN's bfloat16 convolution runs on AMX, the kernel on AVX-512 BF16), "
+            f"(oneDNN's bfloat16 convolution runs on AMX; {kernel}), "
             f"{train('layer_avx512_bf16', 'bfloat16')} in bfloat16 on an AVX-512 BF16 CPU without AMX, and "
             f"{train('layer_avx2', 'float32', 'x86-64-v3')} in float32 on an AVX2-only CPU (which computes bfloat16 "
             'in float32: not measured so).']
@@ -776,13 +932,23 @@ HOLD_AVX2 = (('ATEN_CPU_CAPABILITY', 'avx2'), ('DNNL_MAX_CPU_ISA', 'AVX2'), ('MK
 
 # page -> block name -> renderer
 BLOCKS: Dict[str, Dict[str, Renderer]] = {
-    'README.md': {'quickstart': of(('quickstart',), quickstart_table), 'cpu': readme_cpu, 'gpu': readme_gpu},
+    'README.md': {'quickstart': of(('quickstart',), quickstart_table), 'timm': timm_summary, 'cpu': readme_cpu,
+                  'gpu': readme_gpu},
+    'docs/timm_weights.md': {'timm_models': of(('timm_models', 256), timm_models_table),
+                             'timm_models_512': of(('timm_models', 512), timm_models_table),
+                             'timm_layers': timm_layers},
+    'docs/earlier_runs.md': {'cifar': of(cpu('cifar', 32, 64), models_table), 'compile': compile_table,
+                             'onnx': of(('onnx', (224, 512)), onnx_table), 'earlier': earlier_runs},
+    'docs/lambda_layer.md': {'sweep23': of(('sweep', 23, 1), sweep_table), 'sweep7': of(('sweep', 7, 4), sweep_table)},
     'docs/small_inputs.md': {'quick_run': of(('quick_run',), quick_run_table)},
     'docs/benchmarks.md': {
         'cpu_parts': cpu_parts_table,
         'cpu_isa': of(('cpu_isa', ('native', 'x86-64-v3'), ('bfloat16', 'float32'), 12, ()), cpu_isa_table),
         'backbone': of(cpu('backbone', 1024, 1), models_table),
+        'cpu_amx': of(('cpu_isa', ('native',), ('bfloat16', 'float32'), 12, ()), cpu_isa_bf16_table),
         'backbone_bf16': of(cpu('backbone', 1024, 1, 'bfloat16'), models_table),
+        'backbone_bf16_vdpbf16ps': of(cpu('backbone', 1024, 1, 'bfloat16', (('TIMM_LAMBDA_CPU_BF16', 'avx512_bf16'),)),
+                                      models_table),
         'c4': models_settings([('float32', cpu('c4', 512, 1)),
                                ('bfloat16 autocast', cpu('c4', 512, 1, 'bfloat16')),
                                ('bfloat16, oneDNN held to AVX-512 BF16 (no AMX)',
@@ -790,20 +956,17 @@ BLOCKS: Dict[str, Dict[str, Renderer]] = {
                                ('float32, the AVX2 build, libraries held to AVX2',
                                 cpu('c4', 512, 1, 'float32', HOLD_AVX2))]),
         'classification': of(cpu('classification', 224, 2), models_table),
-        'cifar': of(cpu('cifar', 32, 64), models_table),
-        'compile': compile_table,
-        'onnx': of(('onnx', (224, 512)), onnx_table),
         'layer_train': of(('layer', 1024, 'train', 'float32', 'cpu', ()), layer_table),
         'layer_eval': of(('layer', 1024, 'eval', 'float32', 'cpu', ()), layer_table),
-        'sweep23': of(('sweep', 23, 1), sweep_table),
-        'sweep7': of(('sweep', 7, 4), sweep_table),
-        'host_time': of(('host_time',), host_time_table),
+        'host_time': host_time_pairs,
+        'forward_walk': forward_walk_table,
+        'checkpoint': checkpoint_table,
+        'layer_plan': layer_pairs,
         'launches': of(('launches',), launches_table),
         'gpu_layer': of(GPU_LAYER, gpu_layer_table),
         'gpu_models': gpu_models_table,
         'sm90': of(('sm90', '3.8.0'), sm90_table),
         'macs': of(('macs',), macs_table),
-        'earlier': earlier_runs,
     },
     'docs/table4.md': {'table4': of(('table4', 2, 224), table4_table)},
     'docs/attention_baselines.md': {'table4_summary': of(('table4', 2, 224), table4_summary)},
