@@ -35,7 +35,17 @@ from .dilation import batch_to_space, check_dilation, space_to_batch
 from .execution import mode as execution_mode
 from .execution import warn_once
 from .pooling import downsample_pool
-from .position_lambda import FORMS, KEY_NORMS, Spec, choose_form, content_term, lambdas, make_plan, normalize_keys
+from .position_lambda import (
+    FORMS,
+    KEY_NORMS,
+    Spec,
+    choose_form,
+    content_term,
+    fx_lambdas,
+    lambdas,
+    make_plan,
+    normalize_keys,
+)
 from .position_lambda.backends import record
 from .position_lambda.custom_ops import lambda_op
 from .position_lambda.plain_ops import content_lambda_plain, lambdas_plain
@@ -45,7 +55,7 @@ __all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS']
 
 
 torch.fx.wrap('check_input')
-torch.fx.wrap('lambdas')
+torch.fx.wrap('fx_lambdas')
 torch.fx.wrap('space_to_batch')
 torch.fx.wrap('batch_to_space')
 register_notrace_function(check_input)
@@ -272,13 +282,14 @@ class LambdaLayer(nn.Module):
         return choose_form(self.spec, (height + d - 1) // d, (width + d - 1) // d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.jit.is_scripting():
-            y = self._forward(x)
-        else:
-            check_input(x, self.dim, 'LambdaLayer')
-            q, keys, values = self._project(x, 'script')
-            y = self._after_norms(self.norm_q(q), keys, self.norm_v(values), x, 'script')
+        y = self._forward(x) if not torch.jit.is_scripting() else self._script_forward(x)
         return self.pool(y) if self.pool_after else y  # (pool_size=2: timm's 2x2 pooling after the layer)
+
+    def _script_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """TorchScript: the plain tensor ops, no operator (a scripted model loads without this package)."""
+        check_input(x, self.dim, 'LambdaLayer')
+        q, keys, values = self._project(x, 'script')
+        return self._after_norms(self.norm_q(q), keys, self.norm_v(values), x, 'script')
 
     @torch.jit.unused
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -297,8 +308,8 @@ class LambdaLayer(nn.Module):
             record(plan.form, 'plain', x.device.type, plan.dtype, 'forward')
             return self._after_norms(q, keys, values, x, mode, plan.form)
         if plan is None:  # torch.fx: a leaf of the graph, planning when it runs
-            return lambdas(None, self.spec, q, keys if self.content else None, values, self.pos_embedding.weight,
-                           self._shared(x.shape[0]))
+            return fx_lambdas(self.spec, q, keys if self.content else None, values, self.pos_embedding.weight,
+                              self._shared(x.shape[0]))
         return lambda_op(plan, q, keys if self.content else None, values, self.pos_embedding.weight,
                          self._shared(x.shape[0]))
 
@@ -381,7 +392,7 @@ class LambdaLayer(nn.Module):
             if mode != 'fx':
                 return lambdas(make_plan(self.spec, qs, mode), self.spec, qs, None, vs, self.pos_embedding.weight,
                                None)
-            return lambdas(None, self.spec, qs, None, vs, self.pos_embedding.weight, None)
+            return fx_lambdas(self.spec, qs, None, vs, self.pos_embedding.weight, None)
         hs, ws = qs.shape[2], qs.shape[3]
         b, n = qs.shape[0], hs * ws
         return lambdas_plain(qs.reshape(b, self.heads, self.dim_k, n), None,

@@ -87,7 +87,9 @@ class TimmLambdaLayer(LambdaLayer):
         """The layer at stride 1, then ``self.pool`` (timm's ``nn.AvgPool2d(2, 2)`` at stride 2, ``pool_size=2``)."""
         if self.global_scope:
             check_feat_size(x, (self.table_size[0] + 1) // 2, (self.table_size[1] + 1) // 2)
-        return super().forward(x)
+        # (LambdaLayer.forward's body: TorchScript compiles no super() call)
+        y = self._forward(x) if not torch.jit.is_scripting() else self._script_forward(x)
+        return self.pool(y) if self.pool_after else y
 
     def reset_parameters(self) -> None:
         """timm's initialisation: the projection ~ truncated N(0, dim^-1/2); the local table (timm's lambda

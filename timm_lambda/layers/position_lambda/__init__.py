@@ -10,6 +10,7 @@ adds one.
 """
 from typing import List, Optional
 
+import torch
 from timm.layers import register_notrace_function
 from torch import Tensor
 
@@ -25,8 +26,8 @@ from .plan import Plan, Spec, choose_form, make_plan
 from .tiled_triton import TritonFMA, TritonTC
 
 __all__ = ['FORMS', 'BACKENDS', 'KEY_NORMS', 'Backend', 'Call', 'Decision', 'Plan', 'Spec', 'position_lambdas',
-           'lambdas', 'content_term', 'normalize_keys', 'choose_form', 'make_plan', 'set_backend', 'get_backend',
-           'served_backends', 'register_backend', 'unregister_backend', 'check_call', 'lambdas_plain']
+           'lambdas', 'fx_lambdas', 'content_term', 'normalize_keys', 'choose_form', 'make_plan', 'set_backend',
+           'get_backend', 'served_backends', 'register_backend', 'unregister_backend', 'check_call', 'lambdas_plain']
 
 # the built-in backends, in the order 'auto' tries them
 register_backend(CpuKernel(), TritonTC(), TritonFMA(), Gemm(), Plain())
@@ -52,6 +53,22 @@ def lambdas(plan: Optional[Plan], spec: Spec, q: Tensor, keys: Optional[Tensor],
     return lambda_op(plan, q, keys, v, table, shared)
 
 
+def fx_lambdas(spec: Spec, q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor,
+               shared: Optional[Tensor]) -> Tensor:
+    """:func:`lambdas` planned when it runs: a torch.fx graph's leaf (the layer's call in a symbolically traced
+    graph); TorchScript, which scripts such a graph (timm's FX + TorchScript), runs the plain ops of
+    :func:`choose_form`'s form."""
+    if torch.jit.is_scripting():
+        b, height, width = q.shape[0], q.shape[2], q.shape[3]
+        k, u, n = spec.k, spec.u, height * width
+        table_size: Optional[List[int]] = None if spec.global_scope else [spec.table_h, spec.table_w]
+        return lambdas_plain(q.reshape(b, spec.heads, k, n), None if keys is None else keys.reshape(b, u, k, n),
+                             v.reshape(b, u, spec.dv, n), table, shared, height, width,
+                             choose_form(spec, height, width), spec.stride, spec.count_include_pad, spec.key_norm,
+                             spec.global_scope, table_size)
+    return lambdas(None, spec, q, keys, v, table, shared)
+
+
 def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: int, form: str,
                      global_scope: bool, stride: int = 1, count_include_pad: bool = False,
                      table_size: Optional[List[int]] = None, content: Optional[Tensor] = None,
@@ -65,12 +82,12 @@ def position_lambdas(q: Tensor, v: Tensor, table: Tensor, height: int, width: in
     b, h, k = q.shape[0], q.shape[1], q.shape[2]
     u, dv = v.shape[1], v.shape[2]
     spec = Spec(form, k, u, dv, h, table.shape[-2], table.shape[-1], global_scope, stride, count_include_pad, key_norm)
-    return lambdas(None, spec, q.reshape(b, h * k, height, width),
+    return fx_lambdas(spec, q.reshape(b, h * k, height, width),
                    None if keys is None else keys.reshape(b, u * k, height, width),
                    v.reshape(b, u * dv, height, width), table, content)
 
 
 # An FX leaf (its Python size logic runs at call time) for timm's feature extraction; modules that call it also declare
-# torch.fx.wrap('lambdas') (it patches the caller's global name) so that torch.fx.symbolic_trace works too.
+# torch.fx.wrap('fx_lambdas') (it patches the caller's global name) so that torch.fx.symbolic_trace works too.
 register_notrace_function(position_lambdas)
-register_notrace_function(lambdas)
+register_notrace_function(fx_lambdas)
