@@ -145,6 +145,43 @@ def test_the_compiled_backward_runs_the_forwards_backend(backend, stride):
         assert name == 'auto' or ran['forward'] == name
 
 
+@pytest.mark.parametrize('stride', [1, 2])
+def test_one_graph_at_symbolic_sizes(backend, stride):
+    """With ``dynamic=True`` the plan is made in the graph at symbolic sizes (the scope's reach a guarded branch, the
+    backend's choice a constant): one graph (fullgraph), equal to eager mode at sizes that share it."""
+    backend('auto')
+    torch._dynamo.reset()
+    layer = _layer(stride)
+    compiled = torch.compile(copy.deepcopy(layer), backend='aot_eager', fullgraph=True, dynamic=True)
+    for shape in ((2, 8, 9, 7), (2, 8, 6, 5)):
+        x = torch.randn(shape, dtype=torch.float64)
+        for got, want in zip(_step(compiled, x), _step(layer, x)):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+class _BreakingNorm(torch.nn.BatchNorm2d):
+    """A batch norm with a graph break in it (a user's norm layer that dynamo cannot trace)."""
+
+    def forward(self, x):
+        torch._dynamo.graph_break()
+        return super().forward(x)
+
+
+@pytest.mark.parametrize('stride', [1, 2])
+def test_a_plan_across_a_graph_break(backend, stride):
+    """A graph break between the plan and the operator (in the query and value norms): the resumed graph receives the
+    plan's ints as symbols (``dynamic=True``), which the operator's checks take as the ints they are (they were
+    unhashable there: a TypeError while tracing)."""
+    backend('auto')
+    torch._dynamo.reset()
+    layer = _layer(stride, norm_layer=_BreakingNorm)
+    compiled = torch.compile(copy.deepcopy(layer), backend='aot_eager', dynamic=True)
+    for shape in ((2, 8, 9, 7), (2, 8, 6, 5)):
+        x = torch.randn(shape, dtype=torch.float64)
+        for got, want in zip(_step(compiled, x), _step(layer, x)):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
 class _Failing(PlainOpsBackend):
     """Fails at run time as a backend that cannot run here does (a Triton that cannot compile), once."""
     name = 'test_failing'

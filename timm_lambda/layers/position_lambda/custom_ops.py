@@ -110,7 +110,9 @@ def _check_call(q, keys, v, table, shared, stride, count_include_pad, key_norm, 
                          f'{_shape(keys)}')
     if shared is not None and tuple(shared.shape) != (b, k, dv):
         raise ValueError(f'shared must be None or [B, k, V] = {[b, k, dv]}, got shape {_shape(shared)}')
-    tiling = tuple(tiling)
+    # (a plan carried across a graph break reaches a compiled graph's operator as symbols: each is one int, guarded)
+    stride = int(stride) if isinstance(stride, torch.SymInt) else stride
+    tiling = tuple(int(t) if isinstance(t, torch.SymInt) else t for t in tiling)
     _check_choices(stride, count_include_pad, key_norm, global_scope, form, backend, variant, compute_dtype, tiling)
     if global_scope and (rh < 2 * height - 1 or rw < 2 * width - 1):
         raise ValueError(f'a global table of {rh}x{rw} covers maps up to {(rh + 1) // 2}x{(rw + 1) // 2} '

@@ -140,7 +140,7 @@ def _plan(spec: Spec, height: int, width: int, device: str, dtype: torch.dtype, 
                                    'custom operators have no batching rules): correct, but slower and with more memory')
         return Plan(form, 'plain', mode, '', dtype, dtype, (), autocast, *rest)
     kh, kw = _window(spec, height, width)
-    in_scope = 2 * height - 1 <= kh and 2 * width - 1 <= kw
+    in_scope = True if 2 * height - 1 <= kh and 2 * width - 1 <= kw else False  # (compiled: a guarded branch)
     name = _choose(form, device, dtype, spec.stride, queries, in_scope, version)
     backend = backends.get(name)
     if not backend.operator:
