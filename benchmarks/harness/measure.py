@@ -48,7 +48,8 @@ def cpu_model() -> str:
 
 
 def commit(checkout: Optional[str] = None) -> str:
-    """The checkout's commit (``git rev-parse HEAD``, ``+dirty`` where tracked files differ), ``$TIMM_LAMBDA_COMMIT``
+    """The checkout's commit (``git rev-parse HEAD``, ``+dirty`` where tracked files outside docs/ and README.md
+    differ: the code measured, not a results file a run of several parts is writing), ``$TIMM_LAMBDA_COMMIT``
     where set (a copied tree), else ``'unknown'``: what every committed result names. ``checkout``: another
     checkout's (benchmarks/before_after.py's older one), never the environment's."""
     if checkout is None and os.environ.get('TIMM_LAMBDA_COMMIT'):
@@ -57,8 +58,8 @@ def commit(checkout: Optional[str] = None) -> str:
     root = checkout or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'], cwd=root,
-                               capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no', '--', '.', ':(exclude)docs',
+                                ':(exclude)README.md'], cwd=root, capture_output=True, text=True).stdout.strip()
         return head.stdout.strip() + ('+dirty' if dirty else '')
     except (OSError, subprocess.CalledProcessError):
         return 'unknown'
