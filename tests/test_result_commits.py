@@ -1,5 +1,5 @@
 """Every program that writes result JSON names the commit it ran at through one helper, ``harness.measure.commit``
-(benchmarks/harness/measure.py; ``+dirty`` where tracked files differ from it), never a ``git rev-parse`` of its own
+(benchmarks/harness/measure.py; ``+dirty`` where tracked code differs from it), never a ``git rev-parse`` of its own
 that would name a commit for an uncommitted tree (docs/results/launches.json once did)."""
 import os
 import re
