@@ -59,3 +59,27 @@ def test_the_tools_name_their_commit_by_the_same_helper():
     from harness import measure
     for name in ('commit', 'cpu_model', 'load_average', 'machine'):
         assert getattr(provenance, name).__code__.co_filename == getattr(measure, name).__code__.co_filename, name
+
+
+def test_dirty_names_differing_code_not_a_results_file(tmp_path):
+    """A run of several parts writes its results file under docs/ after each part: that leaves the commit clean;
+    any other tracked file that differs makes it ``+dirty``."""
+    from harness.measure import commit
+
+    def git(*args):
+        subprocess.run(['git', *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / 'docs').mkdir()
+    (tmp_path / 'docs' / 'result.json').write_text('{}')
+    (tmp_path / 'README.md').write_text('a')
+    (tmp_path / 'code.py').write_text('a = 1')
+    git('init', '-q')
+    git('add', '.')
+    git('-c', 'user.name=t', '-c', 'user.email=t@t', 'commit', '-q', '-m', 'c')
+    head = commit(str(tmp_path))
+    assert re.fullmatch('[0-9a-f]{40}', head), head
+    (tmp_path / 'docs' / 'result.json').write_text('{"a": 1}')
+    (tmp_path / 'README.md').write_text('b')
+    assert commit(str(tmp_path)) == head
+    (tmp_path / 'code.py').write_text('a = 2')
+    assert commit(str(tmp_path)) == head + '+dirty'
