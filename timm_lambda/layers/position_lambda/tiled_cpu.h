@@ -423,6 +423,28 @@ inline torch::Tensor content_of(const std::optional<torch::Tensor>& content, con
   return content->contiguous();
 }
 
+// v [B, CV, H, W] (any strides) -> [B, H, W, CV] contiguous, in blocks of 64 positions on all threads (a permuted
+// copy by ATen runs at a twentieth of a plain copy's rate here); float32, float64 and bfloat16
+template <typename T>
+inline torch::Tensor to_channels_last(const torch::Tensor& v) {
+  const int64_t B = v.size(0), CV = v.size(1), H = v.size(2), W = v.size(3), blocks = (W + 63) / 64;
+  const int64_t sb = v.stride(0), sc = v.stride(1), sy = v.stride(2), sx = v.stride(3);
+  auto out = torch::empty({B, H, W, CV}, v.options());
+  const T* src = v.data_ptr<T>();
+  T* dst = out.data_ptr<T>();
+  at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / (H * blocks), y = i / blocks % H, x0 = i % blocks * 64, x1 = std::min(W, x0 + 64);
+      T* row = dst + ((b * H + y) * W) * CV;
+      for (int64_t c = 0; c < CV; ++c) {
+        const T* s = src + b * sb + c * sc + y * sy;
+        for (int64_t x = x0; x < x1; ++x) row[x * CV + c] = s[x * sx];
+      }
+    }
+  });
+  return out;
+}
+
 }  // namespace tiled_cpu
 
 // tiled_cpu_bf16.cpp and tiled_cpu_brgemm.cpp, where the compiler targets AVX-512 BF16

@@ -228,26 +228,6 @@ torch::Tensor backward_strips(const Geo& g, const torch::Tensor& v) {
   return T;
 }
 
-// v [B, CV, H, W] bfloat16 (any strides) -> [B, H, W, CV] contiguous, on all threads
-torch::Tensor channels_last(const torch::Tensor& v) {
-  const int64_t B = v.size(0), CV = v.size(1), H = v.size(2), W = v.size(3), blocks = (W + 63) / 64;
-  const int64_t sb = v.stride(0), sc = v.stride(1), sy = v.stride(2), sx = v.stride(3);
-  auto out = torch::empty({B, H, W, CV}, v.options());
-  const u16* src = reinterpret_cast<const u16*>(v.data_ptr<at::BFloat16>());
-  u16* dst = reinterpret_cast<u16*>(out.data_ptr<at::BFloat16>());
-  at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t b = i / (H * blocks), y = i / blocks % H, x0 = i % blocks * 64, x1 = std::min(W, x0 + 64);
-      u16* row = dst + ((b * H + y) * W) * CV;
-      for (int64_t c = 0; c < CV; ++c) {
-        const u16* s = src + b * sb + c * sc + y * sy;
-        for (int64_t x = x0; x < x1; ++x) row[x * CV + c] = s[x * sx];
-      }
-    }
-  });
-  return out;
-}
-
 // x [n, rows, cols] bfloat16 (any strides) as n B operands VNNI over their rows: [n, rows_p / 2, cols_p, 2], zero
 // past x's rows and columns (rows_p even); on the calling thread, one pass (tables and content lambdas: small; ATen's
 // permuted copy of a 8 x 529 x 2 table took 0.4 ms)
@@ -440,7 +420,7 @@ torch::Tensor tiled_forward_brgemm(torch::Tensor q, torch::Tensor v, torch::Tens
   if (y.numel() == 0) return y;
   auto RV = vnni_rows(table.reshape({1, g.C, g.Rn}), g.Cp, g.Rnp);  // [Cp / 2, Rnp, 2]
   const auto lc = content_operands(content, g, false).first;
-  auto vcl = channels_last(v);
+  auto vcl = to_channels_last<at::BFloat16>(v);
   auto F = forward_strips(g, vcl);
   const Blocks qbl{g, g.C}, ybl{g, g.V};
   auto qb = to_blocks(g, q, g.C), yb = torch::empty({ybl.size()}, v.options());
