@@ -44,13 +44,19 @@ def lambdas(plan: Optional[Plan], spec: Spec, q: Tensor, keys: Optional[Tensor],
         plan = make_plan(spec, q)
     if plan.backend == 'plain':  # plain tensor ops, in the caller's graph (a recorder's: counted once a trace)
         backends.record(plan.form, 'plain', q.device.type, plan.dtype, 'forward')
-        b, height, width = q.shape[0], q.shape[2], q.shape[3]
-        k, u, n = spec.k, spec.u, height * width
-        return lambdas_plain(q.reshape(b, spec.heads, k, n), None if keys is None else keys.reshape(b, u, k, n),
-                             v.reshape(b, u, spec.dv, n), table, shared, height, width, plan.form, spec.stride,
-                             spec.count_include_pad, spec.key_norm, spec.global_scope,
-                             None if spec.global_scope else [spec.table_h, spec.table_w])
+        return _plain_maps(spec, plan.form, q, keys, v, table, shared)
     return lambda_op(plan, q, keys, v, table, shared)
+
+
+def _plain_maps(spec: Spec, form: str, q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor,
+                shared: Optional[Tensor]) -> Tensor:
+    """:func:`.plain_ops.lambdas_plain` on the layer's maps (as :func:`lambdas` takes them), in ``form``."""
+    b, height, width = q.shape[0], q.shape[2], q.shape[3]
+    k, u, n = spec.k, spec.u, height * width
+    table_size: Optional[List[int]] = None if spec.global_scope else [spec.table_h, spec.table_w]
+    return lambdas_plain(q.reshape(b, spec.heads, k, n), None if keys is None else keys.reshape(b, u, k, n),
+                         v.reshape(b, u, spec.dv, n), table, shared, height, width, form, spec.stride,
+                         spec.count_include_pad, spec.key_norm, spec.global_scope, table_size)
 
 
 def fx_lambdas(spec: Spec, q: Tensor, keys: Optional[Tensor], v: Tensor, table: Tensor,
@@ -59,13 +65,7 @@ def fx_lambdas(spec: Spec, q: Tensor, keys: Optional[Tensor], v: Tensor, table: 
     graph); TorchScript, which scripts such a graph (timm's FX + TorchScript), runs the plain ops of
     :func:`choose_form`'s form."""
     if torch.jit.is_scripting():
-        b, height, width = q.shape[0], q.shape[2], q.shape[3]
-        k, u, n = spec.k, spec.u, height * width
-        table_size: Optional[List[int]] = None if spec.global_scope else [spec.table_h, spec.table_w]
-        return lambdas_plain(q.reshape(b, spec.heads, k, n), None if keys is None else keys.reshape(b, u, k, n),
-                             v.reshape(b, u, spec.dv, n), table, shared, height, width,
-                             choose_form(spec, height, width), spec.stride, spec.count_include_pad, spec.key_norm,
-                             spec.global_scope, table_size)
+        return _plain_maps(spec, choose_form(spec, q.shape[2], q.shape[3]), q, keys, v, table, shared)
     return lambdas(None, spec, q, keys, v, table, shared)
 
 

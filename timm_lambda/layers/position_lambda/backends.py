@@ -141,9 +141,11 @@ class Backend:
         return Decision(compute_dtype=call.dtype)
 
     def forward(self, plan, q, keys, v, table, shared):
+        """The forward on the operator's arguments: ``(y, content, kn)`` (abstract: every backend defines it)."""
         raise NotImplementedError
 
     def backward(self, plan, gy, q, keys, v, table, shared, content, kn):
+        """The backward: the gradients of ``q, keys, v, table, shared`` (abstract: every backend defines it)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
