@@ -273,10 +273,14 @@ def _prune(root: str, keep: str) -> List[str]:
             with _locked(folder, blocking=False) as free:
                 if not free:
                     continue
-                shutil.rmtree(folder, ignore_errors=True)
+                # renamed away first, atomically: a pruner that opens the lock while rmtree empties the folder
+                # would create a new lock file there, take it, and remove (and count) the same build again
+                gone = os.path.join(root, f'.{entry}.removed.{os.getpid()}')
+                os.rename(folder, gone)
+                shutil.rmtree(gone, ignore_errors=True)
         except OSError:  # read-only, or removed by another process meanwhile
             continue
-        shutil.rmtree(folder, ignore_errors=True)  # what an open lock file left (NFS renames it until closed)
+        shutil.rmtree(gone, ignore_errors=True)  # what an open lock file left (NFS renames it until closed)
         removed.append(entry)
     return removed
 
