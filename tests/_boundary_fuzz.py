@@ -73,7 +73,7 @@ MUTATIONS = [
                                                                   dtype=a['v'].dtype))),
     ('table rank 3', 'table', lambda a, r: a.update(table=a['table'][0])),
     ('table even side', 'table', lambda a, r: a.update(table=_resize(a['table'], 2, 1))),
-    ('table k', ('q', 'keys'), lambda a, r: a.update(table=_resize(a['table'], 0, 1))),
+    ('table k', ('q', 'keys', 'shared'), lambda a, r: a.update(table=_resize(a['table'], 0, 1))),
     ('keys shape', 'keys', lambda a, r: a.update(keys=torch.randn(a['q'].shape[0], 1, *a['q'].shape[2:],
                                                                    dtype=a['q'].dtype) if a['keys'] is not None and
                                                  a['keys'].shape[1] != 1 else torch.randn(1, 5, 2, 2,
@@ -128,6 +128,76 @@ KERNEL_MUTATIONS = [
     ('step 3', 'step', lambda a, r: a.update(step=3)),
     ('unchanged', None, lambda a, r: None),
 ]
+
+
+# the CPU kernel's whole-call entry points (``layer_forward``, ``layer_backward``: stride 1, softmax keys), called
+# directly
+WHOLE_MUTATIONS = [
+    ('q rank 5', 'q', lambda a, r: a.update(q=a['q'].unsqueeze(0))),
+    ('q channels not h k', 'q', lambda a, r: a.update(q=_resize(a['q'], 1, 1))),
+    ('q map not v', 'v', lambda a, r: a.update(q=_resize(a['q'], 3, 1))),
+    ('keys channels', 'keys', lambda a, r: a.update(keys=_resize(a['keys'], 1, 1) if a['keys'] is not None else
+                                                    torch.randn(1, 1, 1, 1, dtype=a['q'].dtype))),
+    ('keys map', 'keys', lambda a, r: a.update(keys=_resize(a['keys'], 2, 1) if a['keys'] is not None else
+                                               torch.randn(1, 1, 1, 1, dtype=a['q'].dtype))),
+    ('v batch', 'v', lambda a, r: a.update(v=_resize(a['v'], 0, 1))),
+    ('table even side', 'table', lambda a, r: a.update(table=_resize(a['table'], 3, 1))),
+    ('table in another dtype', 'table', lambda a, r: a.update(table=a['table'].float())),
+    ('shared shape', 'shared', lambda a, r: a.update(shared=torch.randn(a['q'].shape[0], 1, 7, dtype=a['q'].dtype))),
+    ('gy smaller', 'gy', lambda a, r: a.update(gy=a['gy'][:, :1, :1].contiguous())),
+    ('content shape', 'content', lambda a, r: a.update(content=torch.randn(3, 1, 2, dtype=a['q'].dtype))),
+    ('kn shape', 'kn', lambda a, r: a.update(kn=torch.randn(5, dtype=a['q'].dtype))),
+    ('non-contiguous maps', None, lambda a, r: a.update(
+        q=a['q'].transpose(2, 3).contiguous().transpose(2, 3), v=a['v'][:, torch.arange(a['v'].shape[1]).flip(0)])),
+    ('empty batch', None, lambda a, r: a.update(**{n: (None if a[n] is None else a[n][:0])
+                                                   for n in ('q', 'keys', 'v', 'shared', 'gy')})),
+    ('unchanged', None, lambda a, r: None),
+]
+
+
+def whole_case(rng: random.Random, mutation: str):
+    """A direct call of the CPU kernel's ``layer_forward`` and ``layer_backward`` (float64; what the forward kept, or
+    nothing), its verdict: an error naming the argument, or the plain ops' output and gradients."""
+    module = cpu_kernel.load()
+    b, h, k, u, dv = rng.choice([1, 2]), rng.choice([1, 2]), rng.choice([2, 3]), rng.choice([1, 2]), rng.choice([1, 3])
+    height, width, side = rng.randint(1, 7), rng.randint(1, 7), rng.choice([1, 3, 5, 9])
+    g = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    a = dict(q=torch.randn(b, h * k, height, width, generator=g, dtype=torch.float64),
+             keys=torch.randn(b, u * k, height, width, generator=g, dtype=torch.float64) if rng.random() < 0.7
+             else None,
+             v=torch.randn(b, u * dv, height, width, generator=g, dtype=torch.float64),
+             table=torch.randn(k, u, side, side, generator=g, dtype=torch.float64),
+             shared=torch.randn(b, k, dv, generator=g, dtype=torch.float64) if rng.random() < 0.4 else None,
+             gy=torch.randn(b, h * dv, height, width, generator=g, dtype=torch.float64), form='tiled', stride=1,
+             count_include_pad=False, key_norm='softmax', global_scope=False)
+    keep = rng.random() < 0.6
+    name, expect, mutate = next(m for m in WHOLE_MUTATIONS if m[0] == mutation)
+    mutate(a, rng)
+    maps = [a[n] for n in ('q', 'keys', 'v', 'table', 'shared')]
+    try:
+        runs = []
+        for _ in range(2):
+            y, content, kn = module.layer_forward(*maps)
+            if not keep:
+                content, kn = content[:0], kn[:0]
+            content, kn = a.get('content', content), a.get('kn', kn)
+            runs.append([y] + [x for x in module.layer_backward(a['gy'], *maps, content, kn) if x.numel()])
+    except (ValueError, TypeError) as e:
+        return dict(verdict='error', type=type(e).__name__, message=str(e)[:400], expect=expect)
+    except Exception as e:
+        return dict(verdict='other error', type=type(e).__name__, message=str(e)[:400], expect=expect)
+    out = [torch.cat([x.reshape(-1) for x in run]) for run in runs]
+    if not _same(out[0], out[1]):
+        return dict(verdict='nondeterministic', expect=expect)
+    leaves = [None if x is None else x.detach().requires_grad_() for x in maps]
+    present = [x for x in leaves if x is not None]
+    with torch.enable_grad():
+        y = _plain(dict(a, **dict(zip(('q', 'keys', 'v', 'table', 'shared'), leaves))))
+        grads = torch.autograd.grad(y, present, a['gy'], allow_unused=True) if y.numel() else [None] * len(present)
+    want = torch.cat([y.detach().reshape(-1)] + [(torch.zeros_like(x) if g is None else g).reshape(-1)
+                                                 for x, g in zip(present, grads) if x.numel()])
+    why = _check(out[0], want, True)
+    return dict(verdict='result' if not why else 'wrong result', why=why, expect=expect)
 
 
 def kernel_case(rng: random.Random, mutation: str, backend: str):
@@ -213,6 +283,8 @@ def run_case(case: dict) -> dict:
     direction = case['direction']
     if direction == 'kernel':
         return kernel_case(rng, case['mutation'], case['backend'])
+    if direction == 'whole':
+        return whole_case(rng, case['mutation'])
     a = base(rng, case['backend'])
     mutations = MUTATIONS if direction == 'forward' else BACKWARD_MUTATIONS
     name, expect, mutate = next(m for m in mutations if m[0] == case['mutation'])
@@ -288,6 +360,8 @@ def cases(backends, n: int, seed: int):
         names = [('forward', m[0]) for m in MUTATIONS] + [('backward', m[0]) for m in BACKWARD_MUTATIONS]
         if backend != 'gemm':  # (the kernels' own entry points)
             names += [('kernel', m[0]) for m in KERNEL_MUTATIONS]
+        if backend == 'cpu_kernel':
+            names += [('whole', m[0]) for m in WHOLE_MUTATIONS]
         for i in range(n):
             direction, mutation = names[i % len(names)]
             out.append(dict(backend=backend, direction=direction, mutation=mutation, seed=rng.randrange(1 << 30)))
@@ -303,8 +377,7 @@ def main():
     args = p.parse_args()
     if args.asan_build:
         from torch.utils import cpp_extension
-        here = os.path.dirname(cpu_kernel.__file__)
-        sources = [os.path.join(here, n) for n in ('tiled_cpu.cpp', 'tiled_cpu_bf16.cpp')]
+        sources = cpu_kernel._SOURCES  # (all of the kernel's: the bindings name the BRGEMM file's entry points)
         flags = ['-O1', '-g', '-fno-omit-frame-pointer', '-fsanitize=address', '-march=native', '-fopenmp']
         module = cpp_extension.load('timm_lambda_tiled_cpu_asan', sources, extra_cflags=flags,
                                     extra_ldflags=['-fsanitize=address', '-fopenmp'], build_directory=args.asan_build)
