@@ -143,8 +143,9 @@ WHOLE_MUTATIONS = [
     ('v batch', 'v', lambda a, r: a.update(v=_resize(a['v'], 0, 1))),
     ('table even side', 'table', lambda a, r: a.update(table=_resize(a['table'], 3, 1))),
     ('table in another dtype', 'table', lambda a, r: a.update(table=a['table'].float())),
+    ('key_norm', 'key_norm', lambda a, r: a.update(key_norm=r.choice(['bogus', 'L2', '']))),
     ('shared shape', 'shared', lambda a, r: a.update(shared=torch.randn(a['q'].shape[0], 1, 7, dtype=a['q'].dtype))),
-    ('gy smaller', 'gy', lambda a, r: a.update(gy=a['gy'][:, :1, :1].contiguous())),
+    ('gy channels', 'gy', lambda a, r: a.update(gy=_resize(a['gy'], 1, 1))),
     ('content shape', 'content', lambda a, r: a.update(content=torch.randn(3, 1, 2, dtype=a['q'].dtype))),
     ('kn shape', 'kn', lambda a, r: a.update(kn=torch.randn(5, dtype=a['q'].dtype))),
     ('non-contiguous maps', None, lambda a, r: a.update(
@@ -156,8 +157,8 @@ WHOLE_MUTATIONS = [
 
 
 def whole_case(rng: random.Random, mutation: str):
-    """A direct call of the CPU kernel's ``layer_forward`` and ``layer_backward`` (float64; what the forward kept, or
-    nothing), its verdict: an error naming the argument, or the plain ops' output and gradients."""
+    """A direct call of the CPU kernel's ``layer_forward`` and ``layer_backward`` (float64, each key norm; what the
+    forward kept, or nothing), its verdict: an error naming the argument, or the plain ops' output and gradients."""
     module = cpu_kernel.load()
     b, h, k, u, dv = rng.choice([1, 2]), rng.choice([1, 2]), rng.choice([2, 3]), rng.choice([1, 2]), rng.choice([1, 3])
     height, width, side = rng.randint(1, 7), rng.randint(1, 7), rng.choice([1, 3, 5, 9])
@@ -169,7 +170,7 @@ def whole_case(rng: random.Random, mutation: str):
              table=torch.randn(k, u, side, side, generator=g, dtype=torch.float64),
              shared=torch.randn(b, k, dv, generator=g, dtype=torch.float64) if rng.random() < 0.4 else None,
              gy=torch.randn(b, h * dv, height, width, generator=g, dtype=torch.float64), form='tiled', stride=1,
-             count_include_pad=False, key_norm='softmax', global_scope=False)
+             count_include_pad=False, key_norm=rng.choice(['softmax', 'l2', 'none']), global_scope=False)
     keep = rng.random() < 0.6
     name, expect, mutate = next(m for m in WHOLE_MUTATIONS if m[0] == mutation)
     mutate(a, rng)
@@ -177,11 +178,12 @@ def whole_case(rng: random.Random, mutation: str):
     try:
         runs = []
         for _ in range(2):
-            y, content, kn = module.layer_forward(*maps)
+            y, content, kn = module.layer_forward(*maps, a['key_norm'])
             if not keep:
-                content, kn = content[:0], kn[:0]
+                content, kn = None, None
             content, kn = a.get('content', content), a.get('kn', kn)
-            runs.append([y] + [x for x in module.layer_backward(a['gy'], *maps, content, kn) if x.numel()])
+            runs.append([y] + [x for x in module.layer_backward(a['gy'], *maps, content, kn, a['key_norm'])
+                               if x is not None and x.numel()])
     except (ValueError, TypeError) as e:
         return dict(verdict='error', type=type(e).__name__, message=str(e)[:400], expect=expect)
     except Exception as e:

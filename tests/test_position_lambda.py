@@ -182,44 +182,47 @@ def test_the_cpu_kernel_serves_cpu_tensors_only_and_16_bit_ones_in_float32_at_st
     assert backends.why_not('cpu_kernel', backends.Call('tiled', 'cpu', torch.float16, 2)).startswith('auto: ')
 
 
+@pytest.mark.parametrize('key_norm', ['softmax', 'l2', 'none'])
 @pytest.mark.parametrize('stride', [1, 2])
-def test_the_cpu_kernel_runs_a_softmax_call_in_one_kernel_call(stride, monkeypatch, backend):
-    """A float64 call with softmax keys at stride 1 (and a stride-2 call pooled after) runs as one kernel call a
-    direction (``layer_forward``, ``layer_backward``: the content lambda, the table's reach and the kernels; issue 58's
-    host time): Python's steps around the kernels never run, and the output and every gradient equal the plain ops'.
-    The same steps patched to fail do fail an l2-keys call (it takes them), so the patch is in the path it guards."""
+def test_the_cpu_kernel_runs_a_call_in_one_kernel_call(stride, key_norm, monkeypatch, backend):
+    """A float64 call at stride 1 (and a stride-2 call pooled after) runs as one kernel call a direction
+    (``layer_forward``, ``layer_backward``: the content lambda of each key norm, the table's reach and the kernels;
+    issue 58's host time): Python's steps around the kernels never run, and the output and every gradient equal the
+    plain ops'. The same steps patched to fail do fail a float16 call (computed in float32: not whole), so the patch
+    is in the path it guards."""
     require_cpu_kernel()
     from timm_lambda.layers.position_lambda import fused
 
-    def layer(key_norm):
+    def layer():
         torch.manual_seed(0)
         return LambdaLayer(16, dim_k=8, heads=2, dim_u=2, scope=7, stride=stride, position_bias=True, form='tiled',
                            key_norm=key_norm).double()
 
     x = torch.randn(2, 16, 4, 5 if stride == 1 else 4, dtype=torch.float64)
 
-    def step(m):
-        xx = x.clone().requires_grad_()
+    def step(m, dtype=torch.float64):
+        xx = x.to(dtype).requires_grad_()
         y = m(xx)
         y.backward(torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y))
         return [y.detach(), xx.grad] + [p.grad for p in m.parameters()]
 
     backend('plain', strict=True)
-    want = step(layer('softmax'))
+    want = step(layer())
     backend('cpu_kernel', strict=True)
-    assert PL.make_plan(layer('softmax').spec, x).variant == ('' if stride == 1 else 'pooled')
+    plan = PL.make_plan(layer().spec, x)
+    assert plan.variant == ('' if stride == 1 else 'pooled') and cpu_kernel.whole_call(plan)
 
     def python_step(*args, **kwargs):
         raise AssertionError("fused's steps around the kernels ran")
     for name in ('content_lambda', 'content_grads', 'reach', 'reach_grad'):
         monkeypatch.setattr(fused, name, python_step)
     PL.served_backends(reset=True)
-    got = step(layer('softmax'))
+    got = step(layer())
     assert {k[1] for k in PL.served_backends()} == {'cpu_kernel'}
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
     with pytest.raises(AssertionError, match='around the kernels'):
-        step(layer('l2'))
+        step(layer().half(), torch.float16)
 
 
 def _cpu_flags() -> set:

@@ -11,7 +11,7 @@ operands summed in float32 by VDPBF16PS (``tiled_forward_bf16``, ``tiled_backwar
 float32, the result rounded back. :class:`CpuKernel` is the ``cpu_kernel`` backend (:mod:`.backends`), which says
 where ``'auto'`` runs it: not where the kernel is not built (one warning names the command, or the failed build's
 cause: :func:`unavailable`), nor where :func:`declines` says the gemm backend is faster. A float32 or float64 call
-with softmax keys at stride 1 (or pooled after at stride 2) is one kernel call a direction, the content lambda and
+at stride 1 (or pooled after at stride 2) is one kernel call a direction, the content lambda of every key norm and
 the table's reach included (``layer_forward``, ``layer_backward``: :func:`whole_call`), without the dozen ATen calls
 from Python around the kernels that :class:`.fused.Tiled` makes (the host time of a small map's step: issue 58).
 
@@ -577,15 +577,15 @@ def backward(gy: torch.Tensor, q: torch.Tensor, v: torch.Tensor, table: torch.Te
 
 
 PATHS = ('float64', 'float32', 'brgemm', 'avx512_bf16')  # the plan's tiling names one by its index
-_EMPTY = {torch.float32: torch.empty(0), torch.float64: torch.empty(0, dtype=torch.float64)}  # (nothing kept)
 
 
-def whole_call(plan, dtype: torch.dtype) -> bool:
-    """Whether the kernel runs a call of the plan as a whole (``layer_forward``, ``layer_backward``: the content
-    lambda, the table's reach and the kernels in one call, host time a small map would spend on a dozen ATen calls
-    from Python): a kernel call at stride 1 (the plan's variant is not ``'patched'``) in the inputs' own float32 or
-    float64, softmax keys (Table 11's default). Other calls: :class:`.fused.Tiled`'s steps around the kernels."""
-    return plan.variant != 'patched' and plan.key_norm == 'softmax' and PATHS[plan.tiling[0]] == str(dtype)[6:]
+def whole_call(plan) -> bool:
+    """Whether the kernel runs a call of the plan whole (``layer_forward``, ``layer_backward``: the content lambda,
+    the table's reach and the kernels in one call, host time a small map would spend on a dozen ATen calls from
+    Python): the plan's second tiling entry, set by :meth:`CpuKernel.kernel_tiling` for a kernel call at stride 1 (a
+    stride-1 call, or a stride-2 one pooled after) computed in the call's own float32 or float64. Other calls:
+    :class:`.fused.Tiled`'s steps around the kernels."""
+    return bool(plan.tiling[1])
 
 
 class CpuKernel(Tiled):
@@ -609,30 +609,26 @@ class CpuKernel(Tiled):
         return compute_dtype(dtype)
 
     def kernel_tiling(self, device: str, dtype: torch.dtype, step: int, c: int, kw: int):
-        """The path (:func:`compute_path`), as its index in :data:`PATHS`."""
-        return (PATHS.index(compute_path(dtype, step)[0]),)
+        """The path (:func:`compute_path`), as its index in :data:`PATHS`, and whether the call runs whole
+        (:func:`whole_call`)."""
+        path = compute_path(dtype, step)[0]
+        return PATHS.index(path), int(step == 1 and path == str(dtype)[6:])
 
     def forward(self, plan, q, keys, v, table, shared):
-        """:meth:`.fused.Tiled.forward`; a call the kernel runs at stride 1 in the inputs' float32 or float64 with
-        softmax keys (the default layer's; and a stride-2 call pooled after) in one kernel call with the content lambda
-        and the table's reach (:func:`whole_call`)."""
-        if not whole_call(plan, q.dtype):
+        """:meth:`.fused.Tiled.forward`; a call the plan runs whole (:func:`whole_call`) in one kernel call with the
+        content lambda and the table's reach."""
+        if not whole_call(plan):
             return super().forward(plan, q, keys, v, table, shared)
-        y, content, kn = _module().layer_forward(q, keys, v, table, shared)
-        y = y if plan.stride == 1 else pool(y, plan.count_include_pad)
-        return y, content if content.numel() else None, kn if kn.numel() else None
+        y, content, kn = _module().layer_forward(q, keys, v, table, shared, plan.key_norm)
+        return (y if plan.stride == 1 else pool(y, plan.count_include_pad)), content, kn
 
     def backward(self, plan, gy, q, keys, v, table, shared, content, kn):
         """:meth:`.fused.Tiled.backward`, in one kernel call where :meth:`forward` made one."""
-        if not whole_call(plan, q.dtype):
+        if not whole_call(plan):
             return super().backward(plan, gy, q, keys, v, table, shared, content, kn)
         if plan.stride == 2:
             gy = pool_backward(gy, q.shape[2], q.shape[3], plan.count_include_pad)
-        empty = _EMPTY[q.dtype]  # (what the forward kept, or empty: recomputed)
-        gq, gkeys, gv, gtable, gshared = _module().layer_backward(gy, q, keys, v, table, shared,
-                                                                  empty if content is None else content,
-                                                                  empty if kn is None else kn)
-        return [gq, gkeys if keys is not None else None, gv, gtable, gshared if shared is not None else None]
+        return _module().layer_backward(gy, q, keys, v, table, shared, content, kn, plan.key_norm)
 
     def tiled_forward(self, plan, q, v, table, step, content):
         return forward(q, v, table, step, content, PATHS[plan.tiling[0]])

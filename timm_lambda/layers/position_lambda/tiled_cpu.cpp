@@ -289,44 +289,47 @@ std::vector<torch::Tensor> tiled_backward(torch::Tensor gy, torch::Tensor q, tor
 
 // The operator at stride 1 in one call, float32 and float64 (each ATen call from Python costs a few microseconds of
 // host time on a small map; a layer training step made 13 of them around the kernels): the table's reach, the content
-// lambda of softmax keys (eq. 1, Table 11) plus `shared`, and the kernels. Layouts of the layer's own maps: q [B, h k,
-// H, W], keys [B, u k, H, W] or None, v [B, u V, H, W], the whole table [k, u, R_h, R_w] (odd sides; the window that an
-// H x W map reaches, |dy| <= H - 1 and |dx| <= W - 1, is taken here), shared [B, k, V] or None.
+// lambda of the normalised keys (eq. 1, Table 11) plus `shared`, and the kernels. Layouts of the layer's own maps: q
+// [B, h k, H, W], keys [B, u k, H, W] or None, v [B, u V, H, W], the whole table [k, u, R_h, R_w] (odd sides; the window
+// that an H x W map reaches, |dy| <= H - 1 and |dx| <= W - 1, is taken here), shared [B, k, V] or None; key_norm
+// 'softmax', 'l2' or 'none'.
 namespace {
 
 struct Layer {
   int64_t B, HK, H, W, K, U, V, heads;
+  int norm;  // 0 softmax, 1 l2, 2 none
 };
 
 Layer check_layer_arguments(const char* name, const torch::Tensor& q, const std::optional<torch::Tensor>& keys,
                             const torch::Tensor& v, const torch::Tensor& table,
-                            const std::optional<torch::Tensor>& shared) {
+                            const std::optional<torch::Tensor>& shared, const std::string& key_norm) {
+  const int norm = key_norm == "softmax" ? 0 : key_norm == "l2" ? 1 : key_norm == "none" ? 2 : -1;
+  TORCH_CHECK_VALUE(norm >= 0, name, ": key_norm must be 'softmax', 'l2' or 'none', got '", key_norm, "'");
   TORCH_CHECK_VALUE(q.dim() == 4, name, ": q must be [B, h k, H, W], got ", q.sizes());
   TORCH_CHECK_VALUE(v.dim() == 4, name, ": v must be [B, u V, H, W], got ", v.sizes());
   TORCH_CHECK_VALUE(table.dim() == 4 && table.size(0) >= 1 && table.size(1) >= 1 && table.size(2) % 2 == 1 &&
                         table.size(3) % 2 == 1,
                     name, ": table must be [k, u, R_h, R_w] with odd sides, got ", table.sizes());
-  const Layer l{q.size(0), q.size(1), q.size(2), q.size(3), table.size(0), table.size(1), 0, 0};
-  TORCH_CHECK_VALUE(l.HK >= l.K && l.HK % l.K == 0 && l.H >= 1 && l.W >= 1, name,
+  const int64_t B = q.size(0), HK = q.size(1), H = q.size(2), W = q.size(3), K = table.size(0), U = table.size(1);
+  TORCH_CHECK_VALUE(HK >= K && HK % K == 0 && H >= 1 && W >= 1, name,
                     ": q must be [B, h k, H, W] with h k a multiple of the table's k and a map of at least 1x1, got q ",
                     q.sizes(), ", table ", table.sizes());
-  TORCH_CHECK_VALUE(v.size(0) == l.B && v.size(1) >= l.U && v.size(1) % l.U == 0 && v.size(2) == l.H &&
-                        v.size(3) == l.W,
-                    name, ": v must be [B, u V, H, W] with q's B, H, W and a multiple of the table's u, got v ",
-                    v.sizes(), ", q ", q.sizes(), ", table ", table.sizes());
-  const Layer out{l.B, l.HK, l.H, l.W, l.K, l.U, v.size(1) / l.U, l.HK / l.K};
+  TORCH_CHECK_VALUE(v.size(0) == B && v.size(1) >= U && v.size(1) % U == 0 && v.size(2) == H && v.size(3) == W, name,
+                    ": v must be [B, u V, H, W] with q's B, H, W and a multiple of the table's u, got v ", v.sizes(),
+                    ", q ", q.sizes(), ", table ", table.sizes());
+  const Layer l{B, HK, H, W, K, U, v.size(1) / U, HK / K, norm};
   std::vector<std::pair<const char*, const torch::Tensor*>> all{{"v", &v}, {"table", &table}};
   if (keys.has_value()) {
     all.push_back({"keys", &*keys});
-    TORCH_CHECK_VALUE(keys->dim() == 4 && keys->size(0) == l.B && keys->size(1) == l.U * l.K && keys->size(2) == l.H &&
-                          keys->size(3) == l.W,
-                      name, ": keys must be [B, u k, H, W] = [", l.B, ", ", l.U * l.K, ", ", l.H, ", ", l.W, "], got ",
+    TORCH_CHECK_VALUE(keys->dim() == 4 && keys->size(0) == B && keys->size(1) == U * K && keys->size(2) == H &&
+                          keys->size(3) == W,
+                      name, ": keys must be [B, u k, H, W] = [", B, ", ", U * K, ", ", H, ", ", W, "], got ",
                       keys->sizes());
   }
   if (shared.has_value()) {
     all.push_back({"shared", &*shared});
-    TORCH_CHECK_VALUE(shared->dim() == 3 && shared->size(0) == l.B && shared->size(1) == l.K && shared->size(2) == out.V,
-                      name, ": shared must be [B, k, V] = [", l.B, ", ", l.K, ", ", out.V, "], got ", shared->sizes());
+    TORCH_CHECK_VALUE(shared->dim() == 3 && shared->size(0) == B && shared->size(1) == K && shared->size(2) == l.V,
+                      name, ": shared must be [B, k, V] = [", B, ", ", K, ", ", l.V, "], got ", shared->sizes());
   }
   for (const auto& [what, t] : all) {
     TORCH_CHECK_TYPE(t->device().is_cpu(), name, ": ", what, " must be a CPU tensor, got one on ", t->device());
@@ -335,7 +338,7 @@ Layer check_layer_arguments(const char* name, const torch::Tensor& q, const std:
   }
   TORCH_CHECK_TYPE(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble, name,
                    ": the tensors must be float32 or float64, got ", q.scalar_type());
-  return out;
+  return l;
 }
 
 // the offsets of table [k, u, R_h, R_w] an H x W map reaches, |dy| <= H - 1, |dx| <= W - 1 (a view; fused.reach)
@@ -367,39 +370,67 @@ T dot(const T* __restrict a, const T* __restrict b, int64_t n) {
 // rows of about this many multiply-adds or more a task (smaller calls run on the calling thread)
 int64_t grain(int64_t per_row) { return std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, per_row)); }
 
-// {lambda^c + shared [B, k, V] (or shared, or undefined), softmax keys [B, u, k, n] (or undefined)} (eq. 1, Table 11:
-// fused.content_lambda), in loops (no ATen call but the two results' allocations)
+constexpr double L2_EPS = 1e-12;  // F.normalize's
+
+// The normalised keys' rows: kn [B, u, k, n] (softmax, l2), or the keys' own rows (none)
 template <typename T>
-std::pair<torch::Tensor, torch::Tensor> content_lambda(const Layer& l, const std::optional<torch::Tensor>& keys_,
+struct KeyRows {
+  const T* data;
+  int64_t sb, sc, n, UK;  // row (b, u k + c) at data + b sb + (u k + c) sc
+  const T* operator()(int64_t r) const { return data + r / UK * sb + r % UK * sc; }
+};
+
+template <typename T>
+KeyRows<T> key_rows(const Layer& l, const torch::Tensor& keys, const torch::Tensor& kn) {
+  const torch::Tensor& x = l.norm == 2 ? keys : kn;
+  return {x.data_ptr<T>(), x.stride(0), l.norm == 2 ? x.stride(1) : l.H * l.W, l.H * l.W, l.U * l.K};
+}
+
+// {lambda^c + shared [B, k, V] (or shared, or undefined), the normalised keys [B, u, k, n] (undefined without keys
+// or with key_norm 'none')} (eq. 1, Table 11: fused.content_lambda), in loops (no ATen call but the results'
+// allocations); keys: rows_of'd
+template <typename T>
+std::pair<torch::Tensor, torch::Tensor> content_lambda(const Layer& l, const std::optional<torch::Tensor>& keys,
                                                        const torch::Tensor& v_,
                                                        const std::optional<torch::Tensor>& shared) {
-  if (!keys_.has_value()) return {shared.has_value() ? *shared : torch::Tensor(), torch::Tensor()};
-  const int64_t n = l.H * l.W, rows = l.B * l.U * l.K;
-  const torch::Tensor keys = rows_of(*keys_), v = rows_of(v_);
-  auto kn = torch::empty({l.B, l.U, l.K, n}, v.options());
+  if (!keys.has_value()) return {shared.has_value() ? *shared : torch::Tensor(), torch::Tensor()};
+  const int64_t n = l.H * l.W;
+  const torch::Tensor v = rows_of(v_);
+  torch::Tensor kn;
+  if (l.norm != 2) {
+    kn = torch::empty({l.B, l.U, l.K, n}, v.options());
+    const KeyRows<T> in{keys->data_ptr<T>(), keys->stride(0), keys->stride(1), n, l.U * l.K};
+    T* knd = kn.data_ptr<T>();
+    at::parallel_for(0, l.B * l.U * l.K, grain(n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {  // row (b, u k + c), normalised over the positions
+        const T* x = in(r);
+        T* out = knd + r * n;
+        if (l.norm == 0) {
+          T m = x[0], sum = 0;
+          for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
+          for (int64_t i = 0; i < n; ++i) sum += (out[i] = std::exp(x[i] - m));
+          const T inv = T(1) / sum;
+          for (int64_t i = 0; i < n; ++i) out[i] *= inv;
+        } else {
+          const T inv = T(1) / std::max<T>(std::sqrt(dot(x, x, n)), T(L2_EPS));
+          for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv;
+        }
+      }
+    });
+  }
+  const KeyRows<T> rows = key_rows<T>(l, *keys, kn);
   auto content = torch::empty({l.B, l.K, l.V}, v.options());
-  const T *kd = keys.data_ptr<T>(), *vd = v.data_ptr<T>();
   const torch::Tensor sh = shared.has_value() ? shared->contiguous() : torch::Tensor();  // (an expanded bias: a copy)
-  const T* sd = sh.defined() ? sh.data_ptr<T>() : nullptr;
-  T *knd = kn.data_ptr<T>(), *cd = content.data_ptr<T>();
-  const int64_t kb = keys.stride(0), kc = keys.stride(1), vb = v.stride(0), vc = v.stride(1);
-  at::parallel_for(0, rows, grain(n), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {  // row (b, u k + c): softmax over the positions
-      const T* x = kd + r / (l.U * l.K) * kb + r % (l.U * l.K) * kc;
-      T* out = knd + r * n;
-      T m = x[0], sum = 0;
-      for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
-      for (int64_t i = 0; i < n; ++i) sum += (out[i] = std::exp(x[i] - m));
-      const T inv = T(1) / sum;
-      for (int64_t i = 0; i < n; ++i) out[i] *= inv;
-    }
-  });
+  const T *vd = v.data_ptr<T>(), *sd = sh.defined() ? sh.data_ptr<T>() : nullptr;
+  T* cd = content.data_ptr<T>();
+  const int64_t vb = v.stride(0), vc = v.stride(1);
   at::parallel_for(0, l.B * l.K, grain(l.U * l.V * n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {  // content[b, c, j] = sum_u sum_n kn[b, u, c, n] v[b, u V + j, n]
       const int64_t b = r / l.K, c = r % l.K;
       for (int64_t j = 0; j < l.V; ++j) {
         T acc = sd != nullptr ? sd[r * l.V + j] : T(0);
-        for (int64_t u = 0; u < l.U; ++u) acc += dot(knd + ((b * l.U + u) * l.K + c) * n, vd + b * vb + (u * l.V + j) * vc, n);
+        for (int64_t u = 0; u < l.U; ++u)
+          acc += dot(rows((b * l.U + u) * l.K + c), vd + b * vb + (u * l.V + j) * vc, n);
         cd[r * l.V + j] = acc;
       }
     }
@@ -408,30 +439,40 @@ std::pair<torch::Tensor, torch::Tensor> content_lambda(const Layer& l, const std
 }
 
 // the content lambda's part of the gradients (fused.content_grads): gv [B, u V, H, W] (the kernel's, contiguous) +=
-// sum_c gc[b, c, j] kn[b, u, c, :]; -> gkeys [B, u k, H, W] = the softmax's backward of gkn[b, u, c, :] = sum_j gc[b,
-// c, j] v[b, u V + j, :]
+// sum_c gc[b, c, j] kn[b, u, c, :]; -> gkeys [B, u k, H, W], the key norm's backward of gkn[b, u, c, :] = sum_j gc[b,
+// c, j] v[b, u V + j, :] (keys: rows_of'd; kn: content_lambda's)
 template <typename T>
-torch::Tensor content_grads(const Layer& l, const torch::Tensor& gc_, const torch::Tensor& v_, const torch::Tensor& kn_,
-                            torch::Tensor& gv) {
+torch::Tensor content_grads(const Layer& l, const torch::Tensor& gc_, const torch::Tensor& v_,
+                            const torch::Tensor& keys, const torch::Tensor& kn, torch::Tensor& gv) {
   const int64_t n = l.H * l.W;
-  const torch::Tensor gc = gc_.contiguous(), v = rows_of(v_), kn = kn_.contiguous();
+  const torch::Tensor gc = gc_.contiguous(), v = rows_of(v_);
   auto gkeys = torch::empty({l.B, l.U * l.K, l.H, l.W}, v.options());
-  const T *gcd = gc.data_ptr<T>(), *vd = v.data_ptr<T>(), *knd = kn.data_ptr<T>();
+  const KeyRows<T> rows = key_rows<T>(l, keys, kn);
+  const KeyRows<T> raw{keys.data_ptr<T>(), keys.stride(0), keys.stride(1), n, l.U * l.K};
+  const T *gcd = gc.data_ptr<T>(), *vd = v.data_ptr<T>();
   T *gkd = gkeys.data_ptr<T>(), *gvd = gv.data_ptr<T>();
   const int64_t vb = v.stride(0), vc = v.stride(1);
   at::parallel_for(0, l.B * l.U * l.K, grain(l.V * n), [&](int64_t begin, int64_t end) {
     std::vector<T> g(n);
     for (int64_t r = begin; r < end; ++r) {  // row (b, u, c)
       const int64_t b = r / (l.U * l.K), u = r / l.K % l.U, c = r % l.K;
-      std::fill(g.begin(), g.end(), T(0));
+      T* out = gkd + r * n;
+      T* acc = l.norm == 2 ? out : g.data();  // ('none': the keys' gradient itself)
+      std::fill(acc, acc + n, T(0));
       for (int64_t j = 0; j < l.V; ++j) {
         const T w = gcd[(b * l.K + c) * l.V + j], *x = vd + b * vb + (u * l.V + j) * vc;
-        for (int64_t i = 0; i < n; ++i) g[i] += w * x[i];
+        for (int64_t i = 0; i < n; ++i) acc[i] += w * x[i];
       }
-      const T* p = knd + r * n;
+      if (l.norm == 2) continue;
+      const T* p = rows(r);
       const T d = dot(g.data(), p, n);
-      T* out = gkd + r * n;
-      for (int64_t i = 0; i < n; ++i) out[i] = p[i] * (g[i] - d);
+      if (l.norm == 0) {
+        for (int64_t i = 0; i < n; ++i) out[i] = p[i] * (g[i] - d);
+      } else {  // F.normalize's: (g - kn <g, kn>) / max(|x|, eps), the inner product 0 where |x| < eps (clamped)
+        const T norm = std::sqrt(dot(raw(r), raw(r), n));
+        const T inner = norm >= T(L2_EPS) ? d : T(0), inv = T(1) / std::max(norm, T(L2_EPS));
+        for (int64_t i = 0; i < n; ++i) out[i] = (g[i] - p[i] * inner) * inv;
+      }
     }
   });
   at::parallel_for(0, l.B * l.U * l.V, grain(l.K * n), [&](int64_t begin, int64_t end) {
@@ -439,7 +480,7 @@ torch::Tensor content_grads(const Layer& l, const torch::Tensor& gc_, const torc
       const int64_t b = r / (l.U * l.V), u = r / l.V % l.U, j = r % l.V;
       T* out = gvd + r * n;
       for (int64_t c = 0; c < l.K; ++c) {
-        const T w = gcd[(b * l.K + c) * l.V + j], *p = knd + ((b * l.U + u) * l.K + c) * n;
+        const T w = gcd[(b * l.K + c) * l.V + j], *p = rows((b * l.U + u) * l.K + c);
         for (int64_t i = 0; i < n; ++i) out[i] += w * p[i];
       }
     }
@@ -463,29 +504,36 @@ torch::Tensor whole_table_grad(const torch::Tensor& g, const torch::Tensor& tabl
   return out;
 }
 
+std::optional<torch::Tensor> rows_of(const std::optional<torch::Tensor>& x) {
+  return x.has_value() ? std::optional<torch::Tensor>(rows_of(*x)) : std::nullopt;
+}
+
 }  // namespace
 
-// -> {y [B, h V, H, W], the content lambda [B, k, V] (empty without keys and shared), the softmax keys [B, u, k, H W]
-// (empty without keys)}
-std::vector<torch::Tensor> layer_forward(torch::Tensor q, std::optional<torch::Tensor> keys, torch::Tensor v,
-                                         torch::Tensor table, std::optional<torch::Tensor> shared) {
-  const Layer l = check_layer_arguments("layer_forward", q, keys, v, table, shared);
+// -> {y [B, h V, H, W], the content lambda [B, k, V] (None without keys and shared), the normalised keys [B, u, k, H W]
+// (None without keys, and for key_norm 'none': the backward reads the keys)}
+std::vector<std::optional<torch::Tensor>> layer_forward(torch::Tensor q, std::optional<torch::Tensor> keys,
+                                                        torch::Tensor v, torch::Tensor table,
+                                                        std::optional<torch::Tensor> shared, std::string key_norm) {
+  const Layer l = check_layer_arguments("layer_forward", q, keys, v, table, shared, key_norm);
+  keys = rows_of(keys);
   std::pair<torch::Tensor, torch::Tensor> ck;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "layer_forward", [&] { ck = content_lambda<scalar_t>(l, keys, v, shared); });
   const auto& [content, kn] = ck;
   auto y = tiled_forward(q.view({l.B, l.heads, l.K, l.H, l.W}), v, reach(table, l.H, l.W),
                          content.defined() ? std::optional<torch::Tensor>(content) : std::nullopt, 1);
-  if (content.defined() && kn.defined()) return {y, content, kn};
-  auto none = q.new_empty({0});
-  return {y, content.defined() ? content : none, kn.defined() ? kn : none};
+  auto some = [](const torch::Tensor& x) { return x.defined() ? std::optional<torch::Tensor>(x) : std::nullopt; };
+  return {y, some(content), some(kn)};
 }
 
-// gy [B, h V, H, W] and what layer_forward returned besides y (content, kn: empty to recompute them) -> the gradients
-// {gq, gkeys, gv, gtable (the whole table's: zero past the reach), gshared} (empty for a None input)
-std::vector<torch::Tensor> layer_backward(torch::Tensor gy, torch::Tensor q, std::optional<torch::Tensor> keys,
-                                          torch::Tensor v, torch::Tensor table, std::optional<torch::Tensor> shared,
-                                          torch::Tensor content, torch::Tensor kn) {
-  const Layer l = check_layer_arguments("layer_backward", q, keys, v, table, shared);
+// gy [B, h V, H, W] and what layer_forward returned besides y (content, kn: None to recompute them) -> the gradients
+// {gq, gkeys, gv, gtable (the whole table's: zero past the reach), gshared} (None for a None input)
+std::vector<std::optional<torch::Tensor>> layer_backward(torch::Tensor gy, torch::Tensor q,
+                                                         std::optional<torch::Tensor> keys, torch::Tensor v,
+                                                         torch::Tensor table, std::optional<torch::Tensor> shared,
+                                                         std::optional<torch::Tensor> content,
+                                                         std::optional<torch::Tensor> kn, std::string key_norm) {
+  const Layer l = check_layer_arguments("layer_backward", q, keys, v, table, shared, key_norm);
   const int64_t n = l.H * l.W;
   TORCH_CHECK_VALUE(gy.dim() == 4 && gy.size(0) == l.B && gy.size(1) == l.heads * l.V && gy.size(2) == l.H &&
                         gy.size(3) == l.W,
@@ -493,32 +541,40 @@ std::vector<torch::Tensor> layer_backward(torch::Tensor gy, torch::Tensor q, std
                     ", ", l.H, ", ", l.W, "], got ", gy.sizes());
   TORCH_CHECK_TYPE(gy.device().is_cpu() && gy.scalar_type() == q.scalar_type(),
                    "layer_backward: gy must be a CPU tensor of q's dtype, got ", gy.scalar_type(), " on ", gy.device());
-  const bool has_content = keys.has_value() || shared.has_value();
-  // what the forward kept: each empty, or the forward's (content without keys or shared, kn without keys: wrong)
-  TORCH_CHECK_VALUE(content.numel() == 0 || (has_content && content.dim() == 3 && content.size(0) == l.B &&
-                                             content.size(1) == l.K && content.size(2) == l.V),
-                    "layer_backward: content must be empty or the forward's [B, k, V] = [", l.B, ", ", l.K, ", ", l.V,
-                    "]", has_content ? "" : " (a call with neither keys nor shared has none)", ", got ", content.sizes());
-  TORCH_CHECK_VALUE(kn.numel() == 0 || (keys.has_value() && kn.dim() == 4 && kn.size(0) == l.B && kn.size(1) == l.U &&
-                                        kn.size(2) == l.K && kn.size(3) == n),
-                    "layer_backward: kn must be empty or the forward's [B, u, k, n] = [", l.B, ", ", l.U, ", ", l.K,
-                    ", ", n, "]", keys.has_value() ? "" : " (a call without keys has none)", ", got ", kn.sizes());
-  for (const auto& [what, t] : {std::pair<const char*, const torch::Tensor*>{"content", &content}, {"kn", &kn}})
-    TORCH_CHECK_TYPE(t->numel() == 0 || (t->device().is_cpu() && t->scalar_type() == q.scalar_type()),
-                     "layer_backward: ", what, " must be empty or a CPU tensor of q's dtype, got ", t->scalar_type(),
-                     " on ", t->device());
-  const bool kept = content.numel() > 0 && (!keys.has_value() || kn.numel() > 0);
-  std::vector<torch::Tensor> out;
+  const bool has_content = keys.has_value() || shared.has_value(), has_kn = keys.has_value() && l.norm != 2;
+  // what the forward kept: each None or the forward's (content without keys or shared, kn without normalised keys:
+  // wrong)
+  TORCH_CHECK_VALUE(!content.has_value() || (has_content && content->dim() == 3 && content->size(0) == l.B &&
+                                             content->size(1) == l.K && content->size(2) == l.V),
+                    "layer_backward: content must be None or the forward's [B, k, V] = [", l.B, ", ", l.K, ", ", l.V,
+                    "]", has_content ? "" : " (a call with neither keys nor shared has none)", ", got ",
+                    content.has_value() ? content->sizes() : c10::IntArrayRef{});
+  TORCH_CHECK_VALUE(!kn.has_value() || (has_kn && kn->dim() == 4 && kn->size(0) == l.B && kn->size(1) == l.U &&
+                                        kn->size(2) == l.K && kn->size(3) == n),
+                    "layer_backward: kn must be None or the forward's [B, u, k, n] = [", l.B, ", ", l.U, ", ", l.K,
+                    ", ", n, "]", has_kn ? "" : " (a call without keys or with key_norm 'none' has none)", ", got ",
+                    kn.has_value() ? kn->sizes() : c10::IntArrayRef{});
+  for (const auto& [what, t] : {std::pair<const char*, const std::optional<torch::Tensor>*>{"content", &content},
+                                {"kn", &kn}})
+    TORCH_CHECK_TYPE(!t->has_value() || ((*t)->device().is_cpu() && (*t)->scalar_type() == q.scalar_type()),
+                     "layer_backward: ", what, " must be None or a CPU tensor of q's dtype, got ",
+                     (*t)->scalar_type(), " on ", (*t)->device());
+  keys = rows_of(keys);
+  std::vector<std::optional<torch::Tensor>> out;
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "layer_backward", [&] {
     using T = scalar_t;
-    if (!kept) std::tie(content, kn) = content_lambda<T>(l, keys, v, shared);
+    torch::Tensor lc = content.value_or(torch::Tensor()), kt = kn.value_or(torch::Tensor());
+    if (has_content && (!lc.defined() || (has_kn && !kt.defined())))  // (not kept: recomputed)
+      std::tie(lc, kt) = content_lambda<T>(l, keys, v, shared);
+    else if (kt.defined())
+      kt = kt.contiguous();
     auto g = tiled_backward(gy, q.view({l.B, l.heads, l.K, l.H, l.W}), v, reach(table, l.H, l.W),
-                            has_content ? std::optional<torch::Tensor>(content) : std::nullopt, 1);
+                            has_content ? std::optional<torch::Tensor>(lc) : std::nullopt, 1);
     // g: {gq [B, h, k, H, W], gv [B, u V, H, W], gtable (the window's), gcontent [B, k, V]}, each new and contiguous
-    torch::Tensor gkeys = keys.has_value() ? content_grads<T>(l, g[3], v, kn, g[1]) : torch::Tensor();
-    auto none = keys.has_value() && shared.has_value() ? torch::Tensor() : q.new_empty({0});
-    out = {g[0].view({l.B, l.HK, l.H, l.W}), keys.has_value() ? gkeys : none, g[1], whole_table_grad<T>(g[2], table),
-           shared.has_value() ? g[3] : none};
+    std::optional<torch::Tensor> gkeys;
+    if (keys.has_value()) gkeys = content_grads<T>(l, g[3], v, *keys, kt, g[1]);
+    out = {g[0].view({l.B, l.HK, l.H, l.W}), gkeys, g[1], whole_table_grad<T>(g[2], table),
+           shared.has_value() ? std::optional<torch::Tensor>(g[3]) : std::nullopt};
   });
   return out;
 }

@@ -423,25 +423,32 @@ inline torch::Tensor content_of(const std::optional<torch::Tensor>& content, con
   return content->contiguous();
 }
 
-// v [B, CV, H, W] (any strides) -> [B, H, W, CV] contiguous, in blocks of 64 positions on all threads (a permuted
-// copy by ATen runs at a twentieth of a plain copy's rate here); float32, float64 and bfloat16
-template <typename T>
-inline torch::Tensor to_channels_last(const torch::Tensor& v) {
+// v [B, CV, H, W] of S (any strides) into dst [B, H, W, CV]: dst[b, y, x, c] = element(s, x), s the row (b, c, y) of v
+// (s[x * stride(3)] its element x), in blocks of 64 positions on all threads (a permuted copy by ATen runs at a
+// twentieth of a plain copy's rate here)
+template <typename S, typename Out, typename F>
+inline void channels_last_of(const torch::Tensor& v, Out* dst, F element) {
   const int64_t B = v.size(0), CV = v.size(1), H = v.size(2), W = v.size(3), blocks = (W + 63) / 64;
-  const int64_t sb = v.stride(0), sc = v.stride(1), sy = v.stride(2), sx = v.stride(3);
-  auto out = torch::empty({B, H, W, CV}, v.options());
-  const T* src = v.data_ptr<T>();
-  T* dst = out.data_ptr<T>();
+  const int64_t sb = v.stride(0), sc = v.stride(1), sy = v.stride(2);
+  const S* src = reinterpret_cast<const S*>(v.data_ptr());
   at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / (H * blocks), y = i / blocks % H, x0 = i % blocks * 64, x1 = std::min(W, x0 + 64);
-      T* row = dst + ((b * H + y) * W) * CV;
+      Out* row = dst + ((b * H + y) * W) * CV;
       for (int64_t c = 0; c < CV; ++c) {
-        const T* s = src + b * sb + c * sc + y * sy;
-        for (int64_t x = x0; x < x1; ++x) row[x * CV + c] = s[x * sx];
+        const S* s = src + b * sb + c * sc + y * sy;
+        for (int64_t x = x0; x < x1; ++x) row[x * CV + c] = element(s, x);
       }
     }
   });
+}
+
+// v [B, CV, H, W] (any strides) -> [B, H, W, CV] contiguous; float32, float64 and bfloat16
+template <typename T>
+inline torch::Tensor to_channels_last(const torch::Tensor& v) {
+  auto out = torch::empty({v.size(0), v.size(2), v.size(3), v.size(1)}, v.options());
+  const int64_t sx = v.stride(3);
+  channels_last_of<T>(v, out.data_ptr<T>(), [sx](const T* s, int64_t x) { return s[x * sx]; });
   return out;
 }
 

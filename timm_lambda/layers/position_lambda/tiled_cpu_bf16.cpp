@@ -26,22 +26,12 @@ inline float bf16_to_float(uint16_t x) {
 // v [B, CV, H, W] bfloat16 (any strides) -> pairs [B, H, W, CV] (uint32): at (y, x, c) the bfloat16 pair
 // (v[c, y, x], v[c, y, x + 1]), low half first, the second 0 past the image; on all threads
 torch::Tensor column_pairs(const torch::Tensor& v) {
-  const int64_t B = v.size(0), CV = v.size(1), H = v.size(2), W = v.size(3), blocks = (W + 63) / 64;
-  const int64_t sb = v.stride(0), sc = v.stride(1), sy = v.stride(2), sx = v.stride(3);
-  auto out = torch::empty({B, H, W, CV}, v.options().dtype(torch::kInt32));
-  const uint16_t* src = reinterpret_cast<const uint16_t*>(v.data_ptr<at::BFloat16>());
-  uint32_t* dst = reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>());
-  at::parallel_for(0, B * H * blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t b = i / (H * blocks), y = i / blocks % H, x0 = i % blocks * 64, x1 = std::min(W, x0 + 64);
-      uint32_t* row = dst + ((b * H + y) * W) * CV;
-      for (int64_t c = 0; c < CV; ++c) {
-        const uint16_t* s = src + b * sb + c * sc + y * sy;
-        for (int64_t x = x0; x < x1; ++x)
-          row[x * CV + c] = uint32_t(s[x * sx]) | (x + 1 < W ? uint32_t(s[(x + 1) * sx]) << 16 : 0u);
-      }
-    }
-  });
+  auto out = torch::empty({v.size(0), v.size(2), v.size(3), v.size(1)}, v.options().dtype(torch::kInt32));
+  const int64_t sx = v.stride(3), W = v.size(3);
+  channels_last_of<uint16_t>(v, reinterpret_cast<uint32_t*>(out.data_ptr<int32_t>()),
+                             [sx, W](const uint16_t* s, int64_t x) {
+                               return uint32_t(s[x * sx]) | (x + 1 < W ? uint32_t(s[(x + 1) * sx]) << 16 : 0u);
+                             });
   return out;
 }
 
