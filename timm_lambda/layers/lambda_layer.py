@@ -49,6 +49,7 @@ from .position_lambda import (
 from .position_lambda.backends import record
 from .position_lambda.custom_ops import lambda_op
 from .position_lambda.plain_ops import content_lambda_plain, lambdas_plain
+from .projection import Projection
 from .relative_embedding import RelativePositionEmbedding
 
 __all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS']
@@ -159,7 +160,7 @@ class LambdaLayer(nn.Module):
 
         k, u, v, h = self.dim_k, self.dim_u, self.dim_v, self.heads
         # One 1x1 projection for queries, keys and values (W_Q, W_K, W_V of Table 1).
-        self.qkv = nn.Conv2d(self.dim, h * k + k * u + v * u, 1, bias=False, **dd)
+        self.qkv = Projection(self.dim, h * k + k * u + v * u, **dd)
         self.norm_q = norm_layer(h * k, **dd) if qv_norm else nn.Identity()
         self.norm_v = norm_layer(v * u, **dd) if qv_norm else nn.Identity()
 
@@ -238,8 +239,8 @@ class LambdaLayer(nn.Module):
             w[a:b], bias[a:b] = fuse_conv_bn_weights(w[a:b], bias[a:b], norm.running_mean.double(),
                                                      norm.running_var.double(), norm.eps, gamma, beta)
         old = self.qkv
-        self.qkv = nn.Conv2d(old.in_channels, old.out_channels, 1, bias=True, device=old.weight.device,
-                             dtype=old.weight.dtype)
+        self.qkv = Projection(old.in_channels, old.out_channels, bias=True, device=old.weight.device,
+                              dtype=old.weight.dtype)
         self.qkv.weight.copy_(w)
         self.qkv.bias.copy_(bias)
         for norm, a, b in foldable:

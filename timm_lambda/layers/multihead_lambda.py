@@ -17,6 +17,7 @@ from .batch_one import reshape_normed
 from .checks import check_choice, check_heads, check_input, check_stride, to_int
 from .lambda_layer import KEY_NORMS, normalize_keys
 from .pooling import downsample_pool
+from .projection import Projection
 from .relative_embedding import RelativePositionEmbedding, dense_embedding, table_for_input
 
 __all__ = ['MultiHeadLambdaLayer']
@@ -41,7 +42,7 @@ class MultiHeadLambdaLayer(nn.Module):
         self.dim_v = self.dim_out // self.heads
         self.key_norm = check_choice(key_norm, 'key_norm', KEY_NORMS)
         hk = self.heads * self.dim_k
-        self.qkv = nn.Conv2d(self.dim, 2 * hk + self.dim_out, 1, bias=False, **dd)
+        self.qkv = Projection(self.dim, 2 * hk + self.dim_out, **dd)
         self.norm_q = norm_layer(hk, **dd) if qv_norm else nn.Identity()
         self.norm_v = norm_layer(self.dim_out, **dd) if qv_norm else nn.Identity()
         self.pos_embedding = RelativePositionEmbedding(hk, 1, scope, max_size, **dd)

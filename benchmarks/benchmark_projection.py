@@ -1,0 +1,80 @@
+#!/usr/bin/env python
+"""The lambda layer's 1x1 projection on CPU (timm_lambda/layers/projection.py): one step of ``Projection`` computed
+as oneDNN's 1x1 convolution and as the batched matmul it takes where :func:`~timm_lambda.layers.projection.as_matmul`
+says so, side by side in one process, interleaved; training step (forward, ``.float().sum()``, backward, the input
+needing grad) and eval (``torch.no_grad``), float32 and bfloat16 autocast, at the LambdaResNet-101 1024 px layers'
+projections (d -> h k + k + v: 256 -> 144 at 64x64, 512 -> 208 at 64x64 and 32x32) at batch 1 and a batch-8 one.
+
+    python benchmarks/benchmark_projection.py --threads 1 --repeats 9 --json docs/results/projection.json
+
+``matmul / conv`` below 1 is what the layer gains; ``as_matmul`` records what the layer does on this machine.
+"""
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+
+SHAPES = [(1, 256, 144, 64), (1, 512, 208, 64), (1, 512, 208, 32), (8, 256, 144, 32)]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p.add_argument('--threads', type=int, default=1)
+    p.add_argument('--repeats', type=int, default=9)
+    p.add_argument('--dtypes', nargs='+', default=['float32', 'bfloat16'], choices=['float32', 'bfloat16'])
+    p.add_argument('--json', help='write the results here')
+    args = p.parse_args(argv)
+
+    import torch
+
+    from harness.measure import commit, cpu_model, interleaved_times, load_average, machine, spread
+    from timm_lambda.layers import projection
+
+    torch.set_num_threads(args.threads)
+    command = 'python ' + ' '.join(shlex.quote(a) for a in [os.path.relpath(__file__)] + sys.argv[1:])
+    load_before = load_average()
+    print(f'# {machine()}; AMX for oneDNN bfloat16: {projection.amx_bf16()}', flush=True)
+    results = []
+    for batch, d, out, size in SHAPES:
+        for mode in ('train', 'eval'):
+            for dtype_name in args.dtypes:
+                dtype = getattr(torch, dtype_name)
+                torch.manual_seed(0)
+                module = projection.Projection(d, out)
+                x = torch.randn(batch, d, size, size, requires_grad=mode == 'train')
+                with torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32):
+                    chosen = projection.as_matmul(x)
+
+                def step(matmul, module=module, x=x, dtype=dtype, mode=mode):
+                    def run():
+                        x.grad = None
+                        module.zero_grad(set_to_none=True)
+                        with torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32), \
+                                torch.set_grad_enabled(mode == 'train'):
+                            y = module._matmul(x) if matmul else module._conv_forward(x, module.weight, None)
+                        if mode == 'train':
+                            y.float().sum().backward()
+                    return run
+                times = interleaved_times(dict(conv=step(False), matmul=step(True)), args.repeats)
+                ms = {k: round(1e3 * spread(v)[1], 3) for k, v in times.items()}
+                row = dict(batch=batch, d=d, out=out, size=size, mode=mode, dtype=dtype_name, conv_ms=ms['conv'],
+                           matmul_ms=ms['matmul'], ratio=round(ms['matmul'] / ms['conv'], 3), as_matmul=chosen)
+                results.append(row)
+                print(f"B{batch} {d}->{out} {size}x{size} {mode} {dtype_name}: conv {ms['conv']:.2f} ms, matmul "
+                      f"{ms['matmul']:.2f} ms ({row['ratio']:.2f}x); the layer takes the "
+                      f"{'matmul' if chosen else 'convolution'}", flush=True)
+    if args.json:
+        meta = dict(command=command, date=time.strftime('%Y-%m-%d %H:%M:%S %Z'), commit=commit(),
+                    load_before=load_before, load_after=load_average(), machine=machine(), cpu=cpu_model(),
+                    threads=args.threads, repeats=args.repeats, amx_bf16=projection.amx_bf16(),
+                    note='conv_ms, matmul_ms: median wall time of interleaved repeats of one step; ratio: matmul / '
+                         'conv; as_matmul: what the layer computes on this machine')
+        with open(args.json, 'w') as f:
+            json.dump(dict(meta, results=results), f, indent=1)
+            f.write('\n')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,86 @@
+"""The lambda layer's 1x1 projection (timm_lambda/layers/projection.py): a convolution, or on an AMX CPU in bfloat16
+the same product as a batched matmul; both against a float64 convolution, and which one ran."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from timm_lambda.layers import LambdaLayer, projection
+from timm_lambda.layers.projection import Projection
+
+
+@pytest.fixture
+def amx(monkeypatch):
+    """The matmul path on any CPU (as on an AMX one), with the convolution made to fail: a test passes only if the
+    matmul ran."""
+    monkeypatch.setattr(projection, 'amx_bf16', lambda: True)
+
+    def no_conv(*args, **kwargs):
+        raise AssertionError('the convolution ran')
+    monkeypatch.setattr(Projection, '_conv_forward', no_conv)
+
+
+@pytest.mark.parametrize('bias', [False, True])
+@pytest.mark.parametrize('batch', [1, 3])
+def test_the_matmul_equals_the_convolution(amx, bias, batch):
+    torch.manual_seed(0)
+    module = Projection(24, 40, bias=bias)
+    x = torch.randn(batch, 24, 5, 7, requires_grad=True)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert projection.as_matmul(x)
+        y = module(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (batch, 40, 5, 7)
+    gy = torch.randn_like(y, dtype=torch.float32)
+    y.float().backward(gy)
+    # the float64 reference from the same bfloat16-rounded operands (autocast's casts)
+    x64 = x.detach().bfloat16().double().requires_grad_()
+    w64 = module.weight.detach().bfloat16().double().requires_grad_()
+    b64 = module.bias.detach().bfloat16().double().requires_grad_() if bias else None
+    ref = F.conv2d(x64, w64, b64)
+    ref.backward(gy.double())
+    # bfloat16 results (each rounded once, a batch's weight gradients summed): within 1% of the largest value
+    for got, want in [(y, ref), (x.grad, x64.grad), (module.weight.grad, w64.grad)] + (
+            [(module.bias.grad, b64.grad)] if bias else []):
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-2 * want.abs().max().item())
+
+
+def test_a_float32_call_stays_a_convolution(amx):
+    module = Projection(8, 12)
+    with pytest.raises(AssertionError, match='the convolution ran'):
+        module(torch.randn(1, 8, 4, 4))
+    with pytest.raises(AssertionError, match='the convolution ran'):  # (channels last: the convolution's layout)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            module(torch.randn(1, 8, 4, 4).to(memory_format=torch.channels_last))
+
+
+def test_without_amx_the_convolution(monkeypatch):
+    monkeypatch.setattr(projection, 'amx_bf16', lambda: False)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert not projection.as_matmul(torch.randn(1, 8, 4, 4))
+
+
+def test_amx_capped_by_onednn(monkeypatch):
+    monkeypatch.setattr(torch.cpu, '_is_amx_tile_supported', lambda: True)
+    for cap, want in (('AVX512_CORE_BF16', False), ('AVX2', False), ('AVX512_CORE_AMX', True), (None, True)):
+        if cap is None:
+            monkeypatch.delenv('ONEDNN_MAX_CPU_ISA', raising=False)
+        else:
+            monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', cap)
+        monkeypatch.delenv('DNNL_MAX_CPU_ISA', raising=False)
+        projection.amx_bf16.cache_clear()
+        assert projection.amx_bf16() is want, cap
+    projection.amx_bf16.cache_clear()
+
+
+def test_the_layer_keeps_the_convolution_module_and_its_state_dict(amx):
+    layer = LambdaLayer(32, 32, dim_k=8, heads=4, scope=5)
+    assert isinstance(layer.qkv, torch.nn.Conv2d) and layer.qkv.kernel_size == (1, 1)
+    assert set(layer.state_dict()) >= {'qkv.weight'}
+    seen = []
+    layer.qkv.register_forward_hook(lambda m, i, o: seen.append(o.dtype))  # (hooks still run: the module is called)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        layer(torch.randn(2, 32, 6, 6))
+    assert seen == [torch.bfloat16]
+    layer.eval().reparameterize()  # (a bias: the projection again, the matmul path with it)
+    assert isinstance(layer.qkv, Projection) and layer.qkv.bias is not None
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        layer(torch.randn(2, 32, 6, 6))
