@@ -4,11 +4,12 @@
 //
 // Every product is one BRGEMM call of a block of queries: R query rows x nq queries along a row, all heads, M = R h
 // nq rows (r, head, qx). A query's scope row is a contiguous run of K_w columns of a value row, and the runs of the
-// block's queries lie in one band of Wb = s (nq - 1) + K_w columns (s = step): the values are laid out once per call
-// in column strips, strip i holding the Wb columns from s nq i of every padded value row, so that the block's KR = s
-// (R - 1) + K_h value rows are one contiguous operand of K = KR Wb rows. Each query's logits then sit in its own
-// K_w-column segment of each row of the band (zero elsewhere), and the aggregation y = L v is one GEMM of depth KR Wb
-// (a K_w / Wb share of it nonzero: 23 / 30 at stride 1, 25 / 32 at the patched stride 2). The backward is four more:
+// block's queries lie in one band of Wb = s (nq - 1) + K_w columns (s = step; rounded up to 16: 64-byte operand rows)
+// : the values are laid out once per call in column strips, strip i holding the Wb columns from s nq i of every
+// padded value row, so that the block's KR = s (R - 1) + K_h value rows are one contiguous operand of K = KR Wb rows.
+// Each query's logits then sit in its own K_w-column segment of each row of the band (zero elsewhere), and the
+// aggregation y = L v is one GEMM of depth KR Wb
+// (a K_w / Wb share of it nonzero: 23 / 32 at stride 1, 25 / 32 at the patched stride 2). The backward is four more:
 // the logit gradients gy v^T over the same band, the value gradients gy^T L into strip accumulators, then dq = dL R^T
 // and dR += q^T dL; the content lambda (eq. 2) adds q lambda^c, gy lambda^c^T and q^T gy to the same accumulators.
 //
@@ -29,6 +30,24 @@
 namespace {
 using namespace tiled_cpu;
 using u16 = uint16_t;
+
+// A vector on 64-byte boundaries: the operands' rows start on cache lines (with the leading dimensions below), which
+// AMX's tile loads need to run at full speed (a B operand 16 bytes off its line ran the products 2-5x slower)
+template <typename T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <typename U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <typename U>
+  bool operator==(const Aligned64<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const Aligned64<U>&) const { return false; }
+};
+template <typename T>
+using Buf = std::vector<T, Aligned64<T>>;
 
 // C [M, N] (+)= A [M, K] (lda) B (VNNI over k, ldb) in float32 (ldc); K even
 inline void mm(int64_t M, int64_t N, int64_t K, const u16* A, int64_t lda, const u16* B, int64_t ldb, float* C,
@@ -153,14 +172,14 @@ struct Geo {
     Ww = v.size(3); s = step; y_lo = (KH - 1) / 2; x_lo = (KW - 1) / 2; Rn = U * KH * KW;
     Cp = round_up(C, 2); Vp = round_up(V, 2); Rnp = round_up(Rn, 32);
     // a block's K_h K_w / (KR Wb) of its aggregation is work, the rest zeros: 8 queries x 4 rows of 4 heads at stride
-    // 1 (23 / 30 of the band's columns and 23 / 26 of its rows at a 23 x 23 scope), 4 x 4 at stride 2 (25 / 32 and
+    // 1 (23 / 32 of the band's columns and 23 / 26 of its rows at a 23 x 23 scope), 4 x 4 at stride 2 (25 / 32 and
     // 25 / 31 at the patched 25 x 25), M = 128 and 64
     nq = std::min<int64_t>(s == 1 ? 8 : 4, round_up(Wo, 2));
     R = std::max<int64_t>(1, std::min(Ho, 128 / s / (H * nq)));
     if (block.size() == 2 && block[0] > 0) nq = round_up(block[0], 2);
     if (block.size() == 2 && block[1] > 0) R = block[1];
     M = R * H * nq;  // even: nq is
-    Wb = round_up(s * (nq - 1) + KW, 2);
+    Wb = round_up(s * (nq - 1) + KW, 16);  // (64-byte rows of the B operands, VNNI: below)
     KR = s * (R - 1) + KH;
     Kb = KR * Wb;
     NS = (Wo + nq - 1) / nq;
@@ -309,8 +328,8 @@ void from_blocks(const Geo& g, const u16* blocks, int64_t n, u16* x) {
 struct Block {
   const Geo& g;
   const u16* QT = nullptr;
-  std::vector<u16> Q, Lb;
-  std::vector<float> L;
+  Buf<u16> Q, Lb;
+  Buf<float> L;
   explicit Block(const Geo& geo) : g(geo), Q(g.M * g.Cp, 0), Lb(g.U * g.M * g.Kb, 0), L(g.M * g.Rnp) {}
   // block i's queries (from their blocks, to_blocks: rows ld apart)
   void queries(const u16* qb, int64_t i, int64_t ld) {
@@ -432,8 +451,8 @@ torch::Tensor tiled_forward_brgemm(torch::Tensor q, torch::Tensor v, torch::Tens
   u16* yd = reinterpret_cast<u16*>(y.data_ptr<at::BFloat16>());
   parallel_units(g.B * g.NRB * g.NS, [&](int64_t begin, int64_t end) {
     Block blk(g);
-    std::vector<float> out(g.M * g.V);  // the block's output [M, V], then in bfloat16 (transposed: yb's block)
-    std::vector<u16> out16(g.M * g.V);
+    Buf<float> out(g.M * g.V);  // the block's output [M, V], then in bfloat16 (transposed: yb's block)
+    Buf<u16> out16(g.M * g.V);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t sx = i % g.NS, rb = i / g.NS % g.NRB, b = i / (g.NS * g.NRB);
       const int64_t ya = g.s * g.R * rb;
@@ -493,8 +512,8 @@ std::vector<torch::Tensor> tiled_backward_brgemm(torch::Tensor gy, torch::Tensor
   const int64_t chunks = std::min(g.NRB, std::max<int64_t>(1, (2 * nthreads + g.B * g.NS - 1) / (g.B * g.NS)));
   const int64_t per_chunk = (g.NRB + chunks - 1) / chunks, unit_rows = g.s * (per_chunk * g.R - 1) + g.KH;
   const int64_t units = g.B * g.NS * chunks, unit_k = unit_rows * g.Wb;
-  std::vector<float> dvs(units * g.U * g.V * unit_k, 0.f);
-  std::vector<float> dR(nthreads * g.C * g.Rnp, 0.f), dlc(content.has_value() ? nthreads * g.B * g.C * g.V : 0, 0.f);
+  Buf<float> dvs(units * g.U * g.V * unit_k, 0.f);
+  Buf<float> dR(nthreads * g.C * g.Rnp, 0.f), dlc(content.has_value() ? nthreads * g.B * g.C * g.V : 0, 0.f);
   const u16* RVd = reinterpret_cast<const u16*>(RV.data_ptr<at::BFloat16>());
   const u16* RTVd = reinterpret_cast<const u16*>(RTV.data_ptr<at::BFloat16>());
   const u16* Td = reinterpret_cast<const u16*>(T.data_ptr<at::BFloat16>());
@@ -512,9 +531,9 @@ std::vector<torch::Tensor> tiled_backward_brgemm(torch::Tensor gy, torch::Tensor
     // gradients), gy [M, Vp] (A of the logit gradients and gy lambda^c^T) and VNNI over m [M / 2, V, 2] (B of
     // Q^T gy); Q^T [C, M] (A of dR and dlambda^c); the logit gradients over the band [M, Kb] in float32 and their
     // segments dL [M, Rnp] bfloat16 (A of dq) and VNNI over m [M / 2, Rnp, 2] (B of dR); dq [M, C]
-    std::vector<u16> gym(g.M * g.Vp, 0), gyV(content.has_value() ? g.M * g.V : 0);
-    std::vector<u16> dL(g.M * g.Rnp, 0), dLV(g.M * g.Rnp), dq16(g.M * g.C);
-    std::vector<float> dLb(g.M * g.Kb), dq(g.M * g.C);
+    Buf<u16> gym(g.M * g.Vp, 0), gyV(content.has_value() ? g.M * g.V : 0);
+    Buf<u16> dL(g.M * g.Rnp, 0), dLV(g.M * g.Rnp), dq16(g.M * g.C);
+    Buf<float> dLb(g.M * g.Kb), dq(g.M * g.C);
     float* dRt = dR.data() + tid * g.C * g.Rnp;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t chunk = i % chunks, sx = i / chunks % g.NS, b = i / (chunks * g.NS);
