@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import _sixteen_bit as SB
@@ -696,3 +697,14 @@ def test_stride_two_on_patches_and_on_the_full_map_equal_the_plain_ops(patched, 
     backend('plain')
     for a, b in zip(got, run()):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize('shape', [(1, 4, 16, 64, 64), (2, 2, 3, 5, 7), (3, 1, 2, 1, 1), (1, 4, 16, 6, 9)])
+@pytest.mark.parametrize('dtype', [torch.float64, torch.bfloat16])
+def test_the_query_patches_are_unfolds(shape, dtype):
+    """The stride-2 'patched' variant's 3x3 query patches (a strided view's copy) equal F.unfold's, bit for bit."""
+    from timm_lambda.layers.position_lambda.fused import _patches
+    b, h, k, H, W = shape
+    q = torch.randn(b, h * k, H, W, dtype=torch.float64).to(dtype)
+    want = F.unfold(q, 3, padding=1, stride=2).view(b, h, 9 * k, (H + 1) // 2, (W + 1) // 2)
+    assert torch.equal(_patches(q, h, H, W), want)

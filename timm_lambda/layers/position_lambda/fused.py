@@ -150,9 +150,14 @@ def patched(k: int, dv: int, kh: int, kw: int) -> bool:
 
 def _patches(q: Tensor, heads: int, height: int, width: int) -> Tensor:
     """``q [B, h k, H, W] -> [B, h, 9 k, Ho, Wo]``: the 3x3 patches (padding 1, stride 2) of the queries, channels
-    ``(k, dy, dx)``: one im2col."""
-    cols = F.unfold(q, 3, padding=1, stride=2)
-    return cols.view(q.shape[0], heads, cols.shape[1] // heads, (height + 1) // 2, (width + 1) // 2)
+    ``(k, dy, dx)`` (``F.unfold``'s): one copy of the windows' strided view of the zero-padded map (F.unfold took
+    3.4x its time in bfloat16 on a CPU)."""
+    b, c = q.shape[0], q.shape[1]
+    padded = F.pad(q, [1, 1, 1, 1])
+    s = padded.stride()
+    ho, wo = (height + 1) // 2, (width + 1) // 2
+    windows = padded.as_strided((b, c, 3, 3, ho, wo), (s[0], s[1], s[2], s[3], 2 * s[2], 2 * s[3]))
+    return windows.reshape(b, heads, 9 * c // heads, ho, wo)
 
 
 def _repeat9(content: Optional[Tensor]) -> Optional[Tensor]:
