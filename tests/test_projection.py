@@ -84,3 +84,20 @@ def test_the_layer_keeps_the_convolution_module_and_its_state_dict(amx):
     assert isinstance(layer.qkv, Projection) and layer.qkv.bias is not None
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
         layer(torch.randn(2, 32, 6, 6))
+
+
+def test_every_lambda_layer_projects_by_the_projection():
+    """Each lambda layer's qkv is a Projection: the paper's layer, its multi-query variant, timm's layer on ours with a
+    bias (qkv_bias), and a converted timm model's layers."""
+    import timm
+
+    from timm_lambda.layers import MultiHeadLambdaLayer
+    from timm_lambda.models.timm_byoanet import TimmLambdaLayer
+    layers = [LambdaLayer(32, 32, dim_k=8, heads=4, scope=5), MultiHeadLambdaLayer(32, 32, heads=4),
+              TimmLambdaLayer(32, 32, r=5, qkv_bias=True)]
+    model = timm.create_model('lambda_resnet26t_fast', pretrained=False)
+    layers += [m for m in model.modules() if isinstance(m, LambdaLayer)]
+    assert len(layers) > 3
+    for layer in layers:
+        assert type(layer.qkv) is Projection, type(layer)
+    assert layers[2].qkv.bias is not None

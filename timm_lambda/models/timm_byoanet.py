@@ -30,6 +30,7 @@ from torch import nn
 
 from ..layers import LambdaLayer
 from ..layers.checks import check_max_size
+from ..layers.projection import Projection
 
 __all__ = ['TimmLambdaLayer', 'convert_timm_lambda_layers', 'checkpoint_filter_timm_lambda_layers', 'FAST_VARIANTS']
 
@@ -80,7 +81,7 @@ class TimmLambdaLayer(LambdaLayer):
         super().__init__(dim, dim_out, dim_k=dim_k, heads=num_heads, stride=stride, position_bias=r is not None,
                          pool_size=2, norm_layer=norm_layer, device=device, dtype=dtype, **scope)
         if qkv_bias:
-            self.qkv = nn.Conv2d(self.dim, self.qkv.out_channels, 1, bias=True, device=device, dtype=dtype)
+            self.qkv = Projection(self.dim, self.qkv.out_channels, bias=True, device=device, dtype=dtype)
             self.reset_parameters()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
