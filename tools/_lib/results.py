@@ -140,7 +140,7 @@ def kind_of(result: Result) -> Optional[Tuple]:
         return ('quick_run',)
     for tool, key in (('host_time', 'host_time.py'), ('launches', 'count_launches.py'), ('macs', 'count_macs.py'),
                       ('sm90', 'sm90_kernels.py'), ('forward_walk', 'forward_walk.py'),
-                      ('checkpoint_memory', 'checkpoint_memory.py')):
+                      ('checkpoint_memory', 'checkpoint_memory.py'), ('projection', 'benchmark_projection.py')):
         if isinstance(data, dict) and key in data.get('command', ''):
             return (tool, data.get('triton')) if tool == 'sm90' else (tool,)
     return None
@@ -417,6 +417,18 @@ def cpu_isa_table(result: Result, dtypes: Sequence[str] = ('float32', 'bfloat16'
 def cpu_isa_bf16_table(result: Result) -> List[str]:
     """:func:`cpu_isa_table` of the bfloat16 rows."""
     return cpu_isa_table(result, ('bfloat16',))
+
+
+def projection_table(result: Result) -> List[str]:
+    """benchmark_projection.py: the 1x1 projection's step as oneDNN's convolution and as the batched matmul, per
+    shape, step and dtype, and which one the layer takes on that machine."""
+    out = ['| batch, d -> out, map | step, dtype | convolution (ms) | matmul (ms) | matmul / conv | the layer takes |',
+           '|---|---|---:|---:|---:|---|']
+    for r in result.data['results']:
+        out.append(f"| {r['batch']}, {r['d']} -> {r['out']}, {r['size']}x{r['size']} | {r['mode']}, {r['dtype']} | "
+                   f"{r['conv_ms']:.2f} | {r['matmul_ms']:.2f} | {x(r['ratio'])} | "
+                   f"{'matmul' if r['as_matmul'] else 'convolution'} |")
+    return out
 
 
 def launches_table(result: Result) -> List[str]:
@@ -946,6 +958,7 @@ BLOCKS: Dict[str, Dict[str, Renderer]] = {
         'cpu_isa': of(('cpu_isa', ('native', 'x86-64-v3'), ('bfloat16', 'float32'), 12, ()), cpu_isa_table),
         'backbone': of(cpu('backbone', 1024, 1), models_table),
         'cpu_amx': of(('cpu_isa', ('native',), ('bfloat16', 'float32'), 12, ()), cpu_isa_bf16_table),
+        'projection': of(('projection',), projection_table),
         'backbone_bf16': of(cpu('backbone', 1024, 1, 'bfloat16'), models_table),
         'backbone_bf16_vdpbf16ps': of(cpu('backbone', 1024, 1, 'bfloat16', (('TIMM_LAMBDA_CPU_BF16', 'avx512_bf16'),)),
                                       models_table),
