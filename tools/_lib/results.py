@@ -421,13 +421,17 @@ def cpu_isa_bf16_table(result: Result) -> List[str]:
 
 def projection_table(result: Result) -> List[str]:
     """benchmark_projection.py: the 1x1 projection's step as oneDNN's convolution and as the batched matmul, per
-    shape, step and dtype, and which one the layer takes on that machine."""
-    out = ['| batch, d -> out, map | step, dtype | convolution (ms) | matmul (ms) | matmul / conv | the layer takes |',
-           '|---|---|---:|---:|---:|---|']
+    shape and step, each dtype a column (conv ms / matmul ms, their ratio, and the one the layer takes there)."""
+    rows: Dict[Tuple, Dict[str, dict]] = {}
     for r in result.data['results']:
-        out.append(f"| {r['batch']}, {r['d']} -> {r['out']}, {r['size']}x{r['size']} | {r['mode']}, {r['dtype']} | "
-                   f"{r['conv_ms']:.2f} | {r['matmul_ms']:.2f} | {x(r['ratio'])} | "
-                   f"{'matmul' if r['as_matmul'] else 'convolution'} |")
+        rows.setdefault((r['batch'], r['d'], r['out'], r['size'], r['mode']), {})[r['dtype']] = r
+    dtypes = list(dict.fromkeys(r['dtype'] for r in result.data['results']))
+    out = ['| batch, d -> out, map | step | ' + ' | '.join(f'{d}: conv / matmul (ms)' for d in dtypes) + ' |',
+           '|---|---|' + '---|' * len(dtypes)]
+    for (batch, d, o, size, mode), by in rows.items():
+        cells = [f"{r['conv_ms']:.2f} / {r['matmul_ms']:.2f} ({x(r['ratio'])}), "
+                 f"{'matmul' if r['as_matmul'] else 'conv'} taken" if r else '-' for r in (by.get(t) for t in dtypes)]
+        out.append(f'| {batch}, {d} -> {o}, {size}x{size} | {mode} | ' + ' | '.join(cells) + ' |')
     return out
 
 
