@@ -30,7 +30,10 @@ def amx_bf16() -> bool:
 
 def as_matmul(x: torch.Tensor) -> bool:
     """Whether the projection of ``x`` runs as a matmul (see the module's docstring): a contiguous 4-D CPU map whose
-    call computes in bfloat16, on a CPU with AMX."""
+    call computes in bfloat16, on a CPU with AMX (torch.fx's symbolic tracing, whose proxies have no device or
+    dtype to test: the convolution)."""
+    if isinstance(x, torch.fx.Proxy):
+        return False
     return (x.device.type == 'cpu' and x.dim() == 4 and call_dtype(x)[0] == torch.bfloat16 and x.is_contiguous()
             and amx_bf16())
 
