@@ -25,7 +25,8 @@ def amx_bf16() -> bool:
     """Whether oneDNN runs bfloat16 products on AMX tiles here: the CPU has them (``torch.cpu``'s cpuinfo check) and
     ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) does not cap oneDNN below them. Read once a process."""
     cap = (os.environ.get('ONEDNN_MAX_CPU_ISA') or os.environ.get('DNNL_MAX_CPU_ISA') or 'ALL').upper()
-    return bool(torch.cpu._is_amx_tile_supported()) and (cap == 'ALL' or 'AMX' in cap)
+    has_amx = getattr(torch.cpu, '_is_amx_tile_supported', None)  # (torch's cpuinfo check; absent: no matmul)
+    return bool(has_amx is not None and has_amx()) and (cap == 'ALL' or 'AMX' in cap)
 
 
 def as_matmul(x: torch.Tensor) -> bool:
