@@ -33,10 +33,9 @@ def as_matmul(x: torch.Tensor) -> bool:
     """Whether the projection of ``x`` runs as a matmul (see the module's docstring): a contiguous 4-D CPU map whose
     call computes in bfloat16, on a CPU with AMX (torch.fx's symbolic tracing, whose proxies have no device or
     dtype to test: the convolution)."""
-    if isinstance(x, torch.fx.Proxy):
-        return False
-    return (x.device.type == 'cpu' and x.dim() == 4 and call_dtype(x)[0] == torch.bfloat16 and x.is_contiguous()
-            and amx_bf16())
+    # (cheapest first: on a CPU without AMX one cached call; a proxy before any test of its device)
+    return (amx_bf16() and not isinstance(x, torch.fx.Proxy) and x.is_cpu
+            and call_dtype(x)[0] == torch.bfloat16 and x.dim() == 4 and x.is_contiguous())
 
 
 class Projection(nn.Conv2d):
