@@ -12,6 +12,8 @@ oneDNN runs bfloat16 convolutions by its reference code).
 
     python benchmarks/cpu_table.py --json docs/results/cpu_table.json          # every part (see PARTS)
     python benchmarks/cpu_table.py --parts c4 c4_avx2 --json docs/results/cpu_table.json   # re-run two parts
+    python benchmarks/cpu_table.py --parts layer c4 c4_bf16 backbone backbone_bf16 classification \
+        --json docs/results/cpu_table_amd.json   # on an AMD CPU: the README's AMD column
 
 Builds both kernels first where they are not built (``python -m timm_lambda.build_cpu_kernel``, plain and with
 ``TIMM_LAMBDA_CPU_ARCH=x86-64-v3``, into ``$TORCH_EXTENSIONS_DIR``). The JSON is written after each part; with
@@ -57,6 +59,8 @@ PARTS = {
                 'benchmark_models.py', ['c4', '--repeats', '7'], dict(HOLD['avx2'], **AVX2_BUILD)),
     'backbone': ('LambdaResNet-101 against ResNet-RS-101+SE (and the bounds), c2..c5 features, 1024 px, batch 1, '
                  'float32', 'benchmark_models.py', ['backbone', '--repeats', '5'], {}),
+    'backbone_bf16': ('the same under bfloat16 autocast', 'benchmark_models.py',
+                      ['backbone', '--repeats', '5', '--dtype', 'bfloat16'], {}),
     'classification': ('LambdaResNet-101 against ResNet-RS-101+SE, classifiers, 224 px, batch 2, float32',
                        'benchmark_models.py', ['classification', '--repeats', '7'], {}),
 }
@@ -94,6 +98,9 @@ def main(argv=None):
     if args.json and os.path.exists(args.json):
         with open(args.json) as f:
             kept = json.load(f)
+        if kept.get('cpu') != cpu_model():  # one file, one CPU: its parts compare classes of CPU on one machine
+            p.error(f"--json {args.json} holds a run on {kept.get('cpu')}, this CPU is {cpu_model()}: name "
+                    'another file (docs/results/cpu_table_<vendor>.json)')
         parts, runs = kept['parts'], kept.get('runs', [])  # the parts not run now are kept, and how they ran
     this = dict(command=shlex.join(['python', 'benchmarks/cpu_table.py'] + list(argv or sys.argv[1:])),
                 date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), commit=commit(), load_before=load_before)
