@@ -79,3 +79,41 @@ def test_a_table_comes_from_the_newest_result_of_its_kind(tmp_path, monkeypatch)
     with pytest.raises(LookupError, match='host_time'):
         results.newest(('host_time',))
     results._load.cache_clear()
+
+
+def test_the_readme_cpu_table_names_each_columns_cpu_class():
+    """Issue 62 item 4: each column of the README's CPU table names its class of CPU (vendor and instruction sets),
+    and a column of another CPU's table (cpu_table_<vendor>.json) reads that CPU's run."""
+    from _lib import results
+    columns = results.cpu_columns()
+    readme = (REPO / 'README.md').read_text()
+    assert len(columns) >= 4, 'the main CPU, held to AVX-512 BF16 and to AVX2, and at least one other CPU'
+    for c in columns:
+        assert c.label in readme
+        assert c.label.startswith(('Intel AVX-512', 'AMD AVX-512', 'AVX2 + FMA only')), c.label
+    for c in columns[3:]:
+        assert c.source.file != 'cpu_table.json'
+        vendor = c.label.split()[0]
+        assert vendor in str(c.source.data['cpu']), (c.label, c.source.data['cpu'])
+        assert c.part(('layer', 'bfloat16'))['result']['cpu'] == c.source.data['cpu']
+
+
+def test_another_cpus_table_is_a_kind_of_its_own():
+    """A part of cpu_table_amd.json never stands for the main table's part of the same measurement (the blocks of
+    docs/benchmarks.md show one CPU's run)."""
+    from _lib import results
+    kinds = {r.name: results.kind_of(r) for r in results.results()}
+    assert kinds['cpu_table_amd.json#c4'] == kinds['cpu_table.json#c4'] + (('table', 'cpu_table_amd'),)
+    assert results.newest(kinds['cpu_table.json#c4']).name == 'cpu_table.json#c4'
+
+
+def test_cpu_table_refuses_another_cpus_file(tmp_path):
+    """benchmarks/cpu_table.py keeps one CPU a file: a --json of another CPU's run is refused, naming both."""
+    import subprocess
+    import sys
+    path = tmp_path / 'other.json'
+    path.write_text(json.dumps({'cpu': 'Some Other CPU (family 0, model 0)', 'parts': {}}))
+    out = subprocess.run([sys.executable, str(REPO / 'benchmarks' / 'cpu_table.py'), '--parts', 'classification',
+                          '--json', str(path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert 'Some Other CPU (family 0, model 0)' in out.stderr and 'cpu_table_<vendor>.json' in out.stderr

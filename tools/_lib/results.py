@@ -34,7 +34,11 @@ CPU_ISA = {
     'AMD EPYC (family 25, model 17)': 'AVX-512 with AVX-512 BF16 (Zen 4), the kernel built -march=native',
     'Intel(R) Xeon(R) Processor (family 6, model 167)': 'AVX-512 with AVX-512 BF16 and AMX, the kernel built '
                                                          '-march=native',
+    'AMD EPYC (family 26, model 2)': 'AVX-512 with AVX-512 BF16 (Zen 5), the kernel built -march=native',
 }
+# the README's CPU table's main file (one CPU, its parts also holding the libraries to smaller CPUs' instruction
+# sets); cpu_table_<vendor>.json: the same program on another CPU, its parts kinds of their own (never a main block's)
+CPU_TABLE = 'cpu_table'
 KERNEL_ISA = {'avx512_bf16': 'AVX-512 BF16', 'avx512': 'AVX-512', 'avx2': 'AVX2 + FMA', 'neon': 'NEON',
               'none': 'SSE'}
 
@@ -88,6 +92,8 @@ def results() -> List[Result]:
 
 def baseline(result: Result) -> bool:
     """A run of named earlier code, kept for comparison: ``before`` or its own commit in its file name."""
+    if isinstance(result.data, dict) and 'before_after.py' in result.data.get('command', ''):
+        return False  # (a comparison of earlier code with its commit: its own kind)
     commit = str(result.get('commit', ''))
     return 'before' in result.file or (len(commit) >= 7 and commit[:7] in result.file)
 
@@ -98,7 +104,15 @@ def _device(result: Result) -> str:
 
 def kind_of(result: Result) -> Optional[Tuple]:
     """What a result measured (its command, settings and device), read from its content: results of one kind are
-    runs of the same measurement. None: not a kind any block shows."""
+    runs of the same measurement. None: not a kind any block shows. A part of another CPU's table
+    (``cpu_table_amd.json#c4``) ends in ``('table', 'cpu_table_amd')``."""
+    kind, stem = _kind_of(result), result.file.split('.')[0]
+    if kind is not None and '#' in result.name and stem != CPU_TABLE:
+        kind += (('table', stem),)
+    return kind
+
+
+def _kind_of(result: Result) -> Optional[Tuple]:
     data, r = result.data, _record(result.data)  # the content; a part's own record holds its environment
     if isinstance(data, dict) and 'parts' in data:
         return ('parts', result.file.split('.')[0])
@@ -120,7 +134,8 @@ def kind_of(result: Result) -> Optional[Tuple]:
     if isinstance(data, dict) and 'summed_ratio' in data:  # benchmarks/benchmark_cpu_isa.py
         held = {k: v for k, v in data.get('environment', {}).items() if k != 'OMP_WAIT_POLICY'}
         dtypes = tuple(sorted({row['dtype'] for row in data['results']}))
-        return ('cpu_isa', tuple(sorted(data['builds'])), dtypes, len(data['results']), tuple(sorted(held.items())))
+        return ('cpu_isa', tuple(sorted(data['builds'])), dtypes, len(data['results']), tuple(sorted(held.items())),
+                data.get('vendor', ''))
     if isinstance(data, dict) and 'settings' in data and 'results' in data:  # benchmarks/benchmark_lambda_layer.py
         s = data['settings']
         if 'sweep' in data['command']:
@@ -663,6 +678,31 @@ def layer_pairs(page: str) -> Tuple[List[Result], List[str]]:
     return [src], out + [f'| **summed** | {x(summed(before))} | {x(summed(after))} |']
 
 
+def cpu_isa_pairs(page: str) -> Tuple[List[Result], List[str]]:
+    """benchmarks/benchmark_cpu_isa.py before and after, alternated: per shape, step and dtype the median over the runs
+    of the kernel's time over the conv's of the same run (``cpu_kernel[native]``: the path chosen), and summed."""
+    src, before, after = _runs('benchmark_cpu_isa.py')
+    name = 'cpu_kernel[native]'
+
+    def ratios(runs, i):
+        return [r['results'][i][name]['ratio'] for r in runs]
+    b = _short_commit(src.get('before_commit'))
+    out = [f'| shape | step, dtype | layer / conv before ({b}) | after ({_short_commit(src.get("commit"))}) |',
+           '|---|---|---:|---:|']
+    for i, row in enumerate(after[0]['results']):
+        shape = f"{row['width']} ch {row['size']}x{row['size']}" + (f" s{row['stride']}" if row['stride'] > 1 else '')
+        out.append(f"| {shape} | {row['mode']}, {row['dtype']} | {x(med(ratios(before, i)))} | "
+                   f"{x(med(ratios(after, i)))} |")
+    def spread(runs, key):
+        sums = [r['summed_ratio'][key][name] for r in runs]
+        return f'{x(min(sums))}-{x(max(sums))}'
+    for key in after[0]['summed_ratio']:
+        if 'CPU time' not in key:
+            out.append(f'| **summed** | {key} | {spread(before, key)} | {spread(after, key)} |')
+    return [src], out + ['', f'{len(before)} runs before and {len(after)} after, alternated, each its own process '
+                         f"(summed: the runs' range); {after[0]['threads']} thread(s)."]
+
+
 def checkpoint_table(page: str) -> Tuple[List[Result], List[str]]:
     """benchmarks/checkpoint_memory.py, before and after: each stack's step peak, plain and checkpointed, and their
     ratio; the gradients' sums equal."""
@@ -780,14 +820,73 @@ def readme_gpu(page: str) -> Tuple[List[Result], List[str]]:
 
 # --- the README's CPU table (benchmarks/cpu_table.py) --------------------------------------------------------------
 
-SAME = 'as this CPU (AMX computes 16-bit types only)'
+SAME = 'as the first column (AMX computes 16-bit types only)'
 NOT_MEASURED = 'not measured'
-CPU_CLASSES = (('this CPU: AVX-512, AVX-512 BF16, AMX', ''), ('AVX-512 BF16, no AMX', '_avx512_bf16'),
-               ('AVX2 + FMA only', '_avx2'))
+VENDORS = {'GenuineIntel': 'Intel', 'AuthenticAMD': 'AMD'}
+# the README's rows: (label, the layer's dtype or the part of a model comparison, without its class's suffix)
+CPU_ROWS = (("one lambda layer / its 3x3 conv, LambdaResNet-101's c4 and c5 shapes at 1024 px summed, batch 1, "
+             'float32', ('layer', 'float32')),
+            ("the same, bfloat16 autocast", ('layer', 'bfloat16')),
+            ('LambdaResNet-101-C4 / its conv twin, 512 px, batch 1, float32', ('c4', None)),
+            ('the same, bfloat16 autocast', ('c4_bf16', None)),
+            ('LambdaResNet-101 / ResNet-RS-101+SE, backbone c2..c5, 1024 px, batch 1, float32', ('backbone', None)),
+            ('the same, bfloat16 autocast', ('backbone_bf16', None)),
+            ('LambdaResNet-101 / ResNet-RS-101+SE, classifier, 224 px, batch 2, float32', ('classification', None)))
+
+
+@dataclass(frozen=True)
+class CpuColumn:
+    """A column of the README's CPU table: its heading, the table file it reads and the parts of each row there
+    (a row's part name, :data:`SAME`, or missing: not measured), the kernel build its layer rows name."""
+    label: str
+    source: Result
+    parts: Dict[Tuple[str, Optional[str]], str]
+    target: str = 'native'
+
+    def part(self, row) -> Optional[dict]:
+        name = self.parts.get(row)
+        if isinstance(name, tuple):  # the kind of a result outside the table (its own run, named in the caption)
+            return dict(result=newest(name).data)
+        return self.source.data['parts'].get(name) if name not in (None, SAME) else None
+
+    def sources(self) -> List[Result]:
+        return [self.source] + [newest(n) for n in self.parts.values() if isinstance(n, tuple)]
+
+
+def cpu_class(source: Result) -> str:
+    """A CPU's class in a few words, from its layer part's flags and vendor: 'Intel AVX-512 + AMX', 'AMD AVX-512 +
+    AVX-512 BF16', ... (the vendor alone where the run did not record its flags)."""
+    layer = source.data['parts'].get('layer', {}).get('result', {})
+    flags = set(layer.get('cpu_flags') or ())
+    vendor = VENDORS.get(layer.get('vendor'), layer.get('vendor') or source.data.get('cpu', 'CPU'))
+    isa = ('AVX-512 + AMX' if 'amx_bf16' in flags else 'AVX-512 + AVX-512 BF16' if 'avx512_bf16' in flags
+           else 'AVX-512' if 'avx512f' in flags else 'AVX2 + FMA' if 'avx2' in flags else '')
+    return f'{vendor} {isa}'.strip()
+
+
+def cpu_columns() -> List[CpuColumn]:
+    """The README's CPU columns: the main table's CPU as it is, then held to AVX-512 BF16 without AMX (oneDNN) and
+    to AVX2 + FMA (the kernel's build and every library), then each other CPU's table (cpu_table_<vendor>.json)."""
+    main = _parts()
+    model = str(main.data.get('cpu', '')).replace('(R)', '')
+    own = {row: row[0] for _, row in CPU_ROWS}  # (each row's own part)
+    out = [CpuColumn(f'{cpu_class(main)}: {model}', main,
+                     # the bfloat16 backbone: its own run, one thread (benchmarks/benchmark_models.py)
+                     {**own, ('backbone_bf16', None): cpu('backbone', 1024, 1, 'bfloat16')}),
+           CpuColumn('Intel AVX-512 + AVX-512 BF16, no AMX: the same CPU, oneDNN held', main,
+                     {('layer', 'float32'): SAME, ('layer', 'bfloat16'): 'layer_avx512_bf16', ('c4', None): SAME,
+                      ('c4_bf16', None): 'c4_bf16_avx512_bf16'}),
+           CpuColumn('AVX2 + FMA only: the same CPU, the kernel and the libraries held', main,
+                     {('layer', 'float32'): 'layer_avx2', ('c4', None): 'c4_avx2'}, 'x86-64-v3')]
+    others = sorted({r.file for r in results() if r.file.startswith(CPU_TABLE + '_') and _parts_of(r)})
+    for name in others:
+        src = newest(('parts', name.split('.')[0]))
+        out.append(CpuColumn(f"{cpu_class(src)}: {str(src.data.get('cpu', '')).replace('(R)', '')}", src, own))
+    return out
 
 
 def _parts() -> Result:
-    return newest(('parts', 'cpu_table'))
+    return newest(('parts', CPU_TABLE))
 
 
 def _part(name: str) -> Optional[dict]:
@@ -799,59 +898,54 @@ def _layer_sum(part: dict, key: str, candidate: str) -> Optional[float]:
     return sums.get(candidate) if sums else None
 
 
+def _cpu_cell(column: CpuColumn, row) -> str:
+    """A column's cell of ``row``: training step; inference (or eval), the lambda side over its baseline."""
+    if column.parts.get(row) == SAME:
+        return SAME
+    part = column.part(row)
+    if part is None:
+        return NOT_MEASURED
+    if row[1] is not None:  # one layer: benchmark_cpu_isa.py's sums of 'auto' by the column's build
+        t, e = (_layer_sum(part, f'{m} {row[1]}', f'auto[{column.target}]') for m in ('train', 'eval'))
+        return f'{x(t)}; {x(e)}' if t is not None else NOT_MEASURED
+    entry = part['result'][0]
+    lam, base = _models(entry)[:2]
+    return f"{x(model_ratio(entry, lam, base, 'training step'))}; {x(model_ratio(entry, lam, base, 'inference'))}"
+
+
 def readme_cpu(page: str) -> Tuple[List[Result], List[str]]:
-    """The README's CPU table: lambda side / its baseline, training step / inference, by class of CPU."""
-    src = _parts()
-    out = ['| lambda side / baseline, training step; inference | ' + ' | '.join(c for c, _ in CPU_CLASSES) + ' |',
-           '|---|' + '---|' * len(CPU_CLASSES)]
-    targets = {'': 'native', '_avx512_bf16': 'native', '_avx2': 'x86-64-v3'}
-    for dtype in ('float32', 'bfloat16'):
-        cells = []
-        for _, suffix in CPU_CLASSES:
-            part = _part('layer' + suffix)
-            cand = f'auto[{targets[suffix]}]'
-            t, e = (_layer_sum(part, f'{m} {dtype}', cand) for m in ('train', 'eval'))
-            cells.append(f'{x(t)}; {x(e)}' if t is not None else SAME if (suffix, dtype) == ('_avx512_bf16', 'float32')
-                         else NOT_MEASURED)
-        what = 'float32' if dtype == 'float32' else 'bfloat16 autocast'
-        out.append(f"| one lambda layer / its 3x3 conv, LambdaResNet-101's c4 and c5 shapes at 1024 px summed, "
-                   f"batch 1, {what} | " + ' | '.join(cells) + ' |')
-    # each class's part, or SAME (the code this CPU ran: AMX computes 16-bit types only), or None (not measured)
-    models = (('LambdaResNet-101-C4 / its conv twin, 512 px, batch 1, float32', ('c4', SAME, 'c4_avx2')),
-              ('the same, bfloat16 autocast', ('c4_bf16', 'c4_bf16_avx512_bf16', None)),
-              ('LambdaResNet-101 / ResNet-RS-101+SE, backbone c2..c5, 1024 px, batch 1, float32',
-               ('backbone', None, None)),
-              ('LambdaResNet-101 / ResNet-RS-101+SE, classifier, 224 px, batch 2, float32',
-               ('classification', None, None)))
-    for label, names in models:
-        cells = []
-        for name in names:
-            part = _part(name) if name not in (None, SAME) else None
-            if part is None:
-                cells.append(SAME if name == SAME else NOT_MEASURED)
-                continue
-            entry = part['result'][0]
-            lam, base = _models(entry)[:2]
-            cells.append(f"{x(model_ratio(entry, lam, base, 'training step'))}; "
-                         f"{x(model_ratio(entry, lam, base, 'inference'))}")
-        out.append(f'| {label} | ' + ' | '.join(cells) + ' |')
+    """The README's CPU table: lambda side / its baseline, training step / inference, by class of CPU (a column
+    each: :func:`cpu_columns`)."""
+    columns = cpu_columns()
+    out = ['| lambda side / baseline, training step; inference | ' + ' | '.join(c.label for c in columns) + ' |',
+           '|---|' + '---|' * len(columns)]
+    for label, row in CPU_ROWS:
+        out.append(f'| {label} | ' + ' | '.join(_cpu_cell(c, row) for c in columns) + ' |')
 
-    def train(part, dtype, target='native'):
-        return x(_layer_sum(_part(part), f'train {dtype}', f'auto[{target}]'))
-    path = (_part('layer') or {}).get('result', {}).get('compute_path', {}).get('bfloat16 s1')  # as the run recorded
-    kernel = f'the kernel: {path[1]}' if path else 'the kernel on AVX-512 BF16'
-    out += ['', f"What to expect: one lambda layer's training step takes {train('layer', 'float32')} its 3x3 conv's "
-            f"in float32 and {train('layer', 'bfloat16')} under bfloat16 autocast on a CPU with AMX like this one "
-            f"(oneDNN's bfloat16 convolution runs on AMX; {kernel}), "
-            f"{train('layer_avx512_bf16', 'bfloat16')} in bfloat16 on an AVX-512 BF16 CPU without AMX, and "
-            f"{train('layer_avx2', 'float32', 'x86-64-v3')} in float32 on an AVX2-only CPU (which computes bfloat16 "
-            'in float32: not measured so).']
-    return [src], out
+    def train(column, dtype):
+        return x(_layer_sum(column.part(('layer', dtype)), f'train {dtype}', f'auto[{column.target}]'))
+
+    def kernel(column):  # the kernel's bfloat16 path as the run recorded it
+        path = (column.part(('layer', 'bfloat16')) or {}).get('result', {}).get('compute_path', {}).get('bfloat16 s1')
+        return f'the kernel: {path[1]}' if path else 'the kernel on AVX-512 BF16'
+    main, held, avx2 = columns[:3]
+    sentence = (f"What to expect: one lambda layer's training step takes {train(main, 'float32')} its 3x3 conv's in "
+                f"float32 and {train(main, 'bfloat16')} under bfloat16 autocast on a CPU with AMX like the first "
+                f"column's (oneDNN's bfloat16 convolution runs on AMX; {kernel(main)}), "
+                f"{train(held, 'bfloat16')} in bfloat16 on an Intel AVX-512 BF16 CPU without AMX, ")
+    for other in columns[3:]:
+        sentence += (f"{train(other, 'float32')} in float32 and {train(other, 'bfloat16')} in bfloat16 on an "
+                     f"{cpu_class(other.source)} CPU ({kernel(other)}), ")
+    sentence += (f"and {train(avx2, 'float32')} in float32 on an AVX2-only CPU (which computes bfloat16 in float32: "
+                 'not measured so).')
+    sources = list({s.name: s for c in columns for s in c.sources()}.values())
+    return sources, out + ['', sentence]
 
 
-def cpu_parts_table(page: str) -> Tuple[List[Result], List[str]]:
-    """What each part of the README's CPU run ran: kernel build, ATen, oneDNN's convolutions, time, loads."""
-    src = _parts()
+def cpu_parts_table(page: str, table: str = CPU_TABLE) -> Tuple[List[Result], List[str]]:
+    """What each part of the README's CPU run (``table``: its file's stem) ran: kernel build, ATen, oneDNN's
+    convolutions, time, loads."""
+    src = newest(('parts', table))
     out = ['| part | what | kernel | ATen | oneDNN convolution, float32 / bfloat16 | seconds | load before, after |',
            '|---|---|---|---|---|---:|---|']
     for name, p in src.data['parts'].items():
@@ -959,13 +1053,10 @@ BLOCKS: Dict[str, Dict[str, Renderer]] = {
     'docs/small_inputs.md': {'quick_run': of(('quick_run',), quick_run_table)},
     'docs/benchmarks.md': {
         'cpu_parts': cpu_parts_table,
-        'cpu_isa': of(('cpu_isa', ('native', 'x86-64-v3'), ('bfloat16', 'float32'), 12, ()), cpu_isa_table),
+        'cpu_isa': of(('cpu_isa', ('native', 'x86-64-v3'), ('bfloat16', 'float32'), 12, (), 'GenuineIntel'),
+                      cpu_isa_table),
+        'cpu_parts_amd': lambda page: cpu_parts_table(page, CPU_TABLE + '_amd'),
         'backbone': of(cpu('backbone', 1024, 1), models_table),
-        'cpu_amx': of(('cpu_isa', ('native',), ('bfloat16', 'float32'), 12, ()), cpu_isa_bf16_table),
-        'projection': of(('projection',), projection_table),
-        'backbone_bf16': of(cpu('backbone', 1024, 1, 'bfloat16'), models_table),
-        'backbone_bf16_vdpbf16ps': of(cpu('backbone', 1024, 1, 'bfloat16', (('TIMM_LAMBDA_CPU_BF16', 'avx512_bf16'),)),
-                                      models_table),
         'c4': models_settings([('float32', cpu('c4', 512, 1)),
                                ('bfloat16 autocast', cpu('c4', 512, 1, 'bfloat16')),
                                ('bfloat16, oneDNN held to AVX-512 BF16 (no AMX)',
@@ -984,6 +1075,20 @@ BLOCKS: Dict[str, Dict[str, Renderer]] = {
         'gpu_models': gpu_models_table,
         'sm90': of(('sm90', '3.8.0'), sm90_table),
         'macs': of(('macs',), macs_table),
+    },
+    'docs/cpu_bfloat16.md': {
+        'cpu_amx': of(('cpu_isa', ('native',), ('bfloat16', 'float32'), 12, (), 'GenuineIntel'), cpu_isa_bf16_table),
+        'cpu_amx_pairs': cpu_isa_pairs,
+        'projection': of(('projection',), projection_table),
+        'backbone_bf16': of(cpu('backbone', 1024, 1, 'bfloat16'), models_table),
+        'backbone_bf16_vdpbf16ps': of(cpu('backbone', 1024, 1, 'bfloat16', (('TIMM_LAMBDA_CPU_BF16', 'avx512_bf16'),)),
+                                      models_table),
+        'cpu_amd': of(('cpu_isa', ('native',), ('bfloat16', 'float32'), 12, (), 'AuthenticAMD'), cpu_isa_table),
+        'cpu_isa_amd': of(('cpu_isa', ('native', 'x86-64-v3'), ('bfloat16', 'float32'), 12, (), 'AuthenticAMD',
+                           ('table', CPU_TABLE + '_amd')), cpu_isa_table),
+        'backbone_amd': models_settings([
+            ('float32', cpu('backbone', 1024, 1) + (('table', CPU_TABLE + '_amd'),)),
+            ('bfloat16 autocast', cpu('backbone', 1024, 1, 'bfloat16') + (('table', CPU_TABLE + '_amd'),))]),
     },
     'docs/table4.md': {'table4': of(('table4', 2, 224), table4_table)},
     'docs/attention_baselines.md': {'table4_summary': of(('table4', 2, 224), table4_summary)},

@@ -440,11 +440,12 @@ def compute_path(dtype: torch.dtype, step: int = 1) -> Tuple[str, str]:
     ``'float64'``, ``'float32'`` (a 16-bit call's inputs converted, its results rounded back), ``'brgemm'`` (bfloat16
     products by oneDNN's BRGEMM micro-kernel, ``tiled_*_brgemm``: on AMX tiles where :func:`brgemm_isa` is ``'amx'``),
     ``'avx512_bf16'`` (bfloat16 products by the kernel's own VDPBF16PS loops, ``tiled_*_bf16``); ``why`` a sentence
-    for ``served_backends(why=True)``. bfloat16, measured (benchmarks/benchmark_cpu_isa.py, docs/results/cpu_amx_*.json,
-    docs/results/cpu_isa.json): on AMX the BRGEMM path; on an AMD CPU with AVX-512 BF16 the VDPBF16PS loops (faster
-    than float32 at every shape on Zen 4); on an Intel CPU with AVX-512 BF16 but no AMX for oneDNN, float32; float32
-    without AVX-512 BF16. ``$TIMM_LAMBDA_CPU_BF16`` (one of :data:`BF16_PATHS`) forces a bfloat16 path that this build
-    can run (``'brgemm'`` then runs oneDNN's micro-kernel of this CPU, AMX or AVX-512 BF16)."""
+    for ``served_backends(why=True)``. bfloat16, measured (benchmarks/benchmark_cpu_isa.py, docs/cpu_bfloat16.md):
+    on AMX the BRGEMM path; on an AMD CPU with AVX-512 BF16 the VDPBF16PS loops (faster than float32 at every shape
+    on Zen 4 and Zen 5, and than oneDNN's AVX-512 BF16 BRGEMM on Zen 5); on an Intel CPU with AVX-512 BF16 but no
+    AMX for oneDNN, float32; float32 without AVX-512 BF16. ``$TIMM_LAMBDA_CPU_BF16`` (one of :data:`BF16_PATHS`)
+    forces a bfloat16 path that this build can run (``'brgemm'`` then runs oneDNN's micro-kernel of this CPU, AMX
+    or AVX-512 BF16)."""
     if dtype in _SAME:  # (host time: this runs twice a training step of each layer)
         return _SAME[dtype]
     bf16 = dtype == torch.bfloat16 and native(dtype)
