@@ -1,5 +1,6 @@
-"""The lambda layer's 1x1 projection (timm_lambda/layers/projection.py): a convolution, or on an AMX CPU in bfloat16
-the same product as a batched matmul; both against a float64 convolution, and which one ran."""
+"""The lambda layer's 1x1 projection (timm_lambda/layers/projection.py): a convolution, or in bfloat16 where oneDNN
+computes it natively (AMX, AVX-512 BF16) the same product as a batched matmul; both against a float64 convolution,
+and which one ran."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -9,10 +10,10 @@ from timm_lambda.layers.projection import Projection
 
 
 @pytest.fixture
-def amx(monkeypatch):
-    """The matmul path on any CPU (as on an AMX one), with the convolution made to fail: a test passes only if the
-    matmul ran."""
-    monkeypatch.setattr(projection, 'amx_bf16', lambda: True)
+def native(monkeypatch):
+    """The matmul path on any CPU (as on one with AMX or AVX-512 BF16), with the convolution made to fail: a test
+    passes only if the matmul ran."""
+    monkeypatch.setattr(projection, 'native_bf16', lambda: True)
 
     def no_conv(*args, **kwargs):
         raise AssertionError('the convolution ran')
@@ -21,7 +22,7 @@ def amx(monkeypatch):
 
 @pytest.mark.parametrize('bias', [False, True])
 @pytest.mark.parametrize('batch', [1, 3])
-def test_the_matmul_equals_the_convolution(amx, bias, batch):
+def test_the_matmul_equals_the_convolution(native, bias, batch):
     torch.manual_seed(0)
     module = Projection(24, 40, bias=bias)
     x = torch.randn(batch, 24, 5, 7, requires_grad=True)
@@ -43,7 +44,7 @@ def test_the_matmul_equals_the_convolution(amx, bias, batch):
         torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-2 * want.abs().max().item())
 
 
-def test_a_float32_call_stays_a_convolution(amx):
+def test_a_float32_call_stays_a_convolution(native):
     module = Projection(8, 12)
     with pytest.raises(AssertionError, match='the convolution ran'):
         module(torch.randn(1, 8, 4, 4))
@@ -52,26 +53,31 @@ def test_a_float32_call_stays_a_convolution(amx):
             module(torch.randn(1, 8, 4, 4).to(memory_format=torch.channels_last))
 
 
-def test_without_amx_the_convolution(monkeypatch):
-    monkeypatch.setattr(projection, 'amx_bf16', lambda: False)
+def test_without_native_bfloat16_the_convolution(monkeypatch):
+    monkeypatch.setattr(projection, 'native_bf16', lambda: False)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         assert not projection.as_matmul(torch.randn(1, 8, 4, 4))
 
 
-def test_amx_capped_by_onednn(monkeypatch):
-    monkeypatch.setattr(torch.cpu, '_is_amx_tile_supported', lambda: True)
-    for cap, want in (('AVX512_CORE_BF16', False), ('AVX2', False), ('AVX512_CORE_AMX', True), (None, True)):
+@pytest.mark.parametrize('avx512_bf16, amx', [(True, False), (False, True), (False, False)])
+def test_native_bfloat16_by_the_cpu_and_onednn_cap(monkeypatch, avx512_bf16, amx):
+    """AVX-512 BF16 (an AMD EPYC) or AMX on the CPU, oneDNN not held below AVX-512 BF16."""
+    monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, '_is_amx_tile_supported', lambda: amx)
+    caps = (('AVX512_CORE_BF16', True), ('AVX512_CORE_AMX', True), ('AVX10_1_512', True), ('AVX512_CORE', False),
+            ('AVX512_CORE_VNNI', False), ('AVX2', False), (None, True))
+    for cap, want in caps:
         if cap is None:
             monkeypatch.delenv('ONEDNN_MAX_CPU_ISA', raising=False)
         else:
             monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', cap)
         monkeypatch.delenv('DNNL_MAX_CPU_ISA', raising=False)
-        projection.amx_bf16.cache_clear()
-        assert projection.amx_bf16() is want, cap
-    projection.amx_bf16.cache_clear()
+        projection.native_bf16.cache_clear()
+        assert projection.native_bf16() is (want and (avx512_bf16 or amx)), cap
+    projection.native_bf16.cache_clear()
 
 
-def test_the_layer_keeps_the_convolution_module_and_its_state_dict(amx):
+def test_the_layer_keeps_the_convolution_module_and_its_state_dict(native):
     layer = LambdaLayer(32, 32, dim_k=8, heads=4, scope=5)
     assert isinstance(layer.qkv, torch.nn.Conv2d) and layer.qkv.kernel_size == (1, 1)
     assert set(layer.state_dict()) >= {'qkv.weight'}

@@ -1,13 +1,15 @@
 """The lambda layer's projection: queries, keys and values from the input by one 1x1 convolution (``W_Q``, ``W_K``,
 ``W_V`` of Table 1), ``[B, d, H, W] -> [B, out, H, W]``.
 
-On a CPU where oneDNN runs bfloat16 on AMX tiles, a bfloat16 call (autocast's, or bfloat16 inputs) computes the same
-product as a batched matmul, ``W [out, d] @ x [B, d, H W]``: oneDNN's 1x1 convolution reorders its NCHW input, output
-and gradients to and from its blocked layouts around the AMX products, which then cost more than the products (2-3x
-the matmul's step at the LambdaResNet shapes: ``benchmarks/benchmark_projection.py``, docs/results/projection.json).
-Elsewhere (float32, CUDA, a CPU without AMX: there the two are equal or the convolution is faster) and in
-TorchScript, the convolution. The module stays an ``nn.Conv2d``: its weights, state dict, hooks and the layer's
-``reparameterize`` are the convolution's.
+On a CPU where oneDNN computes bfloat16 natively (AMX tiles, or AVX-512 BF16 without them), a bfloat16 call
+(autocast's, or bfloat16 inputs) computes the same product as a batched matmul, ``W [out, d] @ x [B, d, H W]``:
+oneDNN's 1x1 convolution reorders its NCHW input, output and gradients to and from its blocked layouts around the
+products, which then cost more than the products (``benchmarks/benchmark_projection.py``, one thread: the matmul's
+step 0.33-0.63x the convolution's at the LambdaResNet shapes on an Intel Xeon with AMX, docs/results/projection.json;
+0.59-0.73x on an AMD EPYC Zen 5 with AVX-512 BF16, docs/results/projection_amd.json). Elsewhere (float32, where
+the two are equal; CUDA; a CPU without AVX-512 BF16, or oneDNN capped below it) and in TorchScript, the convolution.
+The module stays an ``nn.Conv2d``: its weights, state dict, hooks and the layer's ``reparameterize`` are the
+convolution's.
 """
 import functools
 import os
@@ -17,24 +19,30 @@ from torch import nn
 
 from .position_lambda.plan import call_dtype
 
-__all__ = ['Projection', 'as_matmul', 'amx_bf16']
+__all__ = ['Projection', 'as_matmul', 'native_bf16']
+
+# ONEDNN_MAX_CPU_ISA values that leave oneDNN its bfloat16 instructions (AVX512_CORE_BF16 and every set above it:
+# AVX512_CORE_FP16, AVX10_1_512 ..., AVX512_CORE_AMX, AVX10_1_512_AMX ...)
+_BF16_CAPS = ('AVX512_CORE_BF16', 'AVX512_CORE_FP16', 'AVX10_', 'AMX')
 
 
 @functools.lru_cache(maxsize=None)
-def amx_bf16() -> bool:
-    """Whether oneDNN runs bfloat16 products on AMX tiles here: the CPU has them (``torch.cpu``'s cpuinfo check) and
-    ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) does not cap oneDNN below them. Read once a process."""
+def native_bf16() -> bool:
+    """Whether oneDNN computes bfloat16 products natively here: the CPU has AVX-512 BF16 or AMX tiles (``torch.cpu``'s
+    cpuinfo checks) and ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) does not cap oneDNN below AVX-512 BF16. Read
+    once a process."""
     cap = (os.environ.get('ONEDNN_MAX_CPU_ISA') or os.environ.get('DNNL_MAX_CPU_ISA') or 'ALL').upper()
-    has_amx = getattr(torch.cpu, '_is_amx_tile_supported', None)  # (torch's cpuinfo check; absent: no matmul)
-    return bool(has_amx is not None and has_amx()) and (cap == 'ALL' or 'AMX' in cap)
+    checks = [getattr(torch.cpu, name, None) for name in ('_is_avx512_bf16_supported', '_is_amx_tile_supported')]
+    has = any(check is not None and check() for check in checks)  # (private in torch.cpu; absent: no matmul)
+    return has and (cap == 'ALL' or any(name in cap for name in _BF16_CAPS))
 
 
 def as_matmul(x: torch.Tensor) -> bool:
     """Whether the projection of ``x`` runs as a matmul (see the module's docstring): a contiguous 4-D CPU map whose
-    call computes in bfloat16, on a CPU with AMX (torch.fx's symbolic tracing, whose proxies have no device or
-    dtype to test: the convolution)."""
-    # (cheapest first: on a CPU without AMX one cached call; a proxy before any test of its device)
-    return (amx_bf16() and not isinstance(x, torch.fx.Proxy) and x.is_cpu
+    call computes in bfloat16, where oneDNN computes bfloat16 natively (torch.fx's symbolic tracing, whose proxies
+    have no device or dtype to test: the convolution)."""
+    # (cheapest first: on a CPU without AVX-512 BF16 one cached call; a proxy before any test of its device)
+    return (native_bf16() and not isinstance(x, torch.fx.Proxy) and x.is_cpu
             and call_dtype(x)[0] == torch.bfloat16 and x.dim() == 4 and x.is_contiguous())
 
 

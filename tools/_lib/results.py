@@ -117,7 +117,7 @@ def _kind_of(result: Result) -> Optional[Tuple]:
     if isinstance(data, dict) and 'parts' in data:
         return ('parts', result.file.split('.')[0])
     if isinstance(data, dict) and 'before_after.py' in data.get('command', ''):  # runs before and after a change
-        return ('before_after', data['program'])
+        return ('before_after', data['program'], 'AMD' if 'AMD' in str(data.get('machine')) else 'Intel')
     held = tuple(sorted(result.record.get('env', {}).items()))  # a part's libraries and kernel build, if held
     path = r.get('cpu_kernel_path') if isinstance(data, list) else None
     if path and 'forced by' in str(path[1]):  # the kernel's bfloat16 path held by its env variable
@@ -157,6 +157,8 @@ def _kind_of(result: Result) -> Optional[Tuple]:
                       ('sm90', 'sm90_kernels.py'), ('forward_walk', 'forward_walk.py'),
                       ('checkpoint_memory', 'checkpoint_memory.py'), ('projection', 'benchmark_projection.py')):
         if isinstance(data, dict) and key in data.get('command', ''):
+            if tool == 'projection':  # (one a vendor: a CPU's oneDNN decides the projection's rule)
+                return (tool, 'AMD' if 'AMD' in str(data.get('cpu')) else 'Intel')
             return (tool, data.get('triton')) if tool == 'sm90' else (tool,)
     return None
 
@@ -623,9 +625,10 @@ def timm_summary(page: str) -> Tuple[List[Result], List[str]]:
 # --- the plan (issue 58): the files a call enters, the host's time, checkpointing -----------------------------------
 
 
-def _runs(program: str) -> Tuple[Result, List[dict], List[dict]]:
-    """The newest benchmarks/before_after.py run of ``program``: it, its runs before and its runs after."""
-    src = newest(('before_after', program))
+def _runs(program: str, vendor: str = 'Intel') -> Tuple[Result, List[dict], List[dict]]:
+    """The newest benchmarks/before_after.py run of ``program`` on a CPU of ``vendor``: it, its runs before and its
+    runs after."""
+    src = newest(('before_after', program, vendor))
     return src, src.data['runs']['before'], src.data['runs']['after']
 
 
@@ -678,10 +681,11 @@ def layer_pairs(page: str) -> Tuple[List[Result], List[str]]:
     return [src], out + [f'| **summed** | {x(summed(before))} | {x(summed(after))} |']
 
 
-def cpu_isa_pairs(page: str) -> Tuple[List[Result], List[str]]:
-    """benchmarks/benchmark_cpu_isa.py before and after, alternated: per shape, step and dtype the median over the runs
-    of the kernel's time over the conv's of the same run (``cpu_kernel[native]``: the path chosen), and summed."""
-    src, before, after = _runs('benchmark_cpu_isa.py')
+def cpu_isa_pairs(page: str, vendor: str = 'Intel') -> Tuple[List[Result], List[str]]:
+    """benchmarks/benchmark_cpu_isa.py before and after on a CPU of ``vendor``, alternated: per shape, step and dtype
+    the median over the runs of the kernel's time over the conv's of the same run (``cpu_kernel[native]``: the path
+    chosen), and summed."""
+    src, before, after = _runs('benchmark_cpu_isa.py', vendor)
     name = 'cpu_kernel[native]'
 
     def ratios(runs, i):
@@ -1079,7 +1083,9 @@ BLOCKS: Dict[str, Dict[str, Renderer]] = {
     'docs/cpu_bfloat16.md': {
         'cpu_amx': of(('cpu_isa', ('native',), ('bfloat16', 'float32'), 12, (), 'GenuineIntel'), cpu_isa_bf16_table),
         'cpu_amx_pairs': cpu_isa_pairs,
-        'projection': of(('projection',), projection_table),
+        'cpu_amd_pairs': lambda page: cpu_isa_pairs(page, 'AMD'),
+        'projection': of(('projection', 'Intel'), projection_table),
+        'projection_amd': of(('projection', 'AMD'), projection_table),
         'backbone_bf16': of(cpu('backbone', 1024, 1, 'bfloat16'), models_table),
         'backbone_bf16_vdpbf16ps': of(cpu('backbone', 1024, 1, 'bfloat16', (('TIMM_LAMBDA_CPU_BF16', 'avx512_bf16'),)),
                                       models_table),
