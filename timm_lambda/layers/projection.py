@@ -6,7 +6,7 @@ On a CPU where oneDNN computes bfloat16 natively (AMX tiles, or AVX-512 BF16 wit
 oneDNN's 1x1 convolution reorders its NCHW input, output and gradients to and from its blocked layouts around the
 products, which then cost more than the products (``benchmarks/benchmark_projection.py``, one thread: the matmul's
 step 0.33-0.63x the convolution's at the LambdaResNet shapes on an Intel Xeon with AMX, docs/results/projection.json;
-0.59-0.73x on an AMD EPYC Zen 5 with AVX-512 BF16, docs/results/projection_amd.json). Elsewhere (float32, where
+0.62-0.76x on an AMD EPYC Zen 5 with AVX-512 BF16, docs/results/projection_amd.json). Elsewhere (float32, where
 the two are equal; CUDA; a CPU without AVX-512 BF16, or oneDNN capped below it) and in TorchScript, the convolution.
 The module stays an ``nn.Conv2d``: its weights, state dict, hooks and the layer's ``reparameterize`` are the
 convolution's.
