@@ -19,6 +19,10 @@ import time
 SHAPES = [(1, 256, 144, 64), (1, 512, 208, 64), (1, 512, 208, 32), (8, 256, 144, 32)]
 
 
+# the environment variables that hold oneDNN (and MKL, ATen) to a smaller instruction set: recorded with a run
+HELD = ('ONEDNN_MAX_CPU_ISA', 'DNNL_MAX_CPU_ISA', 'MKL_ENABLE_INSTRUCTIONS', 'ATEN_CPU_CAPABILITY')
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--threads', type=int, default=1)
@@ -46,29 +50,37 @@ def main(argv=None):
                 x = torch.randn(batch, d, size, size, requires_grad=mode == 'train')
                 with torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32):
                     chosen = projection.as_matmul(x)
+                    taken = 'matmul' if chosen else 'float32' if projection.in_float32(x) else 'conv'
 
-                def step(matmul, module=module, x=x, dtype=dtype, mode=mode):
+                def step(how, module=module, x=x, dtype=dtype, mode=mode):
                     def run():
                         x.grad = None
                         module.zero_grad(set_to_none=True)
                         with torch.autocast('cpu', dtype=dtype, enabled=dtype != torch.float32), \
                                 torch.set_grad_enabled(mode == 'train'):
-                            y = module._matmul(x) if matmul else module._conv_forward(x, module.weight, None)
+                            y = module._matmul(x) if how == 'matmul' else module._float32(x) if how == 'float32' \
+                                else module._conv_forward(x, module.weight, None)
                         if mode == 'train':
                             y.float().sum().backward()
                     return run
-                times = interleaved_times(dict(conv=step(False), matmul=step(True)), args.repeats)
+                # a bfloat16 call also in float32 (the convolution's, rounded: where oneDNN has no bfloat16)
+                hows = ('conv', 'matmul') + (('float32',) if dtype == torch.bfloat16 else ())
+                times = interleaved_times({h: step(h) for h in hows}, args.repeats)
                 ms = {k: round(1e3 * spread(v)[1], 3) for k, v in times.items()}
                 row = dict(batch=batch, d=d, out=out, size=size, mode=mode, dtype=dtype_name, conv_ms=ms['conv'],
-                           matmul_ms=ms['matmul'], ratio=round(ms['matmul'] / ms['conv'], 3), as_matmul=chosen)
+                           matmul_ms=ms['matmul'], ratio=round(ms['matmul'] / ms['conv'], 3), as_matmul=chosen,
+                           taken=taken)
+                if 'float32' in ms:
+                    row.update(float32_ms=ms['float32'], float32_ratio=round(ms['float32'] / ms['conv'], 3))
                 results.append(row)
+                f32 = f", float32 {ms['float32']:.2f} ms ({row['float32_ratio']:.2f}x)" if 'float32' in ms else ''
                 print(f"B{batch} {d}->{out} {size}x{size} {mode} {dtype_name}: conv {ms['conv']:.2f} ms, matmul "
-                      f"{ms['matmul']:.2f} ms ({row['ratio']:.2f}x); the layer takes the "
-                      f"{'matmul' if chosen else 'convolution'}", flush=True)
+                      f"{ms['matmul']:.2f} ms ({row['ratio']:.2f}x){f32}; the layer takes the {taken}", flush=True)
     if args.json:
         meta = dict(command=command, date=time.strftime('%Y-%m-%d %H:%M:%S %Z'), commit=commit(),
                     load_before=load_before, load_after=load_average(), machine=machine(), cpu=cpu_model(),
                     threads=args.threads, repeats=args.repeats, native_bf16=projection.native_bf16(),
+                    environment={k: os.environ[k] for k in HELD if k in os.environ},
                     note='conv_ms, matmul_ms: median wall time of interleaved repeats of one step; ratio: matmul / '
                          'conv; as_matmul: what the layer computes on this machine')
         with open(args.json, 'w') as f:

@@ -107,3 +107,39 @@ def test_every_lambda_layer_projects_by_the_projection():
     for layer in layers:
         assert type(layer.qkv) is Projection, type(layer)
     assert layers[2].qkv.bias is not None
+
+
+def test_without_native_bfloat16_a_bfloat16_call_convolves_in_float32(monkeypatch):
+    """Where oneDNN has no bfloat16 instructions (its bfloat16 convolution is its reference code): the convolution in
+    float32, its result rounded once to bfloat16 (autocast's dtype). Each output within bfloat16's rounding of the
+    float64 convolution of the same operands, which a bfloat16 convolution (operands rounded first) misses."""
+    monkeypatch.setattr(projection, 'native_bf16', lambda: False)
+    seen = []
+    conv2d = F.conv2d
+    monkeypatch.setattr(projection.F, 'conv2d',
+                        lambda x, w, b=None, *rest: seen.append((x.dtype, w.dtype)) or conv2d(x, w, b, *rest))
+    torch.manual_seed(0)
+    module = Projection(24, 40, bias=True)
+    x = torch.randn(2, 24, 5, 7, requires_grad=True)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert projection.in_float32(x) and not projection.as_matmul(x)
+        y = module(x)
+        assert seen == [(torch.float32, torch.float32)]
+        y16 = module._conv_forward(x, module.weight, module.bias)  # oneDNN's bfloat16 convolution
+    assert y.dtype == torch.bfloat16 and y16.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert x.grad is not None and module.weight.grad is not None
+    ref = conv2d(x.detach().double(), module.weight.detach().double(), module.bias.detach().double())
+
+    def within_rounding(got):  # bfloat16 keeps 8 bits: a rounding moves a value by at most 2^-8 of it
+        return bool(((got.double() - ref).abs() <= 2 ** -8 * ref.abs() + 1e-30).all())
+    assert within_rounding(y)
+    assert not within_rounding(y16)
+
+
+def test_a_float32_call_or_native_bfloat16_never_converts(monkeypatch):
+    monkeypatch.setattr(projection, 'native_bf16', lambda: False)
+    assert not projection.in_float32(torch.randn(1, 8, 4, 4))
+    monkeypatch.setattr(projection, 'native_bf16', lambda: True)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert not projection.in_float32(torch.randn(1, 8, 4, 4))

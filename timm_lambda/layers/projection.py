@@ -6,20 +6,24 @@ On a CPU where oneDNN computes bfloat16 natively (AMX tiles, or AVX-512 BF16 wit
 oneDNN's 1x1 convolution reorders its NCHW input, output and gradients to and from its blocked layouts around the
 products, which then cost more than the products (``benchmarks/benchmark_projection.py``, one thread: the matmul's
 step 0.33-0.63x the convolution's at the LambdaResNet shapes on an Intel Xeon with AMX, docs/results/projection.json;
-0.62-0.76x on an AMD EPYC Zen 5 with AVX-512 BF16, docs/results/projection_amd.json). Elsewhere (float32, where
-the two are equal; CUDA; a CPU without AVX-512 BF16, or oneDNN capped below it) and in TorchScript, the convolution.
-The module stays an ``nn.Conv2d``: its weights, state dict, hooks and the layer's ``reparameterize`` are the
-convolution's.
+0.62-0.76x on an AMD EPYC Zen 5 with AVX-512 BF16, docs/results/projection_amd.json). Where oneDNN has no bfloat16
+instructions (an AVX2-only CPU, or oneDNN held below AVX-512 BF16), its bfloat16 convolution is its reference code:
+a bfloat16 call there computes the convolution in float32 and rounds the result to bfloat16, what autocast's
+convolution returns (docs/results/projection_avx2.json), as the position lambdas' kernel computes a 16-bit call in
+float32 where it has no 16-bit products. Elsewhere (float32, where matmul and convolution are equal; float16; CUDA)
+and in TorchScript, the convolution. The module stays an ``nn.Conv2d``: its weights, state dict, hooks and the
+layer's ``reparameterize`` are the convolution's.
 """
 import functools
 import os
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .position_lambda.plan import call_dtype
 
-__all__ = ['Projection', 'as_matmul', 'native_bf16']
+__all__ = ['Projection', 'as_matmul', 'in_float32', 'native_bf16']
 
 # ONEDNN_MAX_CPU_ISA values that leave oneDNN its bfloat16 instructions (AVX512_CORE_BF16 and every set above it:
 # AVX512_CORE_FP16, AVX10_1_512 ..., AVX512_CORE_AMX, AVX10_1_512_AMX ...)
@@ -46,6 +50,13 @@ def as_matmul(x: torch.Tensor) -> bool:
             and call_dtype(x)[0] == torch.bfloat16 and x.dim() == 4 and x.is_contiguous())
 
 
+def in_float32(x: torch.Tensor) -> bool:
+    """Whether the projection of ``x`` computes in float32 though its call computes in bfloat16: a CPU map where
+    oneDNN has no bfloat16 instructions (:func:`native_bf16` false; see the module's docstring)."""
+    return (not native_bf16() and not isinstance(x, torch.fx.Proxy) and x.is_cpu
+            and call_dtype(x)[0] == torch.bfloat16)
+
+
 class Projection(nn.Conv2d):
     """A 1x1 convolution ``d -> out`` (no padding, stride 1, one group), computed as a matmul where
     :func:`as_matmul` says so."""
@@ -56,7 +67,15 @@ class Projection(nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_scripting():  # (TorchScript: the convolution; a scripted model loads without this package)
             return self._conv_forward(x, self.weight, self.bias)
-        return self._matmul(x) if as_matmul(x) else self._conv_forward(x, self.weight, self.bias)
+        if as_matmul(x):
+            return self._matmul(x)
+        return self._float32(x) if in_float32(x) else self._conv_forward(x, self.weight, self.bias)
+
+    @torch.jit.unused
+    def _float32(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast('cpu', enabled=False):
+            bias = None if self.bias is None else self.bias.float()
+            return F.conv2d(x.float(), self.weight.float(), bias).to(torch.bfloat16)
 
     @torch.jit.unused
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:

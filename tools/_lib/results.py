@@ -157,8 +157,9 @@ def _kind_of(result: Result) -> Optional[Tuple]:
                       ('sm90', 'sm90_kernels.py'), ('forward_walk', 'forward_walk.py'),
                       ('checkpoint_memory', 'checkpoint_memory.py'), ('projection', 'benchmark_projection.py')):
         if isinstance(data, dict) and key in data.get('command', ''):
-            if tool == 'projection':  # (one a vendor: a CPU's oneDNN decides the projection's rule)
-                return (tool, 'AMD' if 'AMD' in str(data.get('cpu')) else 'Intel')
+            if tool == 'projection':  # (one a vendor and libraries' hold: a CPU's oneDNN decides the rule)
+                return (tool, 'AMD' if 'AMD' in str(data.get('cpu')) else 'Intel',
+                        tuple(sorted(data.get('environment', {}).items())))
             return (tool, data.get('triton')) if tool == 'sm90' else (tool,)
     return None
 
@@ -437,17 +438,21 @@ def cpu_isa_bf16_table(result: Result) -> List[str]:
 
 
 def projection_table(result: Result) -> List[str]:
-    """benchmark_projection.py: the 1x1 projection's step as oneDNN's convolution and as the batched matmul, per
-    shape and step, each dtype a column (conv ms / matmul ms, their ratio, and the one the layer takes there)."""
+    """benchmark_projection.py: the 1x1 projection's step as oneDNN's convolution and as the batched matmul (and a
+    bfloat16 call's convolution in float32, where timed), per shape and step, each dtype a column (conv ms / matmul
+    ms, their ratio, and the one the layer takes there)."""
     rows: Dict[Tuple, Dict[str, dict]] = {}
     for r in result.data['results']:
         rows.setdefault((r['batch'], r['d'], r['out'], r['size'], r['mode']), {})[r['dtype']] = r
     dtypes = list(dict.fromkeys(r['dtype'] for r in result.data['results']))
     out = ['| batch, d -> out, map | step | ' + ' | '.join(f'{d}: conv / matmul (ms)' for d in dtypes) + ' |',
            '|---|---|' + '---|' * len(dtypes)]
+    def cell(r):  # (float32: a bfloat16 call's convolution in float32, rounded; its column where the run timed it)
+        f32 = f", float32 {r['float32_ms']:.2f} ({x(r['float32_ratio'])})" if 'float32_ms' in r else ''
+        taken = r.get('taken', 'matmul' if r['as_matmul'] else 'conv')
+        return f"{r['conv_ms']:.2f} / {r['matmul_ms']:.2f} ({x(r['ratio'])}){f32}, {taken} taken"
     for (batch, d, o, size, mode), by in rows.items():
-        cells = [f"{r['conv_ms']:.2f} / {r['matmul_ms']:.2f} ({x(r['ratio'])}), "
-                 f"{'matmul' if r['as_matmul'] else 'conv'} taken" if r else '-' for r in (by.get(t) for t in dtypes)]
+        cells = [cell(r) if r else '-' for r in (by.get(t) for t in dtypes)]
         out.append(f'| {batch}, {d} -> {o}, {size}x{size} | {mode} | ' + ' | '.join(cells) + ' |')
     return out
 
@@ -1084,8 +1089,13 @@ BLOCKS: Dict[str, Dict[str, Renderer]] = {
         'cpu_amx': of(('cpu_isa', ('native',), ('bfloat16', 'float32'), 12, (), 'GenuineIntel'), cpu_isa_bf16_table),
         'cpu_amx_pairs': cpu_isa_pairs,
         'cpu_amd_pairs': lambda page: cpu_isa_pairs(page, 'AMD'),
-        'projection': of(('projection', 'Intel'), projection_table),
-        'projection_amd': of(('projection', 'AMD'), projection_table),
+        'projection': of(('projection', 'Intel', ()), projection_table),
+        'projection_amd': of(('projection', 'AMD', ()), projection_table),
+        'projection_avx2': of(('projection', 'AMD', (('ATEN_CPU_CAPABILITY', 'avx2'), ('DNNL_MAX_CPU_ISA', 'AVX2'),
+                                                     ('MKL_ENABLE_INSTRUCTIONS', 'AVX2'), ('ONEDNN_MAX_CPU_ISA', 'AVX2'))),
+                              projection_table),
+        'cpu_avx2_bf16': of(('cpu_isa', ('x86-64-v3',), ('bfloat16', 'float32'), 12, HOLD_AVX2[:1] + HOLD_AVX2[1:],
+                             'AuthenticAMD'), cpu_isa_table),
         'backbone_bf16': of(cpu('backbone', 1024, 1, 'bfloat16'), models_table),
         'backbone_bf16_vdpbf16ps': of(cpu('backbone', 1024, 1, 'bfloat16', (('TIMM_LAMBDA_CPU_BF16', 'avx512_bf16'),)),
                                       models_table),
