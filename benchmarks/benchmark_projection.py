@@ -3,11 +3,16 @@
 as oneDNN's 1x1 convolution and as the batched matmul it takes where :func:`~timm_lambda.layers.projection.as_matmul`
 says so, side by side in one process, interleaved; training step (forward, ``.float().sum()``, backward, the input
 needing grad) and eval (``torch.no_grad``), float32 and bfloat16 autocast, at the LambdaResNet-101 1024 px layers'
-projections (d -> h k + k + v: 256 -> 144 at 64x64, 512 -> 208 at 64x64 and 32x32) at batch 1 and a batch-8 one.
+projections (d -> h k + k + v: 256 -> 144 at 64x64, 512 -> 208 at 64x64 and 32x32) at batch 1 and a batch-8 one. A
+bfloat16 call also as the convolution in float32, its result rounded (``float32``: what the layer takes where oneDNN
+has no bfloat16 instructions, :func:`~timm_lambda.layers.projection.in_float32`).
 
     python benchmarks/benchmark_projection.py --threads 1 --repeats 9 --json docs/results/projection.json
+    ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 \
+        python benchmarks/benchmark_projection.py --threads 1 --repeats 3 --json docs/results/projection_avx2.json
 
-``matmul / conv`` below 1 is what the layer gains; ``as_matmul`` records what the layer does on this machine.
+``matmul / conv`` below 1 is what the layer gains; ``taken`` records what the layer does on this machine (the held
+libraries' variables are recorded under ``environment``).
 """
 import argparse
 import json

@@ -55,13 +55,25 @@ def content_lambda(keys: Optional[Tensor], v: Tensor, shared: Optional[Tensor], 
     kn = normalized_keys(keys.reshape(b, u, k, n), key_norm)
     if u == 1:
         vt = v.reshape(b, v.shape[1], n).transpose(1, 2)  # [B, n, V]
-        content = torch.bmm(kn[:, 0], vt) if shared is None else torch.baddbmm(shared, kn[:, 0], vt)
+        content = _products(torch.bmm, kn[:, 0], vt) if shared is None else _products(torch.baddbmm, shared,
+                                                                                           kn[:, 0], vt)
     else:  # sum over |u|: one GEMM of depth |u| |n|
         v4 = v.reshape(b, u, v.shape[1] // u, n)
-        content = torch.bmm(kn.transpose(1, 2).reshape(b, k, u * n),
+        content = _products(torch.bmm, kn.transpose(1, 2).reshape(b, k, u * n),
                             v4.transpose(2, 3).reshape(b, u * n, v4.shape[2]))
         content = content if shared is None else content + shared
     return content, kn
+
+
+def _products(op, *args: Tensor) -> Tensor:
+    """``op`` (a matmul) of ``args``; a bfloat16 CPU call where oneDNN has no bfloat16 instructions (an AVX2-only CPU:
+    its bfloat16 matmul is its reference code: 17 ms for the 8 M multiply-adds of a content-lambda gradient at
+    512 ch 64x64) computes it in float32 and rounds the result once: what a bfloat16 matmul computes."""
+    if args[-1].dtype == torch.bfloat16 and args[-1].is_cpu:
+        from ..projection import native_bf16  # (the projection's rule: one answer a process)
+        if not native_bf16():
+            return op(*(a.float() for a in args)).to(torch.bfloat16)
+    return op(*args)
 
 
 def normalized_keys(keys: Tensor, key_norm: str) -> Tensor:
@@ -317,11 +329,11 @@ def content_grads(gq: Tensor, gv: Tensor, gtable: Tensor, gcontent: Optional[Ten
             kn = normalized_keys(keys.reshape(b, u, k, n), key_norm)
         if u == 1:
             kn = kn[:, 0]  # [B, k, n]
-            gkn = torch.bmm(gcontent, v.reshape(b, dv, n))
-            gv = torch.baddbmm(gv.reshape(b, dv, n), gcontent.transpose(1, 2), kn)
+            gkn = _products(torch.bmm, gcontent, v.reshape(b, dv, n))
+            gv = _products(torch.baddbmm, gv.reshape(b, dv, n), gcontent.transpose(1, 2), kn)
         else:
-            gkn = torch.matmul(gcontent.unsqueeze(1), v.reshape(b, u, dv, n))
-            gv = gv.reshape(b, u, dv, n) + torch.matmul(gcontent.transpose(1, 2).unsqueeze(1), kn)
+            gkn = _products(torch.matmul, gcontent.unsqueeze(1), v.reshape(b, u, dv, n))
+            gv = gv.reshape(b, u, dv, n) + _products(torch.matmul, gcontent.transpose(1, 2).unsqueeze(1), kn)
         gkeys = _as(_keys_grad(gkn, keys, kn, key_norm), keys.shape)
     return [_as(gq, q.shape), gkeys, _as(gv, v.shape), gtable, None if shared is None else gcontent]
 
