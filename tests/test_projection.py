@@ -143,3 +143,25 @@ def test_a_float32_call_or_native_bfloat16_never_converts(monkeypatch):
     monkeypatch.setattr(projection, 'native_bf16', lambda: True)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         assert not projection.in_float32(torch.randn(1, 8, 4, 4))
+
+
+def test_without_native_bfloat16_the_content_lambda_multiplies_in_float32(monkeypatch):
+    """The content lambda's products of a bfloat16 call (forward and gradients) in float32 where oneDNN has no
+    bfloat16 instructions (its bfloat16 matmul is its reference code there), each result rounded to bfloat16; with
+    them, in bfloat16."""
+    from timm_lambda.layers.position_lambda import fused
+    seen = []
+    for name in ('bmm', 'baddbmm'):
+        real = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, real=real, **kw: seen.append(a[-1].dtype) or real(*a, **kw))
+    torch.manual_seed(0)
+    keys, v = torch.randn(2, 16, 5, 6).bfloat16(), torch.randn(2, 8, 5, 6).bfloat16()
+    gcontent, gv = torch.randn(2, 16, 8).bfloat16(), torch.randn(2, 8, 5, 6).bfloat16()
+    for native, want in ((False, torch.float32), (True, torch.bfloat16)):
+        monkeypatch.setattr(projection, 'native_bf16', lambda native=native: native)
+        seen.clear()
+        content, kn = fused.content_lambda(keys, v, None, 'softmax', 16)
+        grads = fused.content_grads(torch.zeros(2, 16, 5, 6).bfloat16(), gv, None, gcontent, torch.zeros(2, 16, 5, 6),
+                                    keys, v, None, kn, 'softmax')
+        assert content.dtype == torch.bfloat16 and grads[1].dtype == torch.bfloat16
+        assert seen == [want] * 3, (native, seen)
