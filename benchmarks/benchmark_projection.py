@@ -40,11 +40,12 @@ def main(argv=None):
 
     from harness.measure import commit, cpu_model, interleaved_times, load_average, machine, spread
     from timm_lambda.layers import projection
+    from timm_lambda.layers.position_lambda import plan
 
     torch.set_num_threads(args.threads)
     command = 'python ' + ' '.join(shlex.quote(a) for a in [os.path.relpath(__file__)] + sys.argv[1:])
     load_before = load_average()
-    print(f'# {machine()}; oneDNN computes bfloat16 natively: {projection.native_bf16()}', flush=True)
+    print(f'# {machine()}; oneDNN computes bfloat16 natively: {plan.native_bf16()}', flush=True)
     results = []
     for batch, d, out, size in SHAPES:
         for mode in ('train', 'eval'):
@@ -84,7 +85,7 @@ def main(argv=None):
     if args.json:
         meta = dict(command=command, date=time.strftime('%Y-%m-%d %H:%M:%S %Z'), commit=commit(),
                     load_before=load_before, load_after=load_average(), machine=machine(), cpu=cpu_model(),
-                    threads=args.threads, repeats=args.repeats, native_bf16=projection.native_bf16(),
+                    threads=args.threads, repeats=args.repeats, native_bf16=plan.native_bf16(),
                     environment={k: os.environ[k] for k in HELD if k in os.environ},
                     note='conv_ms, matmul_ms: median wall time of interleaved repeats of one step; ratio: matmul / '
                          'conv; as_matmul: what the layer computes on this machine')

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from timm_lambda.layers import LambdaLayer, projection
+from timm_lambda.layers.position_lambda import plan
 from timm_lambda.layers.projection import Projection
 
 
@@ -13,7 +14,7 @@ from timm_lambda.layers.projection import Projection
 def native(monkeypatch):
     """The matmul path on any CPU (as on one with AMX or AVX-512 BF16), with the convolution made to fail: a test
     passes only if the matmul ran."""
-    monkeypatch.setattr(projection, 'native_bf16', lambda: True)
+    monkeypatch.setattr(plan, 'native_bf16', lambda: True)
 
     def no_conv(*args, **kwargs):
         raise AssertionError('the convolution ran')
@@ -54,7 +55,7 @@ def test_a_float32_call_stays_a_convolution(native):
 
 
 def test_without_native_bfloat16_the_convolution(monkeypatch):
-    monkeypatch.setattr(projection, 'native_bf16', lambda: False)
+    monkeypatch.setattr(plan, 'native_bf16', lambda: False)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         assert not projection.as_matmul(torch.randn(1, 8, 4, 4))
 
@@ -72,9 +73,9 @@ def test_native_bfloat16_by_the_cpu_and_onednn_cap(monkeypatch, avx512_bf16, amx
         else:
             monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', cap)
         monkeypatch.delenv('DNNL_MAX_CPU_ISA', raising=False)
-        projection.native_bf16.cache_clear()
-        assert projection.native_bf16() is (want and (avx512_bf16 or amx)), cap
-    projection.native_bf16.cache_clear()
+        plan.native_bf16.cache_clear()
+        assert plan.native_bf16() is (want and (avx512_bf16 or amx)), cap
+    plan.native_bf16.cache_clear()
 
 
 def test_the_layer_keeps_the_convolution_module_and_its_state_dict(native):
@@ -113,7 +114,7 @@ def test_without_native_bfloat16_a_bfloat16_call_convolves_in_float32(monkeypatc
     """Where oneDNN has no bfloat16 instructions (its bfloat16 convolution is its reference code): the convolution in
     float32, its result rounded once to bfloat16 (autocast's dtype). Each output within bfloat16's rounding of the
     float64 convolution of the same operands, which a bfloat16 convolution (operands rounded first) misses."""
-    monkeypatch.setattr(projection, 'native_bf16', lambda: False)
+    monkeypatch.setattr(plan, 'native_bf16', lambda: False)
     seen = []
     conv2d = F.conv2d
     monkeypatch.setattr(projection.F, 'conv2d',
@@ -138,9 +139,9 @@ def test_without_native_bfloat16_a_bfloat16_call_convolves_in_float32(monkeypatc
 
 
 def test_a_float32_call_or_native_bfloat16_never_converts(monkeypatch):
-    monkeypatch.setattr(projection, 'native_bf16', lambda: False)
+    monkeypatch.setattr(plan, 'native_bf16', lambda: False)
     assert not projection.in_float32(torch.randn(1, 8, 4, 4))
-    monkeypatch.setattr(projection, 'native_bf16', lambda: True)
+    monkeypatch.setattr(plan, 'native_bf16', lambda: True)
     with torch.autocast('cpu', dtype=torch.bfloat16):
         assert not projection.in_float32(torch.randn(1, 8, 4, 4))
 
@@ -158,7 +159,7 @@ def test_without_native_bfloat16_the_content_lambda_multiplies_in_float32(monkey
     keys, v = torch.randn(2, 16, 5, 6).bfloat16(), torch.randn(2, 8, 5, 6).bfloat16()
     gcontent, gv = torch.randn(2, 16, 8).bfloat16(), torch.randn(2, 8, 5, 6).bfloat16()
     for native, want in ((False, torch.float32), (True, torch.bfloat16)):
-        monkeypatch.setattr(projection, 'native_bf16', lambda native=native: native)
+        monkeypatch.setattr(plan, 'native_bf16', lambda native=native: native)
         seen.clear()
         content, kn = fused.content_lambda(keys, v, None, 'softmax', 16)
         grads = fused.content_grads(torch.zeros(2, 16, 5, 6).bfloat16(), gv, None, gcontent, torch.zeros(2, 16, 5, 6),

@@ -14,46 +14,28 @@ float32 where it has no 16-bit products. Elsewhere (float32, where matmul and co
 and in TorchScript, the convolution. The module stays an ``nn.Conv2d``: its weights, state dict, hooks and the
 layer's ``reparameterize`` are the convolution's.
 """
-import functools
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .position_lambda import plan
 from .position_lambda.plan import call_dtype
 
-__all__ = ['Projection', 'as_matmul', 'in_float32', 'native_bf16']
-
-# ONEDNN_MAX_CPU_ISA values that leave oneDNN its bfloat16 instructions (AVX512_CORE_BF16 and every set above it:
-# AVX512_CORE_FP16, AVX10_1_512 ..., AVX512_CORE_AMX, AVX10_1_512_AMX ...)
-_BF16_CAPS = ('AVX512_CORE_BF16', 'AVX512_CORE_FP16', 'AVX10_', 'AMX')
-
-
-@functools.lru_cache(maxsize=None)
-def native_bf16() -> bool:
-    """Whether oneDNN computes bfloat16 products natively here: the CPU has AVX-512 BF16 or AMX tiles (``torch.cpu``'s
-    cpuinfo checks) and ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) does not cap oneDNN below AVX-512 BF16. Read
-    once a process."""
-    cap = (os.environ.get('ONEDNN_MAX_CPU_ISA') or os.environ.get('DNNL_MAX_CPU_ISA') or 'ALL').upper()
-    checks = [getattr(torch.cpu, name, None) for name in ('_is_avx512_bf16_supported', '_is_amx_tile_supported')]
-    has = any(check is not None and check() for check in checks)  # (private in torch.cpu; absent: no matmul)
-    return has and (cap == 'ALL' or any(name in cap for name in _BF16_CAPS))
-
+__all__ = ['Projection', 'as_matmul', 'in_float32']
 
 def as_matmul(x: torch.Tensor) -> bool:
     """Whether the projection of ``x`` runs as a matmul (see the module's docstring): a contiguous 4-D CPU map whose
     call computes in bfloat16, where oneDNN computes bfloat16 natively (torch.fx's symbolic tracing, whose proxies
     have no device or dtype to test: the convolution)."""
     # (cheapest first: on a CPU without AVX-512 BF16 one cached call; a proxy before any test of its device)
-    return (native_bf16() and not isinstance(x, torch.fx.Proxy) and x.is_cpu
+    return (plan.native_bf16() and not isinstance(x, torch.fx.Proxy) and x.is_cpu
             and call_dtype(x)[0] == torch.bfloat16 and x.dim() == 4 and x.is_contiguous())
 
 
 def in_float32(x: torch.Tensor) -> bool:
     """Whether the projection of ``x`` computes in float32 though its call computes in bfloat16: a CPU map where
-    oneDNN has no bfloat16 instructions (:func:`native_bf16` false; see the module's docstring)."""
-    return (not native_bf16() and not isinstance(x, torch.fx.Proxy) and x.is_cpu
+    oneDNN has no bfloat16 instructions (:func:`.plan.native_bf16` false; see the module's docstring)."""
+    return (not plan.native_bf16() and not isinstance(x, torch.fx.Proxy) and x.is_cpu
             and call_dtype(x)[0] == torch.bfloat16)
 
 

@@ -117,7 +117,7 @@ def _kind_of(result: Result) -> Optional[Tuple]:
     if isinstance(data, dict) and 'parts' in data:
         return ('parts', result.file.split('.')[0])
     if isinstance(data, dict) and 'before_after.py' in data.get('command', ''):  # runs before and after a change
-        return ('before_after', data['program'], 'AMD' if 'AMD' in str(data.get('machine')) else 'Intel')
+        return ('before_after', data['program'], _vendor(data))
     held = tuple(sorted(result.record.get('env', {}).items()))  # a part's libraries and kernel build, if held
     path = r.get('cpu_kernel_path') if isinstance(data, list) else None
     if path and 'forced by' in str(path[1]):  # the kernel's bfloat16 path held by its env variable
@@ -135,7 +135,7 @@ def _kind_of(result: Result) -> Optional[Tuple]:
         held = {k: v for k, v in data.get('environment', {}).items() if k != 'OMP_WAIT_POLICY'}
         dtypes = tuple(sorted({row['dtype'] for row in data['results']}))
         return ('cpu_isa', tuple(sorted(data['builds'])), dtypes, len(data['results']), tuple(sorted(held.items())),
-                data.get('vendor', ''))
+                _vendor(data))
     if isinstance(data, dict) and 'settings' in data and 'results' in data:  # benchmarks/benchmark_lambda_layer.py
         s = data['settings']
         if 'sweep' in data['command']:
@@ -158,10 +158,17 @@ def _kind_of(result: Result) -> Optional[Tuple]:
                       ('checkpoint_memory', 'checkpoint_memory.py'), ('projection', 'benchmark_projection.py')):
         if isinstance(data, dict) and key in data.get('command', ''):
             if tool == 'projection':  # (one a vendor and libraries' hold: a CPU's oneDNN decides the rule)
-                return (tool, 'AMD' if 'AMD' in str(data.get('cpu')) else 'Intel',
-                        tuple(sorted(data.get('environment', {}).items())))
+                return (tool, _vendor(data), tuple(sorted(data.get('environment', {}).items())))
             return (tool, data.get('triton')) if tool == 'sm90' else (tool,)
     return None
+
+
+def _vendor(data: dict) -> str:
+    """A result's CPU vendor, 'Intel' or 'AMD' ('' where unknown): its recorded vendor_id, else its CPU's name."""
+    if data.get('vendor'):
+        return VENDORS.get(data['vendor'], data['vendor'])
+    text = str(data.get('cpu') or data.get('machine') or '')
+    return next((v for v in ('Intel', 'AMD') if v in text), '')
 
 
 def newest(kind: Tuple) -> Result:
@@ -867,7 +874,7 @@ def cpu_class(source: Result) -> str:
     AVX-512 BF16', ... (the vendor alone where the run did not record its flags)."""
     layer = source.data['parts'].get('layer', {}).get('result', {})
     flags = set(layer.get('cpu_flags') or ())
-    vendor = VENDORS.get(layer.get('vendor'), layer.get('vendor') or source.data.get('cpu', 'CPU'))
+    vendor = _vendor(layer) or _vendor(source.data) or 'CPU'
     isa = ('AVX-512 + AMX' if 'amx_bf16' in flags else 'AVX-512 + AVX-512 BF16' if 'avx512_bf16' in flags
            else 'AVX-512' if 'avx512f' in flags else 'AVX2 + FMA' if 'avx2' in flags else '')
     return f'{vendor} {isa}'.strip()
@@ -1066,8 +1073,7 @@ BLOCKS: Dict[str, Dict[str, Renderer]] = {
     'docs/small_inputs.md': {'quick_run': of(('quick_run',), quick_run_table)},
     'docs/benchmarks.md': {
         'cpu_parts': cpu_parts_table,
-        'cpu_isa': of(('cpu_isa', ('native', 'x86-64-v3'), ('bfloat16', 'float32'), 12, (), 'GenuineIntel'),
-                      cpu_isa_table),
+        'cpu_isa': of(('cpu_isa', ('native', 'x86-64-v3'), ('bfloat16', 'float32'), 12, (), 'Intel'), cpu_isa_table),
         'cpu_parts_amd': lambda page: cpu_parts_table(page, CPU_TABLE + '_amd'),
         'backbone': of(cpu('backbone', 1024, 1), models_table),
         'c4': models_settings([('float32', cpu('c4', 512, 1)),
@@ -1090,20 +1096,20 @@ BLOCKS: Dict[str, Dict[str, Renderer]] = {
         'macs': of(('macs',), macs_table),
     },
     'docs/cpu_bfloat16.md': {
-        'cpu_amx': of(('cpu_isa', ('native',), ('bfloat16', 'float32'), 12, (), 'GenuineIntel'), cpu_isa_bf16_table),
+        'cpu_amx': of(('cpu_isa', ('native',), ('bfloat16', 'float32'), 12, (), 'Intel'), cpu_isa_bf16_table),
         'cpu_amx_pairs': cpu_isa_pairs,
         'cpu_amd_pairs': lambda page: cpu_isa_pairs(page, 'AMD'),
         'projection': of(('projection', 'Intel', ()), projection_table),
         'projection_amd': of(('projection', 'AMD', ()), projection_table),
         'projection_avx2': of(('projection', 'AMD', tuple(c for c in CAPS_AVX2 if c[0] != 'MKL_DEBUG_CPU_TYPE')),
                               projection_table),
-        'cpu_avx2_bf16': of(('cpu_isa', ('x86-64-v3',), ('bfloat16', 'float32'), 12, CAPS_AVX2, 'AuthenticAMD'),
+        'cpu_avx2_bf16': of(('cpu_isa', ('x86-64-v3',), ('bfloat16', 'float32'), 12, CAPS_AVX2, 'AMD'),
                             cpu_isa_table),
         'backbone_bf16': of(cpu('backbone', 1024, 1, 'bfloat16'), models_table),
         'backbone_bf16_vdpbf16ps': of(cpu('backbone', 1024, 1, 'bfloat16', (('TIMM_LAMBDA_CPU_BF16', 'avx512_bf16'),)),
                                       models_table),
-        'cpu_amd': of(('cpu_isa', ('native',), ('bfloat16', 'float32'), 12, (), 'AuthenticAMD'), cpu_isa_table),
-        'cpu_isa_amd': of(('cpu_isa', ('native', 'x86-64-v3'), ('bfloat16', 'float32'), 12, (), 'AuthenticAMD',
+        'cpu_amd': of(('cpu_isa', ('native',), ('bfloat16', 'float32'), 12, (), 'AMD'), cpu_isa_table),
+        'cpu_isa_amd': of(('cpu_isa', ('native', 'x86-64-v3'), ('bfloat16', 'float32'), 12, (), 'AMD',
                            ('table', CPU_TABLE + '_amd')), cpu_isa_table),
         'backbone_amd': models_settings([
             ('float32', cpu('backbone', 1024, 1) + (('table', CPU_TABLE + '_amd'),)),

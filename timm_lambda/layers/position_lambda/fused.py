@@ -25,6 +25,7 @@ from torch import Tensor
 
 from ..checks import check_max_size
 from ..size_cache import SizeCache
+from . import plan as _plan  # (its native_bf16; methods here take a plan argument)
 from .backends import Backend, Call, Decision
 
 __all__ = ['KEY_NORMS', 'normalize_keys', 'Tiled', 'check_kernel_arguments', 'content_lambda', 'content_grads',
@@ -69,10 +70,8 @@ def _products(op, *args: Tensor) -> Tensor:
     """``op`` (a matmul) of ``args``; a bfloat16 CPU call where oneDNN has no bfloat16 instructions (an AVX2-only CPU:
     its bfloat16 matmul is its reference code: 17 ms for the 8 M multiply-adds of a content-lambda gradient at
     512 ch 64x64) computes it in float32 and rounds the result once: what a bfloat16 matmul computes."""
-    if args[-1].dtype == torch.bfloat16 and args[-1].is_cpu:
-        from ..projection import native_bf16  # (the projection's rule: one answer a process)
-        if not native_bf16():
-            return op(*(a.float() for a in args)).to(torch.bfloat16)
+    if args[-1].dtype == torch.bfloat16 and args[-1].is_cpu and not _plan.native_bf16():
+        return op(*(a.float() for a in args)).to(torch.bfloat16)
     return op(*args)
 
 

@@ -10,6 +10,7 @@ like any size branch) and travels in the operator's arguments to both directions
 combination (256 plans of a few ints).
 """
 import functools
+import os
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -63,6 +64,23 @@ class Plan(NamedTuple):
     count_include_pad: bool
     key_norm: str
     global_scope: bool
+
+
+# ONEDNN_MAX_CPU_ISA values that leave oneDNN its bfloat16 instructions (AVX512_CORE_BF16 and every set above it:
+# AVX512_CORE_FP16, AVX10_1_512 ..., AVX512_CORE_AMX, AVX10_1_512_AMX ...)
+_BF16_CAPS = ('AVX512_CORE_BF16', 'AVX512_CORE_FP16', 'AVX10_', 'AMX')
+
+
+@functools.lru_cache(maxsize=None)
+def native_bf16() -> bool:
+    """Whether oneDNN computes bfloat16 products natively here: the CPU has AVX-512 BF16 or AMX tiles (``torch.cpu``'s
+    cpuinfo checks) and ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) does not cap oneDNN below AVX-512 BF16. Read
+    once a process. Where not, a bfloat16 CPU call's projection and content-lambda products compute in float32
+    (layers/projection.py, fused._products): oneDNN's bfloat16 convolution and matmul are its reference code there."""
+    cap = (os.environ.get('ONEDNN_MAX_CPU_ISA') or os.environ.get('DNNL_MAX_CPU_ISA') or 'ALL').upper()
+    checks = [getattr(torch.cpu, name, None) for name in ('_is_avx512_bf16_supported', '_is_amx_tile_supported')]
+    has = any(check is not None and check() for check in checks)  # (private in torch.cpu; absent: no matmul)
+    return has and (cap == 'ALL' or any(name in cap for name in _BF16_CAPS))
 
 
 def call_dtype(x: Tensor) -> Tuple[torch.dtype, bool]:
