@@ -189,8 +189,8 @@ def test_the_cpu_kernel_runs_a_call_in_one_kernel_call(stride, key_norm, monkeyp
     """A float64 call at stride 1 (and a stride-2 call pooled after) runs as one kernel call a direction
     (``layer_forward``, ``layer_backward``: the content lambda of each key norm, the table's reach and the kernels;
     issue 58's host time): Python's steps around the kernels never run, and the output and every gradient equal the
-    plain ops'. The same steps patched to fail do fail a float16 call (computed in float32: not whole), so the patch
-    is in the path it guards."""
+    plain ops'. A float16 call (computed in float32, its inputs widened once) runs whole too; the same steps patched
+    to fail do fail it where the plan is not run whole, so the patch is in the path it guards."""
     require_cpu_kernel()
     from timm_lambda.layers.position_lambda import fused
 
@@ -222,6 +222,9 @@ def test_the_cpu_kernel_runs_a_call_in_one_kernel_call(stride, key_norm, monkeyp
     assert {k[1] for k in PL.served_backends()} == {'cpu_kernel'}
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+    half = step(layer().half(), torch.float16)
+    assert all(g is None or g.dtype == torch.float16 for g in half)
+    monkeypatch.setattr(cpu_kernel, 'whole_call', lambda plan: False)
     with pytest.raises(AssertionError, match='around the kernels'):
         step(layer().half(), torch.float16)
 

@@ -1,6 +1,9 @@
 """The lambda layer's 1x1 projection (timm_lambda/layers/projection.py): a convolution, or in bfloat16 where oneDNN
 computes it natively (AMX, AVX-512 BF16) the same product as a batched matmul; both against a float64 convolution,
 and which one ran."""
+import copy
+import types
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +21,7 @@ def native(monkeypatch):
 
     def no_conv(*args, **kwargs):
         raise AssertionError('the convolution ran')
-    monkeypatch.setattr(Projection, '_conv_forward', no_conv)
+    monkeypatch.setattr(projection, 'F', types.SimpleNamespace(conv2d=no_conv))
 
 
 @pytest.mark.parametrize('bias', [False, True])
@@ -112,8 +115,8 @@ def test_every_lambda_layer_projects_by_the_projection():
 
 def test_without_native_bfloat16_a_bfloat16_call_convolves_in_float32(monkeypatch):
     """Where oneDNN has no bfloat16 instructions (its bfloat16 convolution is its reference code): the convolution in
-    float32, its result rounded once to bfloat16 (autocast's dtype). Each output within bfloat16's rounding of the
-    float64 convolution of the same operands, which a bfloat16 convolution (operands rounded first) misses."""
+    float32, returned in float32 (the layer rounds its output once: the next test). It equals the float64 convolution
+    of the same operands to float32's precision, which a bfloat16 convolution (operands rounded first) misses by far."""
     monkeypatch.setattr(plan, 'native_bf16', lambda: False)
     seen = []
     conv2d = F.conv2d
@@ -127,15 +130,68 @@ def test_without_native_bfloat16_a_bfloat16_call_convolves_in_float32(monkeypatc
         y = module(x)
         assert seen == [(torch.float32, torch.float32)]
         y16 = module._conv_forward(x, module.weight, module.bias)  # oneDNN's bfloat16 convolution
-    assert y.dtype == torch.bfloat16 and y16.dtype == torch.bfloat16
-    y.float().sum().backward()
+    assert y.dtype == torch.float32 and y16.dtype == torch.bfloat16
+    y.sum().backward()
     assert x.grad is not None and module.weight.grad is not None
     ref = conv2d(x.detach().double(), module.weight.detach().double(), module.bias.detach().double())
 
-    def within_rounding(got):  # bfloat16 keeps 8 bits: a rounding moves a value by at most 2^-8 of it
-        return bool(((got.double() - ref).abs() <= 2 ** -8 * ref.abs() + 1e-30).all())
-    assert within_rounding(y)
-    assert not within_rounding(y16)
+    def within(got, tol):
+        return bool(((got.double() - ref).abs() <= tol * ref.abs().max()).all())
+    assert within(y, 1e-6)
+    assert not within(y16, 1e-3)
+
+
+def test_without_native_bfloat16_the_layer_computes_in_float32_and_rounds_once(monkeypatch):
+    """A bfloat16 autocast call of the layer where neither oneDNN nor the kernel has bfloat16 products (an AVX2-only
+    CPU): the projection, the norms and the operator compute in float32 (no rounding to bfloat16 and back between
+    them) and the output is rounded to bfloat16 once, forward and backward, eager and by the registered operator. Each
+    output within bfloat16's rounding of the layer in float64; the same layer computed in bfloat16 misses that."""
+    from timm_lambda.layers.position_lambda import backends, cpu_kernel
+    if cpu_kernel.unavailable():
+        pytest.skip(f'the CPU kernel is not built: {cpu_kernel.unavailable()}')
+    monkeypatch.setattr(plan, 'native_bf16', lambda: False)
+    monkeypatch.setenv(cpu_kernel.PATH_ENV, 'float32')
+    backends.invalidate()
+    torch.manual_seed(0)
+    layer = LambdaLayer(32, dim_out=32, scope=7, form='tiled')
+    with torch.no_grad():  # norms that are not the identity
+        for norm in (layer.norm_q, layer.norm_v):
+            norm.weight.uniform_(0.5, 1.5), norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 32, 9, 11)
+    exact = LambdaLayer(32, dim_out=32, scope=7, form='tiled').double()
+    exact.load_state_dict(layer.state_dict())
+    xd = x.double().requires_grad_()
+    ref = exact(xd)
+    gy = torch.randn(ref.shape).bfloat16()
+    gref, = torch.autograd.grad(ref, xd, gy.double())
+
+    def within_rounding(got, want):  # one rounding to bfloat16 moves a value by at most 2^-8 of it
+        return bool(((got.double() - want).abs() <= 2 ** -8 * want.abs() + 1e-5 * want.abs().max()).all())
+
+    def close(got, want):  # float32's sums
+        return bool(((got.double() - want).abs() <= 1e-5 * want.abs().max()).all())
+    seen = []
+    operator = type(backends.get('cpu_kernel')).forward
+    monkeypatch.setattr(type(backends.get('cpu_kernel')), 'forward',
+                        lambda self, p, q, *rest: seen.append(q.dtype) or operator(self, p, q, *rest))
+    try:
+        for compiled in (False, True):
+            seen.clear()
+            xx = x.clone().requires_grad_()
+            run = torch.compile(layer, backend='aot_eager', fullgraph=True) if compiled else layer
+            with torch.autocast('cpu', dtype=torch.bfloat16):
+                y = run(xx)
+            assert y.dtype == torch.bfloat16 and seen == [torch.float32], (compiled, seen)
+            gx, = torch.autograd.grad(y, xx, gy)
+            assert gx.dtype == torch.float32
+            assert within_rounding(y, ref) and close(gx, gref), compiled
+        # the layer in bfloat16 (its input and weights rounded) misses the float64 layer by far
+        x16 = x.bfloat16().requires_grad_()
+        y16 = copy.deepcopy(layer).bfloat16()(x16)
+        g16, = torch.autograd.grad(y16, x16, gy)
+        assert not within_rounding(y16, ref) and not close(g16, gref)
+    finally:
+        backends.invalidate()
 
 
 def test_a_float32_call_or_native_bfloat16_never_converts(monkeypatch):

@@ -49,7 +49,7 @@ from .position_lambda import (
 from .position_lambda.backends import record
 from .position_lambda.custom_ops import lambda_op
 from .position_lambda.plain_ops import content_lambda_plain, lambdas_plain
-from .projection import Projection
+from .projection import Projection, project
 from .relative_embedding import RelativePositionEmbedding
 
 __all__ = ['LambdaLayer', 'normalize_keys', 'KEY_NORMS']
@@ -319,13 +319,14 @@ class LambdaLayer(nn.Module):
         projection, each mode its way."""
         k, u, v, h = self.dim_k, self.dim_u, self.dim_v, self.heads
         if mode == 'compile':
-            # one 1x1 convolution each (slices of the one weight), no channel-slice views of an activation: inductor
-            # orders a saved view's strides by sympy comparisons it cannot decide at symbolic sizes with B = 1 and a
-            # square map (``128*s**2 < 128*s``: an InductorError with dynamic=True, issue 51)
+            # one 1x1 convolution each (slices of the one weight; in float32 where the Projection's rule says so), no
+            # channel-slice views of an activation: inductor orders a saved view's strides by sympy comparisons it
+            # cannot decide at symbolic sizes with B = 1 and a square map (``128*s**2 < 128*s``: an InductorError
+            # with dynamic=True, issue 51)
             w, b = self.qkv.weight, self.qkv.bias  # (a bias after reparameterize())
-            q = F.conv2d(x, w[:h * k], None if b is None else b[:h * k])
-            keys = F.conv2d(x, w[h * k:h * k + k * u], None if b is None else b[h * k:h * k + k * u])
-            values = F.conv2d(x, w[h * k + k * u:], None if b is None else b[h * k + k * u:])
+            q = project(x, w[:h * k], None if b is None else b[:h * k], matmul=False)
+            keys = project(x, w[h * k:h * k + k * u], None if b is None else b[h * k:h * k + k * u], matmul=False)
+            values = project(x, w[h * k + k * u:], None if b is None else b[h * k + k * u:], matmul=False)
             return q, keys, values
         if mode in ('eager', 'dispatch', 'fx'):
             # one split of the projection (its backward is one concatenation; three slices were six launches and two

@@ -584,9 +584,16 @@ def whole_call(plan) -> bool:
     """Whether the kernel runs a call of the plan whole (``layer_forward``, ``layer_backward``: the content lambda,
     the table's reach and the kernels in one call, host time a small map would spend on a dozen ATen calls from
     Python): the plan's second tiling entry, set by :meth:`CpuKernel.kernel_tiling` for a kernel call at stride 1 (a
-    stride-1 call, or a stride-2 one pooled after) computed in the call's own float32 or float64. Other calls:
-    :class:`.fused.Tiled`'s steps around the kernels."""
+    stride-1 call, or a stride-2 one pooled after) computed in float32 or float64 (a 16-bit call by the float32
+    path too: its inputs converted once, its results rounded back once). Other calls: :class:`.fused.Tiled`'s steps
+    around the kernels."""
     return bool(plan.tiling[1])
+
+
+def _widened(plan, *xs: Optional[torch.Tensor]) -> list:
+    """A whole call's tensors in the dtype its path computes in (:func:`whole_call`: float32 or float64)."""
+    c = torch.float64 if PATHS[plan.tiling[0]] == 'float64' else torch.float32
+    return [_to(x, c) for x in xs]
 
 
 class CpuKernel(Tiled):
@@ -613,14 +620,15 @@ class CpuKernel(Tiled):
         """The path (:func:`compute_path`), as its index in :data:`PATHS`, and whether the call runs whole
         (:func:`whole_call`)."""
         path = compute_path(dtype, step)[0]
-        return PATHS.index(path), int(step == 1 and path == str(dtype)[6:])
+        return PATHS.index(path), int(step == 1 and path in ('float32', 'float64'))
 
     def forward(self, plan, q, keys, v, table, shared):
         """:meth:`.fused.Tiled.forward`; a call the plan runs whole (:func:`whole_call`) in one kernel call with the
         content lambda and the table's reach."""
         if not whole_call(plan):
             return super().forward(plan, q, keys, v, table, shared)
-        y, content, kn = _module().layer_forward(q, keys, v, table, shared, plan.key_norm)
+        y, content, kn = _module().layer_forward(*_widened(plan, q, keys, v, table, shared), plan.key_norm)
+        y, content, kn = _to(y, q.dtype), _to(content, v.dtype), _to(kn, q.dtype)  # (a 16-bit call's: rounded once)
         return (y if plan.stride == 1 else pool(y, plan.count_include_pad)), content, kn
 
     def backward(self, plan, gy, q, keys, v, table, shared, content, kn):
@@ -629,7 +637,9 @@ class CpuKernel(Tiled):
             return super().backward(plan, gy, q, keys, v, table, shared, content, kn)
         if plan.stride == 2:
             gy = pool_backward(gy, q.shape[2], q.shape[3], plan.count_include_pad)
-        return _module().layer_backward(gy, q, keys, v, table, shared, content, kn, plan.key_norm)
+        grads = _module().layer_backward(*_widened(plan, gy, q, keys, v, table, shared, content, kn), plan.key_norm)
+        return [_to(g, x.dtype) if g is not None and x is not None else g
+                for g, x in zip(grads, (q, keys, v, table, shared))]
 
     def tiled_forward(self, plan, q, v, table, step, content):
         return forward(q, v, table, step, content, PATHS[plan.tiling[0]])

@@ -182,7 +182,12 @@ def _run(plan: Plan, direction: str, tensors: Sequence, extra: Sequence = ()) ->
     backward (``extra``: gy, content, kn). A backend that cannot run on this machine (:class:`BackendUnusable`: a
     Triton that cannot compile kernels here, a CPU kernel gone since the plan) raises in strict mode or where it was
     chosen by name, else hands the call to the backend the registry chooses without it (:func:`.backends.fail`):
-    handled here, once a call."""
+    handled here, once a call. A backward runs without autocast (``.backward()`` called inside an autocast region
+    keeps it on): it computes in the plan's dtypes, as its forward did."""
+    device = tensors[0].device.type
+    if direction != 'forward' and torch.is_autocast_enabled(device):
+        with torch.autocast(device, enabled=False):
+            return _run(plan, direction, tensors, extra)
     backend = backends.REGISTRY[plan.backend]
     try:
         out = backend.forward(plan, *tensors) if direction == 'forward' else \
@@ -316,25 +321,41 @@ def _higher_order(plan: Plan, gy: Tensor, inputs: Sequence) -> list:
 def _in_autocast_dtype(*args):
     # torch.library.register_autocast (torch >= 2.7) fixes the dtype at registration; autocast's dtype is chosen at
     # run time (bfloat16 or float16, on either device), so this rule reads it as a matmul does; a plan made for the
-    # inputs' dtype gets the backend's decisions for autocast's
+    # inputs' dtype gets the backend's decisions for autocast's; the inputs' dtype and the output's: _input_dtype
+    # (lambda_op's rule in eager mode).
     device = args[0].device.type
-    dtype = args[0].dtype
-    args = _autocast_inputs(args, torch.get_autocast_dtype(device))
+    dtype, call_dtype = args[0].dtype, torch.get_autocast_dtype(device)
+    if dtype == torch.float64:  # (float64 stays)
+        call_dtype = dtype
+    compute = args[12] if call_dtype == dtype else call_dtype  # (inputs in autocast's dtype: the plan's already)
     q, table, v, backend = args[0], args[3], args[2], args[10]
-    if q.dtype != dtype and backend in backends.REGISTRY and backends.REGISTRY[backend].operator:
+    if call_dtype != dtype and backend in backends.REGISTRY and backends.REGISTRY[backend].operator:
         b, hk, height, width = q.shape
         k, u = table.shape[0], table.shape[1]
         kh, kw = min(table.shape[2], 2 * height - 1), min(table.shape[3], 2 * width - 1)
-        call = backends.Call(args[9], q.device.type, q.dtype, args[5], 0, 2 * height - 1 <= kh and 2 * width - 1 <= kw,
-                             height, width, kh, kw, k, u, v.shape[1] // u, hk // k)
+        call = backends.Call(args[9], q.device.type, call_dtype, args[5], 0,
+                             2 * height - 1 <= kh and 2 * width - 1 <= kw, height, width, kh, kw, k, u,
+                             v.shape[1] // u, hk // k)
         d = backends.REGISTRY[backend].decide(call)
-        args[11:14] = [d.variant, d.compute_dtype or q.dtype, list(d.tiling)]
+        compute = d.compute_dtype or call_dtype
+        args = list(args)
+        args[11:14] = [d.variant, compute, list(d.tiling)]
+    args = _autocast_inputs(args, _input_dtype(dtype, call_dtype, compute))
     with torch.autocast(device, enabled=False):
-        return _op(*args)
+        y, content, kn = _op(*args)
+        return y.to(call_dtype), content, kn
 
 
 for _key in ('AutocastCPU', 'AutocastCUDA'):
     _LIB.impl(_op._name, _in_autocast_dtype, _key)
+
+
+def _input_dtype(dtype: torch.dtype, call: torch.dtype, compute: torch.dtype) -> torch.dtype:
+    """The dtype an autocast call's inputs go in, ``q``'s ``dtype`` given: autocast's (``call``), but where the
+    backend computes the call in float32 (``compute``) and ``q`` is float32 already, float32 (a bfloat16 call whose
+    projection computed in float32: layers/projection.py; no rounding to 16 bits and back). The output is rounded to
+    ``call``."""
+    return compute if dtype == compute else call
 
 
 def _autocast_inputs(args, dtype: torch.dtype) -> list:
@@ -377,9 +398,10 @@ def lambda_op(plan: Plan, q: Tensor, keys: Optional[Tensor], v: Tensor, table: T
         return _op(q, keys, v, table, shared, *_plan_args(plan))[0]
     if plan.autocast:
         device = q.device.type
-        q, keys, v, table, shared = _autocast_inputs((q, keys, v, table, shared), plan.dtype)
+        target = _input_dtype(q.dtype, plan.dtype, plan.compute_dtype)
+        q, keys, v, table, shared = _autocast_inputs((q, keys, v, table, shared), target)
         with torch.autocast(device, enabled=False):
-            return _eager_call(plan, q, keys, v, table, shared)
+            return _eager_call(plan, q, keys, v, table, shared).to(plan.dtype)
     return _eager_call(plan, q, keys, v, table, shared)
 
 

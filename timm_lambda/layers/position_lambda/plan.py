@@ -71,16 +71,24 @@ class Plan(NamedTuple):
 _BF16_CAPS = ('AVX512_CORE_BF16', 'AVX512_CORE_FP16', 'AVX10_', 'AMX')
 
 
-@functools.lru_cache(maxsize=None)
+@torch.compiler.assume_constant_result  # (under torch.compile: a constant read while tracing)
 def native_bf16() -> bool:
     """Whether oneDNN computes bfloat16 products natively here: the CPU has AVX-512 BF16 or AMX tiles (``torch.cpu``'s
     cpuinfo checks) and ``ONEDNN_MAX_CPU_ISA`` (or ``DNNL_MAX_CPU_ISA``) does not cap oneDNN below AVX-512 BF16. Read
     once a process. Where not, a bfloat16 CPU call's projection and content-lambda products compute in float32
     (layers/projection.py, fused._products): oneDNN's bfloat16 convolution and matmul are its reference code there."""
+    return _native_bf16()
+
+
+@functools.lru_cache(maxsize=None)
+def _native_bf16() -> bool:
     cap = (os.environ.get('ONEDNN_MAX_CPU_ISA') or os.environ.get('DNNL_MAX_CPU_ISA') or 'ALL').upper()
     checks = [getattr(torch.cpu, name, None) for name in ('_is_avx512_bf16_supported', '_is_amx_tile_supported')]
     has = any(check is not None and check() for check in checks)  # (private in torch.cpu; absent: no matmul)
     return has and (cap == 'ALL' or any(name in cap for name in _BF16_CAPS))
+
+
+native_bf16.cache_clear = _native_bf16.cache_clear  # (tests that set ONEDNN_MAX_CPU_ISA)
 
 
 def call_dtype(x: Tensor) -> Tuple[torch.dtype, bool]:
