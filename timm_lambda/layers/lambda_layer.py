@@ -15,7 +15,6 @@ import warnings
 from typing import Callable, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_weights

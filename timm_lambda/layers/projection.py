@@ -11,9 +11,10 @@ instructions (an AVX2-only CPU, or oneDNN held below AVX-512 BF16), its bfloat16
 a bfloat16 call there computes the convolution in float32 (docs/results/projection_avx2.json); under autocast it
 returns it in float32, unrounded: the norms after it and the position lambdas' kernel, which has no 16-bit products
 there either, compute the call in float32 too, and the layer's output is rounded to bfloat16 once (the operator's
-autocast rule: ``custom_ops.lambda_op``); a call on bfloat16 tensors (a model in bfloat16) gets it rounded. Elsewhere (float32, where matmul and convolution are equal; float16; CUDA)
-and in TorchScript, the convolution. The module stays an ``nn.Conv2d``: its weights, state dict, hooks and the
-layer's ``reparameterize`` are the convolution's.
+autocast rule: ``custom_ops.lambda_op``); a call on bfloat16 tensors (a model in bfloat16) gets it rounded.
+Elsewhere (float32, where matmul and convolution are equal; float16; CUDA) and in TorchScript, the convolution. The
+module stays an ``nn.Conv2d``: its weights, state dict, hooks and the layer's ``reparameterize`` are the
+convolution's.
 """
 from typing import Optional
 
