@@ -58,6 +58,11 @@ def _args(argv=None):
     p.add_argument('--build', action='store_true', help='build the targets that are not built (about 40 s each)')
     p.add_argument('--cap-libraries', action='store_true', help='oneDNN and MKL limited to AVX2 (see above)')
     p.add_argument('--passive', action='store_true', help='OMP_WAIT_POLICY=PASSIVE (see above)')
+    p.add_argument('--dtypes-together', action='store_true',
+                   help="time a shape's steps of every dtype in one interleaved block (the layer's bfloat16 step "
+                        "beside its float32 step), each conv of another dtype than float32 in a block of its own, "
+                        "of at most 3 repeats (where it is oneDNN's reference code, seconds a call, it would stand "
+                        "between the steps)")
     p.add_argument('--note', help='a note to keep in the JSON (e.g. what the tree held)')
     p.add_argument('--json', help='write the results here')
     return p.parse_args(argv)
@@ -136,7 +141,8 @@ def main(argv=None):
         return run
 
     native = kernels.get('native')
-    with contextlib.nullcontext() if native is None else cpu_kernel.serving(native):
+    first = native or next(iter(kernels.values()))  # (the paths chosen by the first build timed: native where timed)
+    with cpu_kernel.serving(first):
         isa = cpu_kernel.brgemm_isa() if native is not None else ''
         chosen = {f'{d} s{s}': list(cpu_kernel.compute_path(getattr(torch, d), s))
                   for d in args.dtypes for s in (1, 2)}
@@ -145,49 +151,62 @@ def main(argv=None):
     print(f'# bfloat16 BRGEMM micro-kernel: {isa or "none"}; paths timed: {", ".join(paths) or "none"}; chosen: '
           + '; '.join(f'{k}: {v[0]}' for k, v in chosen.items()), flush=True)
 
+    def candidates(width, size, stride, mode, dtype_name):
+        """``(steps, figures)`` of one row: the conv's and the layer's candidates' steps of one dtype."""
+        dtype = getattr(torch, dtype_name)
+        torch.manual_seed(0)
+        x = torch.randn(1, width, size, size, requires_grad=mode == 'train')
+        conv = nn.Conv2d(width, width, 3, stride, 1, bias=False).train(mode == 'train')
+        layer = LambdaLayer(width, width, dim_k=16, heads=4, scope=23, stride=stride).train(mode == 'train')
+        steps = {'conv3x3': layer_step(conv, x, dtype, mode)}
+        figures = {'conv3x3': dict(isa='library')}
+        for target, kernel in kernels.items():
+            steps[f'cpu_kernel[{target}]'] = served(kernel, 'cpu_kernel', layer_step(layer, x, dtype, mode))
+            figures[f'cpu_kernel[{target}]'] = dict(isa=builds[target]['isa'])
+        for path in paths if dtype == torch.bfloat16 else []:
+            name = f'cpu_kernel[native,{path}]'
+            steps[name] = served(native, 'cpu_kernel', layer_step(layer, x, dtype, mode), path)
+            figures[name] = dict(isa=builds['native']['isa'], path=path, brgemm=isa if path == 'brgemm' else '')
+        if not args.no_gemm:
+            steps['gemm'] = served(None, 'gemm', layer_step(layer, x, dtype, mode))
+            figures['gemm'] = dict(isa='library')
+        if not args.no_auto:
+            for target, kernel in kernels.items():
+                steps[f'auto[{target}]'] = served(kernel, 'auto', layer_step(layer, x, dtype, mode))
+                figures[f'auto[{target}]'] = dict(isa=builds[target]['isa'])
+        for name, step in steps.items():  # which backends serve each candidate (once, untimed)
+            backends.served_backends(reset=True)
+            step()
+            figures[name]['served'] = sorted({k[1] for k in backends.served_backends(reset=True)})
+        return steps, figures
+
     results = []
     for width, size, stride in [backbone_shapes(args.image_size)[i] for i in args.shapes]:
         for mode in args.modes:
-            for dtype_name in args.dtypes:
-                dtype = getattr(torch, dtype_name)
-                torch.manual_seed(0)
-                x = torch.randn(1, width, size, size, requires_grad=mode == 'train')
-                conv = nn.Conv2d(width, width, 3, stride, 1, bias=False).train(mode == 'train')
-                layer = LambdaLayer(width, width, dim_k=16, heads=4, scope=23, stride=stride).train(mode == 'train')
-                steps = {'conv3x3': layer_step(conv, x, dtype, mode)}
-                figures = {'conv3x3': dict(isa='library')}
-                for target, kernel in kernels.items():
-                    steps[f'cpu_kernel[{target}]'] = served(kernel, 'cpu_kernel', layer_step(layer, x, dtype, mode))
-                    figures[f'cpu_kernel[{target}]'] = dict(isa=builds[target]['isa'])
-                for path in paths if dtype == torch.bfloat16 else []:
-                    name = f'cpu_kernel[native,{path}]'
-                    steps[name] = served(native, 'cpu_kernel', layer_step(layer, x, dtype, mode), path)
-                    figures[name] = dict(isa=builds['native']['isa'], path=path,
-                                         brgemm=isa if path == 'brgemm' else '')
-                if not args.no_gemm:
-                    steps['gemm'] = served(None, 'gemm', layer_step(layer, x, dtype, mode))
-                    figures['gemm'] = dict(isa='library')
-                if not args.no_auto:
-                    for target, kernel in kernels.items():
-                        steps[f'auto[{target}]'] = served(kernel, 'auto', layer_step(layer, x, dtype, mode))
-                        figures[f'auto[{target}]'] = dict(isa=builds[target]['isa'])
-                for name, step in steps.items():  # which backends serve each candidate (once, untimed)
-                    backends.served_backends(reset=True)
-                    step()
-                    figures[name]['served'] = sorted({k[1] for k in backends.served_backends(reset=True)})
-                times, cpu = interleaved(steps, args.repeats)
-                conv_ms, conv_cpu = 1e3 * spread(times['conv3x3'])[1], 1e3 * spread(cpu['conv3x3'])[1]
-                for name in steps:
-                    lo, mid, hi = spread(times[name])
-                    cpu_ms = 1e3 * spread(cpu[name])[1]
-                    figures[name].update(ms=round(1e3 * mid, 2), min_ms=round(1e3 * lo, 2), max_ms=round(1e3 * hi, 2),
-                                         ratio=round(1e3 * mid / conv_ms, 3), cpu_ms=round(cpu_ms, 2),
-                                         cpu_ratio=round(cpu_ms / conv_cpu, 3))
-                row = dict(width=width, size=size, stride=stride, mode=mode, dtype=dtype_name, **figures)
-                results.append(row)
-                print(f'{width} ch {size}x{size} s{stride} {mode} {dtype_name}: ' + ', '.join(
-                    f"{k} {v['ms']:.0f} ms ({v['ratio']:.2f}x; CPU time {v['cpu_ratio']:.2f}x)"
-                    for k, v in figures.items()), flush=True)
+            groups = [[d] for d in args.dtypes] if not args.dtypes_together else [list(args.dtypes)]
+            for group in groups:
+                rows = {d: candidates(width, size, stride, mode, d) for d in group}
+                block = {(d, name): step for d, (steps, _) in rows.items() for name, step in steps.items()
+                         if not (args.dtypes_together and d != 'float32' and name == 'conv3x3')}
+                times, cpu = interleaved(block, args.repeats)
+                for d, (steps, _) in rows.items():  # (--dtypes-together: a conv of another dtype on its own)
+                    if (d, 'conv3x3') not in block:
+                        apart = interleaved({(d, 'conv3x3'): steps['conv3x3']}, min(args.repeats, 3))
+                        times.update(apart[0]), cpu.update(apart[1])
+                for dtype_name, (steps, figures) in rows.items():
+                    key = (dtype_name, 'conv3x3')
+                    conv_ms, conv_cpu = 1e3 * spread(times[key])[1], 1e3 * spread(cpu[key])[1]
+                    for name in steps:
+                        lo, mid, hi = spread(times[(dtype_name, name)])
+                        cpu_ms = 1e3 * spread(cpu[(dtype_name, name)])[1]
+                        figures[name].update(ms=round(1e3 * mid, 2), min_ms=round(1e3 * lo, 2),
+                                             max_ms=round(1e3 * hi, 2), ratio=round(1e3 * mid / conv_ms, 3),
+                                             cpu_ms=round(cpu_ms, 2), cpu_ratio=round(cpu_ms / conv_cpu, 3))
+                    row = dict(width=width, size=size, stride=stride, mode=mode, dtype=dtype_name, **figures)
+                    results.append(row)
+                    print(f'{width} ch {size}x{size} s{stride} {mode} {dtype_name}: ' + ', '.join(
+                        f"{k} {v['ms']:.1f} ms ({v['ratio']:.2f}x; CPU time {v['cpu_ratio']:.2f}x)"
+                        for k, v in figures.items()), flush=True)
     sums = {}
     for mode in args.modes:
         for dtype_name in args.dtypes:
@@ -204,6 +223,7 @@ def main(argv=None):
         meta = dict(command=command, date=time.strftime('%Y-%m-%d %H:%M:%S %Z'), commit=commit(),
                     load_before=load_before, machine=machine(), cpu=cpu_model(), threads=args.threads, batch=1,
                     repeats=args.repeats, libraries_capped_to_avx2=args.cap_libraries, load_after=load_average(),
+                    dtypes_together=args.dtypes_together,
                     environment={k: os.environ[k] for k in list(CAPS) + ['OMP_WAIT_POLICY'] if k in os.environ},
                     builds=builds, user_note=args.note, cpu_flags=sorted(
                         set(_cpu_flags()) &
