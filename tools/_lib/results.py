@@ -439,6 +439,29 @@ def cpu_isa_table(result: Result, dtypes: Sequence[str] = ('float32', 'bfloat16'
     return out
 
 
+def cpu_isa_dtypes_table(result: Result) -> List[str]:
+    """benchmark_cpu_isa.py, float32 and bfloat16: per shape and step the 3x3 conv's median ms in each dtype and each
+    candidate's median [min-max] ms in each, with its bfloat16 step over its float32 step (issue 62's item 1)."""
+    rows: Dict[Tuple, Dict[str, dict]] = {}
+    for r in result.data['results']:
+        rows.setdefault((r['width'], r['size'], r['stride'], r['mode']), {})[r['dtype']] = r
+    names = list(dict.fromkeys(k for r in result.data['results'] for k in r
+                               if isinstance(r[k], dict) and k != 'conv3x3'))
+    out = ['| shape | step | 3x3 conv float32 / bfloat16 (ms) | '
+           + ' | '.join(f'{n}: float32 / bfloat16 (ms), bfloat16 / float32' for n in names) + ' |',
+           '|---|---|---:|' + '---:|' * len(names)]
+
+    def ms(f):
+        return f"{f['ms']:.1f} [{f['min_ms']:.1f}-{f['max_ms']:.1f}]"
+    for (width, size, stride, mode), by in rows.items():
+        f32, b16 = by['float32'], by['bfloat16']
+        shape = f'{width} ch {size}x{size}' + (f' s{stride}' if stride > 1 else '')
+        cells = [f"{ms(f32[n])} / {ms(b16[n])}, **{x(b16[n]['ms'] / f32[n]['ms'])}**" for n in names]
+        out.append(f"| {shape} | {mode} | {f32['conv3x3']['ms']:.0f} / {b16['conv3x3']['ms']:.0f} | "
+                   + ' | '.join(cells) + ' |')
+    return out
+
+
 def cpu_isa_bf16_table(result: Result) -> List[str]:
     """:func:`cpu_isa_table` of the bfloat16 rows."""
     return cpu_isa_table(result, ('bfloat16',))
@@ -1104,7 +1127,7 @@ BLOCKS: Dict[str, Dict[str, Renderer]] = {
         'projection_avx2': of(('projection', 'AMD', tuple(c for c in CAPS_AVX2 if c[0] != 'MKL_DEBUG_CPU_TYPE')),
                               projection_table),
         'cpu_avx2_bf16': of(('cpu_isa', ('x86-64-v3',), ('bfloat16', 'float32'), 12, CAPS_AVX2, 'AMD'),
-                            cpu_isa_table),
+                            cpu_isa_dtypes_table),
         'backbone_bf16': of(cpu('backbone', 1024, 1, 'bfloat16'), models_table),
         'backbone_bf16_vdpbf16ps': of(cpu('backbone', 1024, 1, 'bfloat16', (('TIMM_LAMBDA_CPU_BF16', 'avx512_bf16'),)),
                                       models_table),
