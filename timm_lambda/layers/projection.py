@@ -50,8 +50,8 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] 
     """The 1x1 convolution of ``x [B, d, H, W]`` by ``weight [out, d, 1, 1]`` (and ``bias [out]``) by the rules of
     the module's docstring: as a matmul where ``matmul`` and :func:`as_matmul`, in float32 where :func:`in_float32`,
     else the convolution. (Under torch.compile the layer projects each of its three parts by it, ``matmul=False``:
-    there a convolution's backward is one operator where a matmul's is two, and the compiled bfloat16 training step
-    of a 256 ch 64x64 layer was no faster with the matmul, 1.02x; eval 0.92x; Zen 5, one thread.)"""
+    there a convolution's backward is one operator where a matmul's is two, and a compiled bfloat16 training step
+    was no faster with the matmul on Zen 5.)"""
     if matmul and as_matmul(x):
         b, d, h, w = x.shape
         out = weight.shape[0]
