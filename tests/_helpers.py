@@ -3,6 +3,7 @@ switch to the position lambdas' plain-op execution, capability probes and fabric
 import functools
 import importlib.util
 import inspect
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -116,3 +117,22 @@ def dli14_state_dict(seed: int = 0, num_classes: int = 1000, layers=(3, 4, 6, 3)
     sd['fc.weight'] = normal(num_classes, 2048, std=0.02)
     sd['fc.bias'] = uniform(num_classes, -0.1, 0.1)
     return sd
+
+
+def require_cpu_kernel():
+    """The CPU kernel must serve. It is built at install (``python -m timm_lambda.build_cpu_kernel``, run by
+    tools/install.sh), never at run time. CI sets TIMM_LAMBDA_REQUIRE_CPU_KERNEL=1: there a kernel that is not built
+    (or is off) fails the test, never skips it: the install must have built it. Elsewhere a test builds it here (a
+    test is no training step) and skips where no C++ compiler can."""
+    import pytest
+
+    from timm_lambda._env import env
+    from timm_lambda.layers.position_lambda import cpu_kernel
+    if cpu_kernel.load() is not None:
+        return
+    if env('TIMM_LAMBDA_REQUIRE_CPU_KERNEL'):
+        pytest.fail(f'TIMM_LAMBDA_REQUIRE_CPU_KERNEL=1, but the CPU kernel cannot serve: {cpu_kernel.unavailable()}')
+    if shutil.which('c++') is None and shutil.which('g++') is None:
+        pytest.skip('no C++ compiler: the tiled operator runs its GEMM path')
+    cpu_kernel.build()  # raises with the cause where a compiler exists but the build fails
+    assert cpu_kernel.unavailable() is None, 'the CPU kernel did not build'

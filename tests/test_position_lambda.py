@@ -4,7 +4,6 @@ blocks and many chunks (the chunk size is shrunk so that a few blocks make many 
 parts of rows), stride 1 and 2, local and global scopes, |u| > 1."""
 import functools
 import os
-import shutil
 
 import pytest
 import torch
@@ -16,9 +15,9 @@ from _cases import CASES, FORMS, IDS
 from _cases import call as _call
 from _cases import content_reference as _content_reference
 from _cases import inputs as _inputs
+from _helpers import require_cpu_kernel
 from _kernel_op import kernel_call
 from reference import position_term_reference, tiled_operator_reference
-from timm_lambda._env import env
 from timm_lambda.layers import LambdaLayer
 from timm_lambda.layers import position_lambda as PL
 from timm_lambda.layers.position_lambda import backends, cpu_kernel, gemm, plain_ops
@@ -131,21 +130,6 @@ def test_lambda_operator_double_backward(stride, execution, monkeypatch, backend
         return PL.position_lambdas(q, v, table, hh, ww, 'tiled', False, stride, False, [5, 5], shared, keys)
     assert torch.autograd.gradgradcheck(op, leaves, fast_mode=True)
     assert ran('tiled')
-
-
-def require_cpu_kernel():
-    """The CPU kernel must serve. It is built at install (``python -m timm_lambda.build_cpu_kernel``, run by
-    tools/install.sh), never at run time. CI sets TIMM_LAMBDA_REQUIRE_CPU_KERNEL=1: there a kernel that is not built
-    (or is off) fails the test, never skips it: the install must have built it. Elsewhere a test builds it here (a
-    test is no training step) and skips where no C++ compiler can."""
-    if cpu_kernel.load() is not None:
-        return
-    if env('TIMM_LAMBDA_REQUIRE_CPU_KERNEL'):
-        pytest.fail(f'TIMM_LAMBDA_REQUIRE_CPU_KERNEL=1, but the CPU kernel cannot serve: {cpu_kernel.unavailable()}')
-    if shutil.which('c++') is None and shutil.which('g++') is None:
-        pytest.skip('no C++ compiler: the tiled operator runs its GEMM path')
-    cpu_kernel.build()  # raises with the cause where a compiler exists but the build fails
-    assert cpu_kernel.unavailable() is None, 'the CPU kernel did not build'
 
 
 def test_require_cpu_kernel_fails_where_ci_requires_an_unbuilt_kernel(monkeypatch, tmp_path):

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from _helpers import require_cpu_kernel
 from timm_lambda.layers import LambdaLayer, projection
 from timm_lambda.layers.position_lambda import plan
 from timm_lambda.layers.projection import Projection
@@ -76,9 +77,9 @@ def test_native_bfloat16_by_the_cpu_and_onednn_cap(monkeypatch, avx512_bf16, amx
         else:
             monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', cap)
         monkeypatch.delenv('DNNL_MAX_CPU_ISA', raising=False)
-        plan.native_bf16.cache_clear()
+        plan._native_bf16.cache_clear()
         assert plan.native_bf16() is (want and (avx512_bf16 or amx)), cap
-    plan.native_bf16.cache_clear()
+    plan._native_bf16.cache_clear()
 
 
 def test_the_layer_keeps_the_convolution_module_and_its_state_dict(native):
@@ -147,8 +148,7 @@ def test_without_native_bfloat16_the_layer_computes_in_float32_and_rounds_once(m
     them) and the output is rounded to bfloat16 once, forward and backward, eager and by the registered operator. Each
     output within bfloat16's rounding of the layer in float64; the same layer computed in bfloat16 misses that."""
     from timm_lambda.layers.position_lambda import backends, cpu_kernel
-    if cpu_kernel.unavailable():
-        pytest.skip(f'the CPU kernel is not built: {cpu_kernel.unavailable()}')
+    require_cpu_kernel()
     monkeypatch.setattr(plan, 'native_bf16', lambda: False)
     monkeypatch.setenv(cpu_kernel.PATH_ENV, 'float32')
     backends.invalidate()

@@ -88,8 +88,6 @@ def _native_bf16() -> bool:
     return has and (cap == 'ALL' or any(name in cap for name in _BF16_CAPS))
 
 
-native_bf16.cache_clear = _native_bf16.cache_clear  # (tests that set ONEDNN_MAX_CPU_ISA)
-
 
 def call_dtype(x: Tensor) -> Tuple[torch.dtype, bool]:
     """``(the dtype a call on x computes in, whether autocast is on)``: autocast's where it is on for ``x``'s device
